@@ -1,0 +1,132 @@
+"""Throughput tables for the core: `make bench` or `python benchmarks/bench_core.py`.
+
+1. Input pipeline alone (no model): samples/s of the device-resident pipeline
+   vs the DataLoader baseline, producing augmented, normalised CIFAR-shaped
+   batches on the device. Median of --repeats timed passes after one warm-up.
+2. Training: ResNet-18 (CIFAR form) samples/s from real runs of the CLI on
+   synthetic data, for each requested process count at the same global batch,
+   read back from the run records (timed steps only, warm-up excluded).
+
+The table is printed and written to results/bench/<device>.md with the device
+name and software versions. On a GPU machine add e.g.
+`--precision bf16 --channels_last --compile both`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels import sysinfo  # noqa: E402
+from kernels.data.embedded import make_synthetic  # noqa: E402
+from kernels.data.pipeline import make_pipeline  # noqa: E402
+from kernels.workloads.base import Augment, Split  # noqa: E402
+from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD  # noqa: E402
+
+
+def bench_pipeline(kind: str, device: torch.device, batch: int, steps: int, repeats: int, workers: int) -> float:
+    arrays = make_synthetic(n_train=batch * steps, n_test=1)
+    train = Split(torch.from_numpy(arrays["train"][0]), torch.from_numpy(arrays["train"][1]))
+    aug = Augment(CIFAR_MEAN, CIFAR_STD, pad=4, flip=True)
+    pipe = make_pipeline(kind, train, aug, batch, 0, 1, 0, device, False, workers, 2)
+    rates = []
+    for epoch in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        n = 0
+        for x, _ in pipe.batches(epoch):
+            n += x.shape[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if epoch:  # the first pass starts the workers / warms the allocator
+            rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def bench_training(procs: int, args, compile_: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kernels.train", "--dataset", "synthetic", "--gpus", str(procs),
+               "--batch", str(args.train_batch), "--train_samples", str(args.train_batch * args.train_steps),
+               "--test_samples", str(args.train_batch), "--epochs", "1", "--width", str(args.width),
+               "--precision", args.precision, "--channels_last", str(args.channels_last).lower(),
+               "--compile", str(compile_).lower(), "--timing_warmup_steps", str(args.warmup),
+               "--comm_probe_steps", "0", "--log_every", "0", "--checkpoint_every", "0",
+               "--results_dir", tmp, "--run_id", "bench"]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"training run failed:\n{p.stdout}\n{p.stderr}")
+        return json.loads((Path(tmp) / "bench" / "summary.json").read_text())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=512, help="pipeline benchmark batch")
+    ap.add_argument("--steps", type=int, default=20, help="pipeline batches per timed pass")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    ap.add_argument("--procs", default="1,2", help="process counts for the training table")
+    ap.add_argument("--train_batch", type=int, default=64)
+    ap.add_argument("--train_steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--channels_last", action="store_true")
+    ap.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    name = sysinfo.device_name(device if device.type == "cpu" else torch.device("cuda", 0))
+    versions = sysinfo.software_versions()
+    lines = [f"# core benchmark on {name}", "",
+             f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; " +
+             ", ".join(f"{k} {v}" for k, v in versions.items() if v) +
+             f"; git {sysinfo.git_info().get('commit') or 'n/a'}", ""]
+
+    print(f"pipeline benchmark: batch {args.batch}, {args.steps} batches per pass, {args.repeats} passes", flush=True)
+    lines += ["## input pipeline alone (augmented, normalised batches on the device)", "",
+              "| pipeline | samples/s |", "|---|---:|"]
+    for kind, label in (("device", "device-resident"), ("dataloader", f"DataLoader ({args.workers} workers)")):
+        rate = bench_pipeline(kind, device, args.batch, args.steps, args.repeats, args.workers)
+        lines.append(f"| {label} | {rate:,.0f} |")
+        print(lines[-1], flush=True)
+
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    lines += ["", f"## training, ResNet-18 CIFAR form (width {args.width}), synthetic data, global batch "
+              f"{args.train_batch}, {args.precision}{', channels_last' if args.channels_last else ''}", "",
+              "| processes | compile | samples/s | samples/s per process | step ms | data wait | MFU |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
+    for compile_ in compiles:
+        for procs in [int(p) for p in args.procs.split(",")]:
+            print(f"training: {procs} process(es), compile={compile_} ...", flush=True)
+            s = bench_training(procs, args, compile_)
+            mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "n/a (no peak for this device)"
+            lines.append(f"| {procs} | {'on' if compile_ else 'off'} | {s['samples_per_s']:,.1f} | "
+                         f"{s['samples_per_s_per_device']:,.1f} | {s['step_ms']:.1f} | "
+                         f"{100 * (s['data_wait_frac'] or 0):.1f}% | {mfu} |")
+            print(lines[-1], flush=True)
+
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+    path = args.out / f"{slug}.md"
+    path.write_text(text)
+    print("\n" + text + f"\nwritten to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""CIFAR-10 in its official python format: download, verify, read.
+
+Layout under the data root:
+    cifar10/cifar-10-python.tar.gz          the official tarball (kept; md5-checked)
+    cifar10/cifar-10-batches-py/            extracted: data_batch_1..5, test_batch, batches.meta
+    cifar10/cifar-10-batches-py/MD5SUMS     written by fetch after verification
+
+Each batch file is a pickle (written by Python 2) of a dict with b"data", a
+uint8 array of shape (10000, 3072) holding the R, G and B planes of 32x32
+images row-major, and b"labels", a list of ints 0-9.
+
+Verification: fetch checks the tarball's md5 and, for the official tarball,
+each extracted file's official md5, then records MD5SUMS. Before a run the
+files are checked against MD5SUMS (or, for a directory placed by hand without
+one, against the official md5s), so a truncated or altered file is a clear
+error naming the file and the command that repairs it.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from kernels.params import ConfigError
+
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+TARBALL = "cifar-10-python.tar.gz"
+TARBALL_MD5 = "c58f30108f718f92721af3b95e74349a"
+BATCH_DIR = "cifar-10-batches-py"
+TRAIN_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5")
+TEST_FILES = ("test_batch",)
+META_FILE = "batches.meta"
+OFFICIAL_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
+FETCH_CMD = "python -m kernels.data.fetch cifar10"
+
+
+def md5sum(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def batch_dir(root: Path) -> Path:
+    return Path(root) / "cifar10" / BATCH_DIR
+
+
+def _expected_md5(directory: Path) -> dict[str, str]:
+    sums = directory / "MD5SUMS"
+    if not sums.exists():
+        return OFFICIAL_MD5
+    out = {}
+    for line in sums.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            out[name.strip()] = digest
+    return out
+
+
+def verify(root: Path) -> Path:
+    """Check the extracted files; return their directory or raise ConfigError."""
+    d = batch_dir(root)
+    if not d.is_dir():
+        raise ConfigError(
+            f"dataset 'cifar10': {d} does not exist. Fetch it once with `{FETCH_CMD} --root {root}` "
+            f"(needs network; or copy the official {TARBALL} into {d.parent} and run the same command), "
+            f"or use dataset=digits (embedded) or dataset=synthetic")
+    expected = _expected_md5(d)
+    for name in (*TRAIN_FILES, *TEST_FILES, META_FILE):
+        path = d / name
+        if not path.exists():
+            raise ConfigError(f"dataset 'cifar10': {path} is missing; re-run `{FETCH_CMD} --root {root} --force`")
+        got = md5sum(path)
+        if got != expected.get(name):
+            raise ConfigError(
+                f"dataset 'cifar10': checksum mismatch for {path} (md5 {got}, expected {expected.get(name)}); "
+                f"the file is corrupt or altered: re-run `{FETCH_CMD} --root {root} --force`")
+    return d
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        entry = pickle.load(f, encoding="bytes")
+    data = np.asarray(entry[b"data"], dtype=np.uint8)
+    labels = np.asarray(entry[b"labels"], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
+        raise ConfigError(f"dataset 'cifar10': {path} is not a CIFAR-10 batch (data shape {data.shape})")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def read(root: Path, check: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{'train': (x uint8 N,3,32,32, y int64 N), 'test': (...)} from the extracted batches."""
+    d = verify(root) if check else batch_dir(root)
+    out = {}
+    for split, files in (("train", TRAIN_FILES), ("test", TEST_FILES)):
+        parts = [_read_batch(d / name) for name in files]
+        out[split] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    return out
+
+
+def _download(url: str, dest: Path) -> None:
+    print(f"downloading {url} -> {dest}", file=sys.stderr, flush=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            total = int(r.headers.get("Content-Length") or 0)
+            done, last = 0, -1
+            while block := r.read(1 << 20):
+                f.write(block)
+                done += len(block)
+                pct = int(100 * done / total) if total else -1
+                if pct // 10 != last // 10:
+                    print(f"  {done / 1e6:.0f} MB" + (f" ({pct}%)" if total else ""), file=sys.stderr, flush=True)
+                    last = pct
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"dataset 'cifar10': cannot download {url} ({e}). Offline? Copy {TARBALL} "
+            f"(md5 {TARBALL_MD5}) into {dest.parent} and run `{FETCH_CMD}` again") from None
+    tmp.replace(dest)
+
+
+def fetch(root: Path, url: str = URL, md5: str = TARBALL_MD5, force: bool = False) -> Path:
+    """Download (unless the tarball is present), verify, extract, record MD5SUMS."""
+    root = Path(root)
+    base = root / "cifar10"
+    base.mkdir(parents=True, exist_ok=True)
+    tarball = base / TARBALL
+    if force and (base / BATCH_DIR).exists():
+        shutil.rmtree(base / BATCH_DIR)
+    if not force and (base / BATCH_DIR / "MD5SUMS").exists():
+        return verify(root)
+    if not tarball.exists():
+        _download(url, tarball)
+    got = md5sum(tarball)
+    if got != md5:
+        raise ConfigError(
+            f"dataset 'cifar10': checksum mismatch for {tarball} (md5 {got}, expected {md5}); "
+            f"delete it and run `{FETCH_CMD}` again")
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        with tarfile.open(tarball, "r:gz") as tf:
+            tf.extractall(tmp, filter="data")
+        extracted = Path(tmp) / BATCH_DIR
+        if not extracted.is_dir():
+            raise ConfigError(f"dataset 'cifar10': {tarball} has no {BATCH_DIR}/ directory; not the python version")
+        sums = {}
+        for name in (*TRAIN_FILES, *TEST_FILES, META_FILE):
+            path = extracted / name
+            if not path.exists():
+                raise ConfigError(f"dataset 'cifar10': {tarball} lacks {BATCH_DIR}/{name}")
+            sums[name] = md5sum(path)
+            if md5 == TARBALL_MD5 and sums[name] != OFFICIAL_MD5[name]:
+                raise ConfigError(f"dataset 'cifar10': {name} in the official tarball has md5 {sums[name]}, "
+                                  f"expected {OFFICIAL_MD5[name]}")
+        (extracted / "MD5SUMS").write_text("".join(f"{v}  {k}\n" for k, v in sums.items()))
+        extracted.replace(base / BATCH_DIR)
+    return verify(root)
+

@@ -1,0 +1,467 @@
+"""The thin DDP/AMP training loop: one call per rank.
+
+    env -> device -> process group -> data -> model (+ FLOP count) -> DDP -> loop
+        -> per-epoch eval + record row + checkpoint -> comm probe -> summary -> teardown
+
+The same code runs on 1 CPU process, N gloo processes, 1 GPU, N GPUs and N
+nodes; only the device and the backend differ. The loop knows nothing about the
+workload beyond the `Workload` interface. Every reported scalar is reduced over
+ranks; global rank 0 alone writes files.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import resource
+import secrets
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from datetime import datetime, timezone
+from pathlib import Path
+from statistics import median
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from kernels import checkpoint as ckpt
+from kernels import records, sysinfo
+from kernels.data.pipeline import eval_batches, make_pipeline
+from kernels.dist import all_gather_object, all_reduce, broadcast_object, process_group, rank_env, select_device
+from kernels.flops import mfu, model_flops_per_sample, peak_tflops
+from kernels.params import ConfigError, RunConfig, device_type
+from kernels.timers import StepTimer, percentile, synchronize
+from kernels.workloads import get_workload
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def make_run_id(cfg: RunConfig, environ=None) -> str:
+    """A readable, unique id. Under Slurm it is derived from the job id, so a
+    requeued job finds its checkpoint and resumes."""
+    env = os.environ if environ is None else environ
+    if cfg.run_id:
+        return cfg.run_id
+    parts = [cfg.workload, cfg.dataset, f"g{cfg.gpus}"] + ([cfg.label] if cfg.label else [])
+    if "SLURM_JOB_ID" in env:
+        job = env.get("SLURM_ARRAY_JOB_ID", env["SLURM_JOB_ID"])
+        task = f"_{env['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_TASK_ID" in env else ""
+        return "-".join(parts + [f"j{job}{task}"])
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return "-".join([stamp] + parts + [secrets.token_hex(2)])
+
+
+def lr_lambda(total_steps: int, warmup_steps: int):
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
+    return f
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run(cfg: RunConfig) -> dict | None:
+    """Run this process's rank of `cfg`. Returns the summary on global rank 0."""
+    renv = rank_env()
+    if renv.world_size != cfg.gpus:
+        raise ConfigError(
+            f"parameter 'gpus': gpus={cfg.gpus} but the launcher started {renv.world_size} rank(s) "
+            f"({renv.source}); make them agree (e.g. srun --ntasks={cfg.gpus})")
+    device = select_device(device_type(cfg), renv.local_rank)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    with process_group(renv, device, cfg.timeout_min) as backend:
+        return Trainer(cfg, renv, device, backend).run()
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str):
+        self.cfg, self.renv, self.device, self.backend = cfg, renv, device, backend
+        self.is_rank0 = renv.is_rank0
+        self.world = renv.world_size
+        self.wl = get_workload(cfg.workload)
+        self.run_dir: Path | None = None
+
+    def log(self, msg: str) -> None:
+        if self.is_rank0:
+            print(msg, flush=True)
+
+    # ---------------------------------------------------------------- setup
+    def _prepare(self):
+        cfg, wl, dev = self.cfg, self.wl, self.device
+        seed_everything(cfg.seed)
+        train, test, num_classes = wl.load_data(cfg)
+        self.train, self.test = train.head(cfg.train_samples), test.head(cfg.test_samples)
+        if len(self.train) < cfg.batch:
+            raise ConfigError(
+                f"parameter 'batch': the training set has {len(self.train)} samples, fewer than one global "
+                f"batch of {cfg.batch}; lower batch or raise train_samples")
+        self.aug = wl.augment(cfg, cfg.dataset)
+        self.pipe = make_pipeline(cfg.pipeline, self.train, self.aug, cfg.batch, self.renv.global_rank,
+                                  self.world, cfg.seed, dev, cfg.channels_last, cfg.num_workers,
+                                  cfg.prefetch_factor)
+        model, self.variant = wl.build_model(cfg, num_classes)
+        model = model.to(dev)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+
+        # FLOPs per sample from the model itself, on a throw-away copy so BN
+        # statistics of the real model are untouched.
+        probe_x = torch.zeros((2, *self.train.x.shape[1:]), device=dev)
+        probe_y = torch.zeros(2, dtype=torch.long, device=dev)
+        self.flops = model_flops_per_sample(copy.deepcopy(model), probe_x, wl.loss, probe_y)
+        self.device_name = sysinfo.device_name(dev)
+        self.peak = peak_tflops(self.device_name, cfg.precision) if dev.type == "cuda" else None
+
+        self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                       bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+        self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
+        self.opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
+                                   weight_decay=cfg.weight_decay)
+        self.steps_per_epoch = self.pipe.steps_per_epoch
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        warmup = round(cfg.lr_warmup_epochs * self.steps_per_epoch)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warmup))
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+        self.autocast = (torch.autocast(dev.type, dtype=DTYPES[cfg.precision])
+                         if cfg.precision in DTYPES else nullcontext())
+        self.columns = records.metric_columns(self.wl.metric_names)
+
+    def _open_record(self):
+        """Decide run id, fresh vs resume; rank 0 creates the directory. All ranks agree."""
+        cfg = self.cfg
+        decision = None
+        if self.is_rank0:
+            run_id = make_run_id(cfg)
+            run_dir = cfg.results_root / run_id
+            try:
+                records.ensure_not_complete(run_dir)
+                decision = {"run_id": run_id, "resume": (run_dir / ckpt.FILENAME).exists()}
+            except ConfigError as e:
+                decision = {"error": str(e)}
+        decision = broadcast_object(decision)
+        if "error" in decision:
+            raise ConfigError(decision["error"])
+        self.run_id = decision["run_id"]
+        self.run_dir = cfg.results_root / self.run_id
+        self.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "rows": [], "totals": _zero_totals(),
+                      "started_utc": utc_now(), "resumed_from_step": 0}
+        if decision["resume"]:
+            state = ckpt.load(self.run_dir / ckpt.FILENAME)
+            self.ddp.module.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.sched.load_state_dict(state["scheduler"])
+            ckpt.set_rng_state(state["rng"])
+            for k in ("epoch", "step_in_epoch", "global_step", "rows", "totals", "started_utc"):
+                self.state[k] = state[k]
+            self.state["resumed_from_step"] = state["global_step"]
+            self.log(f"resuming {self.run_id} from epoch {state['epoch']} step {state['step_in_epoch']} "
+                     f"(global step {state['global_step']})")
+        hosts = all_gather_object({"host": sysinfo.host(), "device": self.device_name,
+                                   "global_rank": self.renv.global_rank, "local_rank": self.renv.local_rank})
+        if self.is_rank0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            records.write_json(self.run_dir / "config.json", self._config_record(hosts))
+            self._write_summary("running")
+        dist.barrier()
+
+    def _config_record(self, ranks: list[dict]) -> dict:
+        cfg = self.cfg
+        return {
+            "schema_version": records.SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "params": cfg.to_dict(),
+            "derived": {
+                "world_size": self.world, "per_rank_batch": cfg.per_rank_batch,
+                "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
+                "steps_per_epoch": self.steps_per_epoch, "train_samples_used": len(self.train),
+                "test_samples_used": len(self.test), "dropped_per_epoch": len(self.train) % cfg.batch,
+                "backend": self.backend, "device_type": self.device.type, "launch_source": self.renv.source,
+                "model_variant": self.variant, "tf32": self.device.type == "cuda",
+                **self.flops, "peak_tflops": self.peak,
+                "nodes": len({r["host"] for r in ranks}),
+            },
+            "git": sysinfo.git_info(),
+            "versions": sysinfo.software_versions(),
+            "hosts": sorted({r["host"] for r in ranks}),
+            "devices": sorted({r["device"] for r in ranks}),
+            "ranks": ranks,
+            "slurm": sysinfo.slurm_ids(),
+            "lab": sysinfo.lab_ids(),
+            "command": sys.argv,
+            "started_utc": self.state["started_utc"],
+        }
+
+    # ----------------------------------------------------------------- loop
+    def run(self) -> dict | None:
+        self._prepare()
+        self._open_record()
+        try:
+            status = self._train()
+            probe = self._comm_probe() if status == "complete" else {}
+            summary = self._write_summary(status, probe)
+            self.log(f"{status}: {self.run_dir}")
+            return summary
+        except BaseException as e:
+            if self.is_rank0 and self.run_dir is not None:
+                self._write_summary("failed", error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+            raise
+
+    def _train(self) -> str:
+        cfg, st = self.cfg, self.state
+        timer = StepTimer(self.device)
+        for epoch in range(st["epoch"], cfg.epochs):
+            self.ddp.train()
+            sums = torch.zeros(2 + len(self.wl.metric_names), dtype=torch.float64, device=self.device)
+            start = st["step_in_epoch"]
+            timed_before = st["totals"]["timed_steps_run"]
+            synchronize(self.device)
+            t_epoch = time.perf_counter()
+            batches = self.pipe.batches(epoch, start)
+            step = start
+            while True:
+                timer.start()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                timer.data_ready()
+                self._step(*batch, sums)
+                timed = st["global_step"] >= cfg.timing_warmup_steps
+                timer.done(timed)
+                st["global_step"] += 1
+                step += 1
+                if cfg.log_every and step % cfg.log_every == 0:
+                    self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{self.steps_per_epoch} "
+                             f"loss {float(sums[0] / max(float(sums[1]), 1)):.4f} lr {self.sched.get_last_lr()[0]:.4g}")
+                if cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps and step < self.steps_per_epoch:
+                    synchronize(self.device)
+                    st["epoch"], st["step_in_epoch"] = epoch, step
+                    self._checkpoint()
+                    self.log(f"stopped after {st['global_step']} steps (stop_after_steps); re-run to resume")
+                    return "stopped"
+            synchronize(self.device)
+            epoch_s = time.perf_counter() - t_epoch
+            wait, comp = timer.collect()
+            t_eval = time.perf_counter()
+            ev = self._evaluate()
+            eval_s = time.perf_counter() - t_eval
+            row = self._epoch_row(epoch, step - start, wait, comp, sums, ev, epoch_s, eval_s)
+            st["totals"]["timed_steps_run"] = timed_before + len(comp)
+            st["rows"].append(row)
+            st["epoch"], st["step_in_epoch"] = epoch + 1, 0
+            if self.is_rank0:
+                records.write_metrics(self.run_dir / "metrics.csv", st["rows"], self.columns)
+            self.log(self._epoch_line(row))
+            last = epoch + 1 == cfg.epochs
+            if cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
+                self._checkpoint()
+            if cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps and not last:
+                if not cfg.checkpoint_every or (epoch + 1) % cfg.checkpoint_every:
+                    self._checkpoint()
+                self.log(f"stopped after {st['global_step']} steps (stop_after_steps); re-run to resume")
+                return "stopped"
+        return "complete"
+
+    def _step(self, x, y, sums) -> None:
+        cfg = self.cfg
+        self.opt.zero_grad(set_to_none=True)
+        mb = cfg.micro_batches
+        for i, (xm, ym) in enumerate(zip(x.chunk(mb), y.chunk(mb))):
+            # Gradients are all-reduced once per step, on the last micro-batch.
+            sync = self.ddp.no_sync() if i < mb - 1 else nullcontext()
+            with sync:
+                with self.autocast:
+                    out = self.train_model(xm)
+                    loss = self.wl.loss(out, ym)
+                self.scaler.scale(loss / mb).backward()
+            with torch.no_grad():
+                n = ym.shape[0]
+                sums[0] += loss.detach().double() * n
+                sums[1] += n
+                for j, v in enumerate(self.wl.metric_sums(out.detach(), ym).values()):
+                    sums[2 + j] += v.double()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.sched.step()
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict:
+        model = self.ddp.module  # no DDP hooks: shards may differ by one batch between ranks
+        model.eval()
+        sums = torch.zeros(2 + len(self.wl.metric_names), dtype=torch.float64, device=self.device)
+        for x, y in eval_batches(self.test, self.aug, max(self.cfg.per_rank_batch, 1), self.renv.global_rank,
+                                 self.world, self.device, self.cfg.channels_last):
+            with self.autocast:
+                out = model(x)
+                loss = self.wl.loss(out, y)
+            sums[0] += loss.double() * y.shape[0]
+            sums[1] += y.shape[0]
+            for j, v in enumerate(self.wl.metric_sums(out, y).values()):
+                sums[2 + j] += v.double()
+        dist.all_reduce(sums)
+        n = max(float(sums[1]), 1.0)
+        out = {"eval_loss": float(sums[0]) / n}
+        out.update({f"eval_{m}": float(sums[2 + j]) / n for j, m in enumerate(self.wl.metric_names)})
+        return out
+
+    def _epoch_row(self, epoch, steps, wait, comp, sums, ev, epoch_s, eval_s) -> dict:
+        cfg = self.cfg
+        step_ms = [w + c for w, c in zip(wait, comp)]
+        n_timed = len(step_ms)
+        local = [sum(step_ms) / 1e3, sum(wait), sum(comp), percentile(step_ms, 0.5), percentile(step_ms, 0.9)]
+        summed = all_reduce(local, self.device)
+        slowest_s, epoch_s_max, mem = all_reduce([local[0], epoch_s, peak_memory_gib(self.device)],
+                                                 self.device, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums)
+        n = max(float(sums[1]), 1.0)
+        tput = n_timed * cfg.batch / slowest_s if n_timed and slowest_s > 0 else None
+        per_dev = tput / self.world if tput else None
+        tflops = per_dev * self.flops["train_flops_per_sample"] / 1e12 if per_dev else None
+        mean_step = summed[0] * 1e3 / (n_timed * self.world) if n_timed else None
+        mean_wait = summed[1] / (n_timed * self.world) if n_timed else None
+        t = self.state["totals"]
+        if n_timed:
+            t["timed_samples"] += n_timed * cfg.batch
+            t["timed_s"] += slowest_s
+            t["wait_ms"] += summed[1]
+            t["step_ms"] += summed[0] * 1e3
+            t["steps_x_ranks"] += n_timed * self.world
+        row = {
+            "epoch": epoch, "steps": steps, "timed_steps": n_timed, "samples": steps * cfg.batch,
+            "epoch_s": round(epoch_s_max, 4), "eval_s": round(eval_s, 4),
+            "samples_per_s": _r(tput), "samples_per_s_per_device": _r(per_dev),
+            "step_ms": _r(mean_step), "step_ms_p50": _r(summed[3] / self.world if n_timed else None),
+            "step_ms_p90": _r(summed[4] / self.world if n_timed else None),
+            "data_wait_ms": _r(mean_wait),
+            "compute_ms": _r(summed[2] / (n_timed * self.world) if n_timed else None),
+            "data_wait_frac": _r(mean_wait / mean_step if n_timed and mean_step else None, 5),
+            "train_loss": float(sums[0]) / n, "eval_loss": ev["eval_loss"],
+            "lr": self.sched.get_last_lr()[0], "peak_mem_gib": round(mem, 4),
+            "tflops_per_device": _r(tflops, 5), "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
+        }
+        for j, m in enumerate(self.wl.metric_names):
+            row[f"train_{m}"] = float(sums[2 + j]) / n
+            row[f"eval_{m}"] = ev[f"eval_{m}"]
+        return row
+
+    def _epoch_line(self, row: dict) -> str:
+        metrics = " ".join(f"eval_{m} {row[f'eval_{m}']:.4f}" for m in self.wl.metric_names)
+        tput = f"{row['samples_per_s']:,.1f} samples/s" if row["samples_per_s"] else "warm-up only"
+        return (f"epoch {row['epoch'] + 1}/{self.cfg.epochs} done: train_loss {row['train_loss']:.4f} "
+                f"eval_loss {row['eval_loss']:.4f} {metrics} | {tput} | step {row['step_ms'] or 0:.1f} ms "
+                f"(data wait {100 * (row['data_wait_frac'] or 0):.1f}%) | epoch {row['epoch_s']:.1f} s")
+
+    def _checkpoint(self) -> None:
+        if self.is_rank0:
+            st = self.state
+            ckpt.save(self.run_dir / ckpt.FILENAME, model=self.ddp.module.state_dict(),
+                      optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
+                      scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
+                      global_step=st["global_step"], rows=st["rows"], totals=st["totals"],
+                      started_utc=st["started_utc"], config=self.cfg.to_dict())
+        dist.barrier()
+
+    def _comm_probe(self) -> dict:
+        """Fwd+bwd with and without gradient all-reduce on one fixed batch.
+
+        The difference is the communication that backward did not hide. Runs
+        after training and after the last checkpoint, so it changes nothing
+        that is kept; gradients are discarded and no optimizer step is taken.
+        """
+        n = self.cfg.comm_probe_steps
+        if self.world == 1 or n == 0:
+            return {}
+        x, y = next(self.pipe.batches(0, 0))
+        self.ddp.train()
+
+        def timed(sync: bool) -> float:
+            times = []
+            for i in range(n + 2):  # two warm-ups
+                self.opt.zero_grad(set_to_none=True)
+                synchronize(self.device)
+                t0 = time.perf_counter()
+                with (nullcontext() if sync else self.ddp.no_sync()):
+                    with self.autocast:
+                        loss = self.wl.loss(self.train_model(x), y)
+                    loss.backward()
+                synchronize(self.device)
+                if i >= 2:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            return median(times)
+
+        nosync = timed(False)
+        sync = timed(True)
+        self.opt.zero_grad(set_to_none=True)
+        s, ns = all_reduce([sync, nosync], self.device)
+        s, ns = s / self.world, ns / self.world
+        self.log(f"comm probe: fwd+bwd {s:.2f} ms with all-reduce, {ns:.2f} ms without: "
+                 f"{s - ns:.2f} ms exposed communication per step")
+        return {"comm_probe_sync_ms": round(s, 4), "comm_probe_nosync_ms": round(ns, 4),
+                "exposed_comm_ms": round(s - ns, 4)}
+
+    # --------------------------------------------------------------- record
+    def _write_summary(self, status: str, probe: dict | None = None, error: str | None = None) -> dict | None:
+        if not self.is_rank0:
+            return None
+        st, rows, t = self.state, self.state["rows"], self.state["totals"]
+        tput = t["timed_samples"] / t["timed_s"] if t["timed_s"] else None
+        per_dev = tput / self.world if tput else None
+        tflops = per_dev * self.flops["train_flops_per_sample"] / 1e12 if per_dev else None
+        summary = {
+            "schema_version": records.SCHEMA_VERSION, "run_id": self.run_id, "status": status, "error": error,
+            "started_utc": st["started_utc"], "finished_utc": utc_now() if status != "running" else None,
+            "resumed_from_step": st["resumed_from_step"],
+            "epochs_done": len(rows), "steps_done": st["global_step"], "world_size": self.world,
+            "device_name": self.device_name,
+            "samples_per_s": _r(tput), "samples_per_s_per_device": _r(per_dev),
+            "step_ms": _r(t["step_ms"] / t["steps_x_ranks"] if t["steps_x_ranks"] else None),
+            "epoch_s_median": _r(median(r["epoch_s"] for r in rows) if rows else None),
+            "data_wait_frac": _r(t["wait_ms"] / t["step_ms"] if t["step_ms"] else None, 5),
+            "final_eval_loss": rows[-1]["eval_loss"] if rows else None,
+            "peak_mem_gib": max((r["peak_mem_gib"] for r in rows), default=None),
+            **self.flops, "peak_tflops": self.peak, "tflops_per_device": _r(tflops, 5),
+            "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
+            "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
+        }
+        summary.update(probe or {})
+        for m in self.wl.metric_names:
+            summary[f"final_eval_{m}"] = rows[-1][f"eval_{m}"] if rows else None
+        records.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+
+def _zero_totals() -> dict:
+    return {"timed_samples": 0, "timed_s": 0.0, "wait_ms": 0.0, "step_ms": 0.0, "steps_x_ranks": 0,
+            "timed_steps_run": 0}
+
+
+def _r(v, nd: int = 3):
+    return None if v is None else round(float(v), nd)

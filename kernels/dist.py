@@ -1,0 +1,141 @@
+"""Where this process sits in the world, and the process group's lifecycle.
+
+Rank, world size and local rank come from torchrun's variables (RANK,
+WORLD_SIZE, LOCAL_RANK) or, in a Slurm step, from SLURM_PROCID / SLURM_NTASKS /
+SLURM_LOCALID with MASTER_ADDR = the allocation's first host and MASTER_PORT
+derived from the job id; explicit MASTER_ADDR/MASTER_PORT always win. With none
+of these the process is a world of one and needs no launcher.
+
+Setup order is fixed: device from the local rank first, then
+init_process_group with an explicit timeout; teardown in `finally`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from kernels.params import ConfigError
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    global_rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str  # torchrun | slurm | single
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.global_rank == 0
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand a Slurm hostlist such as 'gpu[001-003,7],login1' to host names."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec):
+        m = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            if "-" in r:
+                lo, hi = r.split("-", 1)
+                width = len(lo)
+                hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                hosts.append(f"{prefix}{r}{suffix}")
+    return hosts
+
+
+def slurm_port(job_id: str) -> int:
+    # Deterministic per job so every rank agrees without talking; above the
+    # ephemeral range of most Linux defaults' lower half to avoid clashes.
+    return 20000 + int(job_id) % 20000
+
+
+def rank_env(environ: dict | None = None) -> RankEnv:
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+        hosts = expand_hostlist(nodelist) if nodelist else []
+        addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+        port = int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "0")))
+        return RankEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                       addr, port, "slurm")
+    return RankEnv(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def select_device(device_type: str, local_rank: int) -> torch.device:
+    if device_type == "cpu":
+        return torch.device("cpu")
+    n = torch.cuda.device_count()
+    if local_rank < n:
+        index = local_rank
+    elif n == 1:
+        index = 0  # Slurm bound exactly one GPU to this task
+    else:
+        raise ConfigError(
+            f"parameter 'gpus': local rank {local_rank} has no GPU ({n} visible on {socket.gethostname()}); "
+            f"ask Slurm for one task per GPU (--ntasks-per-node = --gpus-per-node)")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+@contextmanager
+def process_group(renv: RankEnv, device: torch.device, timeout_min: float):
+    """init_process_group (nccl on CUDA, gloo on CPU) ... destroy, always."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(minutes=timeout_min)
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    if renv.world_size == 1:
+        # A world of one: an in-memory store, so no port and no launcher is needed,
+        # and the same DDP code path runs.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout, **kwargs)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}",
+                                rank=renv.global_rank, world_size=renv.world_size,
+                                timeout=timeout, **kwargs)
+    try:
+        yield backend
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def all_gather_object(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

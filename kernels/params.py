@@ -1,0 +1,321 @@
+"""The one definition of a training run's parameters.
+
+Every parameter has a name, a type, a default and a one-line doc. The CLI
+(`python -m kernels.train`), the notebook's validation (notebooks/01_train) and
+study files read this table; nothing else declares parameters.
+
+`resolve(raw)` turns a mapping of user-supplied values into a `RunConfig`,
+raising `ConfigError` (naming the parameter and the fix) for unknown names,
+malformed values and impossible combinations. `check_environment(cfg)` adds the
+checks that need the machine (GPUs visible, results dir writable, data present)
+and is cheap: it runs before any process is spawned or any file is written.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    """A parameter or input is wrong; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    choices: tuple = ()
+
+
+# Order matters: it is the order of --help, the notebook's parameters cell and config.json.
+PARAMS: tuple[Param, ...] = (
+    Param("workload", str, "resnet18", "model family; see kernels/workloads", ("resnet18",)),
+    Param("dataset", str, "cifar10", "cifar10 (fetched into data/), digits (embedded, no download) or synthetic (random, for throughput)",
+          ("cifar10", "digits", "synthetic")),
+    Param("gpus", int, 1, "world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)"),
+    Param("precision", str, "bf16", "fp32, bf16 or fp16 autocast (GradScaler only for fp16; fp16 needs a GPU)", ("fp32", "bf16", "fp16")),
+    Param("batch", int, 512, "GLOBAL batch size over all ranks; each rank takes batch / gpus"),
+    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must divide)"),
+    Param("epochs", int, 10, "training epochs"),
+    Param("lr", float, 0.2, "peak learning rate of SGD (nesterov) for the global batch"),
+    Param("momentum", float, 0.9, "SGD momentum"),
+    Param("weight_decay", float, 5e-4, "SGD weight decay"),
+    Param("lr_warmup_epochs", float, 1.0, "linear LR warm-up length in epochs, then cosine decay to 0"),
+    Param("width", int, 64, "ResNet base width (64 = the standard model; smaller only for tests)"),
+    Param("model_source", str, "native", "native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)",
+          ("native", "torchvision")),
+    Param("bucket_cap_mb", float, 25.0, "DDP gradient bucket size in MiB"),
+    Param("gradient_as_bucket_view", bool, True, "DDP: gradients are views into the all-reduce buckets (saves a copy)"),
+    Param("pipeline", str, "device", "device (uint8 data resident on the device, batched on-device augmentation) or dataloader (torch DataLoader baseline)",
+          ("device", "dataloader")),
+    Param("num_workers", int, 4, "dataloader pipeline: worker processes per rank"),
+    Param("prefetch_factor", int, 2, "dataloader pipeline: batches prefetched per worker"),
+    Param("train_samples", int, 0, "use the first N training samples (0 = all); for quick runs"),
+    Param("test_samples", int, 0, "use the first N test samples (0 = all); for quick runs"),
+    Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
+    Param("compile", bool, False, "torch.compile the model"),
+    Param("channels_last", bool, False, "channels_last memory format for model and inputs"),
+    Param("device", str, "auto", "auto (cuda when visible, else cpu), cuda or cpu", ("auto", "cuda", "cpu")),
+    Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
+    Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to expose communication (0 = off; needs gpus > 1)"),
+    Param("log_every", int, 50, "print a progress line every N steps (0 = per epoch only)"),
+    Param("checkpoint_every", int, 1, "checkpoint every N epochs (0 = never; a run then cannot resume)"),
+    Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0 = run to the end); resume by re-running"),
+    Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
+    Param("data_dir", str, "", "data root ('' = <project>/data)"),
+    Param("results_dir", str, "", "where run records go ('' = <project>/results/runs)"),
+    Param("label", str, "", "free-form label added to the run id"),
+    Param("run_id", str, "", "run directory name ('' = generated; an existing run with a checkpoint resumes)"),
+    Param("launcher", str, "auto", "auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)",
+          ("auto", "local", "srun", "none")),
+)
+
+PARAM_BY_NAME = {p.name: p for p in PARAMS}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    workload: str
+    dataset: str
+    gpus: int
+    precision: str
+    batch: int
+    micro_batches: int
+    epochs: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    lr_warmup_epochs: float
+    width: int
+    model_source: str
+    bucket_cap_mb: float
+    gradient_as_bucket_view: bool
+    pipeline: str
+    num_workers: int
+    prefetch_factor: int
+    train_samples: int
+    test_samples: int
+    seed: int
+    compile: bool
+    channels_last: bool
+    device: str
+    timing_warmup_steps: int
+    comm_probe_steps: int
+    log_every: int
+    checkpoint_every: int
+    stop_after_steps: int
+    timeout_min: float
+    data_dir: str
+    results_dir: str
+    label: str
+    run_id: str
+    launcher: str
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.batch // self.gpus
+
+    @property
+    def data_root(self) -> Path:
+        return Path(self.data_dir) if self.data_dir else PROJECT_ROOT / "data"
+
+    @property
+    def results_root(self) -> Path:
+        return Path(self.results_dir) if self.results_dir else PROJECT_ROOT / "results" / "runs"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **changes) -> "RunConfig":
+        return resolve({**self.to_dict(), **changes})
+
+    def cli_args(self) -> list[str]:
+        """The command-line arguments that reproduce this config."""
+        out = []
+        for p in PARAMS:
+            out += [f"--{p.name}", _format(getattr(self, p.name))]
+        return out
+
+
+assert [f.name for f in fields(RunConfig)] == [p.name for p in PARAMS], "RunConfig and PARAMS disagree"
+
+
+def _format(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def coerce(param: Param, value):
+    """Convert a CLI string or a notebook literal to the parameter's type, strictly."""
+    t = param.type
+    bad = ConfigError(
+        f"parameter '{param.name}': {value!r} is not a valid {t.__name__} ({param.doc})"
+    )
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise bad
+    if t is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise bad from None
+        raise bad
+    if t is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise bad from None
+        raise bad
+    if t is str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise bad
+        return value
+    raise TypeError(t)
+
+
+def unknown_name_error(name: str, where: str = "") -> ConfigError:
+    close = difflib.get_close_matches(name, PARAM_BY_NAME, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return ConfigError(
+        f"unknown parameter '{name}'{where}{hint} Known parameters: {', '.join(PARAM_BY_NAME)}"
+    )
+
+
+def resolve(raw: dict) -> RunConfig:
+    """Defaults + `raw`, typed and checked. Raises ConfigError before any work."""
+    for name in raw:
+        if name not in PARAM_BY_NAME:
+            raise unknown_name_error(name)
+    values = {}
+    for p in PARAMS:
+        v = coerce(p, raw[p.name]) if p.name in raw else p.default
+        if p.choices and v not in p.choices:
+            raise ConfigError(
+                f"parameter '{p.name}': unknown value {v!r}; choose one of {', '.join(p.choices)}"
+            )
+        values[p.name] = v
+    cfg = RunConfig(**values)
+    _check_combinations(cfg)
+    return cfg
+
+
+def _check_combinations(cfg: RunConfig) -> None:
+    from kernels.workloads import get_workload  # late: workloads import torch
+
+    def need(cond: bool, msg: str):
+        if not cond:
+            raise ConfigError(msg)
+
+    need(cfg.gpus >= 1, f"parameter 'gpus': world size must be >= 1, got {cfg.gpus}")
+    need(cfg.batch >= 1, f"parameter 'batch': must be >= 1, got {cfg.batch}")
+    need(cfg.batch % cfg.gpus == 0,
+         f"parameter 'batch': the global batch {cfg.batch} is not divisible by gpus={cfg.gpus}; "
+         f"use a multiple of {cfg.gpus}, e.g. {cfg.gpus * max(1, round(cfg.batch / cfg.gpus))}")
+    need(cfg.micro_batches >= 1, f"parameter 'micro_batches': must be >= 1, got {cfg.micro_batches}")
+    need(cfg.per_rank_batch % cfg.micro_batches == 0,
+         f"parameter 'micro_batches': the per-rank batch {cfg.per_rank_batch} (batch/gpus) is not "
+         f"divisible by micro_batches={cfg.micro_batches}")
+    need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
+    need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
+    need(0 <= cfg.momentum < 1, f"parameter 'momentum': must be in [0, 1), got {cfg.momentum}")
+    need(cfg.width >= 1, f"parameter 'width': must be >= 1, got {cfg.width}")
+    need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
+    need(cfg.lr_warmup_epochs >= 0, "parameter 'lr_warmup_epochs': must be >= 0")
+    for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps",
+                 "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps"):
+        need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
+    need(cfg.prefetch_factor >= 1, "parameter 'prefetch_factor': must be >= 1")
+    need(cfg.timeout_min > 0, "parameter 'timeout_min': must be > 0")
+    need(cfg.device != "cpu" or cfg.precision != "fp16",
+         "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
+         "use precision=bf16 or fp32 on CPU")
+    need("/" not in cfg.run_id and cfg.run_id not in (".", ".."),
+         f"parameter 'run_id': {cfg.run_id!r} must be a plain directory name")
+    need(all(c.isalnum() or c in "-_." for c in cfg.label),
+         f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
+    wl = get_workload(cfg.workload)
+    need(cfg.dataset in wl.datasets,
+         f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_type(cfg: RunConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if visible_gpus() > 0 else "cpu"
+    return cfg.device
+
+
+def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) -> None:
+    """Checks that need the machine; cheap, and before any file is written.
+
+    ranks_on_this_node: how many ranks will share this node's GPUs (the local
+    launcher spawns all of them here; srun spreads them; None = cfg.gpus).
+    """
+    from kernels.data import check_dataset
+
+    dev = device_type(cfg)
+    if dev == "cuda":
+        n = visible_gpus()
+        local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
+        if n == 0:
+            raise ConfigError("parameter 'device': cuda requested but no GPU is visible; use device=auto or cpu")
+        if local > n:
+            raise ConfigError(
+                f"parameter 'gpus': {local} ranks on this node but only {n} GPU(s) visible "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                f"ask for fewer gpus or run across nodes with srun")
+    elif cfg.precision == "fp16":
+        raise ConfigError(
+            "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
+    _check_writable(cfg.results_root)
+    check_dataset(cfg.dataset, cfg.data_root)
+
+
+def _check_writable(path: Path) -> None:
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"parameter 'results_dir': {path} is not writable (nearest existing: {probe}); "
+            f"pass results_dir=<a writable directory>")
+
+
+def describe_markdown() -> str:
+    """The parameter table for docs (README, notebooks)."""
+    rows = ["| parameter | type | default | meaning |", "|---|---|---|---|"]
+    for p in PARAMS:
+        rows.append(f"| `{p.name}` | {p.type.__name__} | `{_format(p.default)!s}` | {p.doc} |")
+    return "\n".join(rows)

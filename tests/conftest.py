@@ -1,0 +1,74 @@
+"""Shared test helpers: run the real CLI, write CIFAR-10 files in the official format."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small enough for 2 cores: ResNet-18 topology at width 8, a few steps.
+TINY = ["--width", "8", "--precision", "fp32", "--log_every", "0", "--timing_warmup_steps", "1",
+        "--comm_probe_steps", "2", "--num_workers", "0"]
+
+
+def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_cifar_tarball(directory: Path, per_batch: int = 20, seed: int = 0) -> tuple[Path, dict]:
+    """A cifar-10-python.tar.gz in the official layout with `per_batch` images per batch file.
+
+    Written here, independently of kernels/: pickles (protocol 2) of dicts with
+    bytes keys, b"data" uint8 (N, 3072) as R, G, B planes row-major.
+    Returns (tarball path, {'train': (x, y), 'test': (x, y)}) with x as N,3,32,32.
+    """
+    rng = np.random.default_rng(seed)
+    members, truth = {}, {"train": ([], []), "test": ([], [])}
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        x = rng.integers(0, 256, size=(per_batch, 3, 32, 32), dtype=np.uint8)
+        y = rng.integers(0, 10, size=per_batch)
+        entry = {b"batch_label": name.encode(), b"labels": [int(v) for v in y],
+                 b"data": x.reshape(per_batch, 3072), b"filenames": [b"x.png"] * per_batch}
+        members[name] = pickle.dumps(entry, protocol=2)
+        split = "test" if name == "test_batch" else "train"
+        truth[split][0].append(x)
+        truth[split][1].append(y)
+    members["batches.meta"] = pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)],
+                                            b"num_cases_per_batch": per_batch, b"num_vis": 3072}, protocol=2)
+    members["readme.html"] = b"<html></html>"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "cifar-10-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    out = {k: (np.concatenate(v[0]), np.concatenate(v[1])) for k, v in truth.items()}
+    return path, out
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cifar_root(tmp_path):
+    """A data root with a small CIFAR-10 fetched (from a file:// URL) and verified."""
+    from kernels.data import cifar10
+
+    src, truth = write_cifar_tarball(tmp_path / "src", per_batch=40)
+    root = tmp_path / "data"
+    cifar10.fetch(root, url=src.as_uri(), md5=md5(src))
+    return root, truth

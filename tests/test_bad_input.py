@@ -1,0 +1,103 @@
+"""Every bad input fails before any work, names the parameter and the fix, and writes nothing."""
+from __future__ import annotations
+
+import pytest
+
+from kernels import params
+from kernels.params import ConfigError, check_environment, resolve
+
+from conftest import run_cli
+
+DIGITS = ["--dataset", "digits"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
+    (["--gpus", "0"], "parameter 'gpus': world size must be >= 1"),
+    (["--gpus", "3", "--batch", "64"], "parameter 'batch': the global batch 64 is not divisible by gpus=3"),
+    (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
+    (["--workload", "gpt2"], "parameter 'workload': unknown value 'gpt2'"),
+    (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
+    (["--dataset", "imagenet"], "parameter 'dataset': unknown value 'imagenet'"),
+    (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
+    (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
+    (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
+    (["--batch", "64", "--micro_batches", "3"], "parameter 'micro_batches'"),
+])
+def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, args, needle):
+    import re
+
+    results = tmp_path / "results"
+    p = run_cli(*DIGITS, *args, "--results_dir", results)
+    assert p.returncode == 2, p.stderr
+    assert re.search(needle, p.stderr), p.stderr
+    assert not results.exists()
+
+
+def test_fp16_on_a_machine_without_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(params, "visible_gpus", lambda: 0)
+    with pytest.raises(ConfigError, match="fp16 needs a GPU"):
+        check_environment(resolve({"dataset": "digits", "precision": "fp16", "results_dir": str(tmp_path)}))
+
+
+def test_more_gpus_than_visible(tmp_path, monkeypatch):
+    monkeypatch.setattr(params, "visible_gpus", lambda: 2)
+    cfg = resolve({"dataset": "digits", "gpus": 4, "device": "cuda", "batch": 64, "results_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"parameter 'gpus': 4 ranks on this node but only 2 GPU\(s\) visible"):
+        check_environment(cfg)
+    check_environment(cfg, ranks_on_this_node=2)  # spread over nodes by srun: fine here
+
+
+def test_cuda_requested_without_gpu(tmp_path):
+    p = run_cli(*DIGITS, "--device", "cuda", "--results_dir", tmp_path / "r")
+    if p.returncode == 2:
+        assert "parameter 'device'" in p.stderr or "parameter 'gpus'" in p.stderr
+    else:  # pragma: no cover - a GPU machine
+        pytest.skip("a GPU is visible")
+
+
+def test_unwritable_results_dir(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    p = run_cli(*DIGITS, "--results_dir", blocker / "runs")
+    assert p.returncode == 2 and "parameter 'results_dir'" in p.stderr and "not writable" in p.stderr
+
+
+def test_missing_dataset_names_fetch_command(tmp_path):
+    p = run_cli("--dataset", "cifar10", "--data_dir", tmp_path / "empty", "--results_dir", tmp_path / "r")
+    assert p.returncode == 2
+    assert "kernels.data.fetch cifar10" in p.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_corrupt_dataset_rejected_before_any_record(cifar_root, tmp_path):
+    from kernels.data import cifar10
+
+    root, _ = cifar_root
+    f = cifar10.batch_dir(root) / "test_batch"
+    f.write_bytes(f.read_bytes()[:-10])
+    p = run_cli("--dataset", "cifar10", "--data_dir", root, "--results_dir", tmp_path / "r")
+    assert p.returncode == 2 and "test_batch" in p.stderr and "checksum mismatch" in p.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_batch_larger_than_dataset_fails_before_record(tmp_path):
+    p = run_cli(*DIGITS, "--batch", "512", "--train_samples", "100", "--width", "4", "--results_dir", tmp_path / "r")
+    assert p.returncode == 2 and "fewer than one global batch" in p.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_notebook_style_values_are_typed_strictly():
+    cfg = resolve({"gpus": "2", "batch": 64.0, "compile": "false", "lr": "0.1"})
+    assert (cfg.gpus, cfg.batch, cfg.compile, cfg.lr) == (2, 64, False, 0.1)
+    with pytest.raises(ConfigError, match="parameter 'gpus'"):
+        resolve({"gpus": True})
+    with pytest.raises(ConfigError, match="parameter 'batch'"):
+        resolve({"batch": 64.5})
+
+
+def test_help_lists_every_parameter():
+    p = run_cli("--help")
+    assert p.returncode == 0
+    for prm in params.PARAMS:
+        assert f"--{prm.name}" in p.stdout

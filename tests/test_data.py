@@ -1,0 +1,146 @@
+"""Readers, verification and the sharding contract."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.data import cifar10, load_image_dataset
+from kernels.data.embedded import load_digits
+from kernels.data.pipeline import (DevicePipeline, LoaderPipeline, epoch_permutation, eval_batches,
+                                   rank_slice, steps_per_epoch)
+from kernels.params import ConfigError
+from kernels.workloads.base import Augment, Split
+
+from conftest import md5, write_cifar_tarball
+
+
+def test_cifar_fetch_from_url_verifies_and_reads_real_format(cifar_root):
+    root, truth = cifar_root
+    d = cifar10.batch_dir(root)
+    assert (d / "MD5SUMS").exists()
+    arrays = cifar10.read(root)
+    for split in ("train", "test"):
+        x, y = arrays[split]
+        assert x.dtype == np.uint8 and x.shape[1:] == (3, 32, 32)
+        np.testing.assert_array_equal(x, truth[split][0])
+        np.testing.assert_array_equal(y, truth[split][1])
+    assert len(arrays["train"][0]) == 5 * 40 and len(arrays["test"][0]) == 40
+
+
+def test_cifar_tarball_checksum_mismatch_is_a_clear_error(tmp_path):
+    src, _ = write_cifar_tarball(tmp_path / "src", per_batch=4)
+    with pytest.raises(ConfigError, match=r"checksum mismatch for .*cifar-10-python.tar.gz"):
+        cifar10.fetch(tmp_path / "data", url=src.as_uri(), md5="0" * 32)
+    assert not cifar10.batch_dir(tmp_path / "data").exists()
+
+
+def test_corrupt_batch_file_detected_before_a_run(cifar_root):
+    root, _ = cifar_root
+    f = cifar10.batch_dir(root) / "data_batch_3"
+    data = bytearray(f.read_bytes())
+    data[100] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as e:
+        cifar10.verify(root)
+    msg = str(e.value)
+    assert "data_batch_3" in msg and "checksum mismatch" in msg and "kernels.data.fetch cifar10" in msg
+
+
+def test_missing_cifar_names_the_fetch_command(tmp_path):
+    with pytest.raises(ConfigError, match=r"python -m kernels.data.fetch cifar10"):
+        cifar10.verify(tmp_path)
+
+
+def test_offline_download_failure_is_clear(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot download .*Offline\?"):
+        cifar10.fetch(tmp_path, url=(tmp_path / "nowhere.tar.gz").as_uri())
+
+
+def test_hand_placed_directory_is_checked_against_official_md5s(cifar_root):
+    root, _ = cifar_root
+    (cifar10.batch_dir(root) / "MD5SUMS").unlink()
+    with pytest.raises(ConfigError, match="expected c99cafc152244af753f735de768cd75f"):
+        cifar10.verify(root)
+
+
+def test_embedded_digits_are_cifar_shaped_and_fixed():
+    a = load_digits()
+    xtr, ytr = a["train"]
+    xte, yte = a["test"]
+    assert xtr.shape == (1437, 3, 32, 32) and xte.shape == (360, 3, 32, 32) and xtr.dtype == np.uint8
+    assert set(np.unique(ytr)) == set(range(10))
+    assert xtr.max() == 255 and xtr.min() == 0
+    b = load_digits()
+    np.testing.assert_array_equal(a["test"][0], b["test"][0])  # the split does not move between runs
+
+
+@pytest.mark.parametrize("n,batch,world", [(100, 12, 1), (100, 12, 2), (100, 12, 3), (64, 16, 4), (37, 6, 2)])
+def test_ranks_together_see_each_sample_once_per_epoch(n, batch, world):
+    """Every epoch: floor(n/B)*B distinct samples over all ranks; the n mod B dropped differ by epoch."""
+    dropped = []
+    for epoch in range(3):
+        perm = epoch_permutation(n, seed=7, epoch=epoch)
+        seen = []
+        for step in range(steps_per_epoch(n, batch)):
+            parts = [perm[rank_slice(step, batch, r, world)] for r in range(world)]
+            assert all(len(p) == batch // world for p in parts)
+            seen += torch.cat(parts).tolist()
+        assert len(seen) == len(set(seen)) == (n // batch) * batch
+        dropped.append(frozenset(range(n)) - set(seen))
+        assert len(dropped[-1]) == n % batch
+    if n % batch:
+        assert len(set(dropped)) > 1
+
+
+def _tiny_split(n=48):
+    g = torch.Generator().manual_seed(1)
+    return Split(torch.randint(0, 256, (n, 3, 8, 8), generator=g, dtype=torch.uint8), torch.arange(n))
+
+
+AUG = Augment(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), pad=2, flip=True)
+
+
+def test_pipeline_batches_independent_of_world_size_and_of_pipeline():
+    """The global batch (samples and augmentation) is the same for 1 or 2 ranks and for both pipelines."""
+    split, dev = _tiny_split(), torch.device("cpu")
+    one = DevicePipeline(split, AUG, 16, 0, 1, 3, dev, False)
+    two = [DevicePipeline(split, AUG, 16, r, 2, 3, dev, False) for r in range(2)]
+    loader = [LoaderPipeline(split, AUG, 16, r, 2, 3, dev, False, num_workers=w) for r, w in ((0, 0), (1, 2))]
+    for epoch in (0, 1):
+        ref = list(one.batches(epoch))
+        halves = [list(p.batches(epoch)) for p in two]
+        lhalves = [list(p.batches(epoch)) for p in loader]
+        assert len(ref) == 3
+        for s, (x, y) in enumerate(ref):
+            torch.testing.assert_close(torch.cat([halves[0][s][0], halves[1][s][0]]), x, rtol=0, atol=0)
+            torch.testing.assert_close(torch.cat([halves[0][s][1], halves[1][s][1]]), y)
+            torch.testing.assert_close(torch.cat([lhalves[0][s][0], lhalves[1][s][0]]), x, rtol=0, atol=0)
+    # resuming mid-epoch yields exactly the remaining batches
+    tail = list(one.batches(1, start_step=1))
+    torch.testing.assert_close(tail[0][0], list(one.batches(1))[1][0])
+
+
+def test_augmentation_crops_within_padding_and_flips():
+    x = torch.arange(2 * 1 * 4 * 4, dtype=torch.uint8).reshape(2, 1, 4, 4)
+    from kernels.data.pipeline import crop_flip
+
+    same = crop_flip(x, 1, torch.tensor([1, 1]), torch.tensor([1, 1]), torch.tensor([False, True]))
+    assert torch.equal(same[0], x[0]) and torch.equal(same[1], x[1].flip(2))
+    shifted = crop_flip(x, 1, torch.tensor([0, 2]), torch.tensor([0, 2]), torch.tensor([False, False]))
+    assert shifted[0, 0, 0, 0] == 0 and torch.equal(shifted[0, 0, 1:, 1:], x[0, 0, :3, :3])
+    assert torch.equal(shifted[1, 0, :3, :3], x[1, 0, 1:, 1:]) and shifted[1, 0, 3].sum() == 0
+
+
+def test_eval_shards_cover_the_test_set_exactly_once():
+    split = _tiny_split(23)
+    seen = []
+    for r in range(3):
+        for _, y in eval_batches(split, AUG, 4, r, 3, torch.device("cpu"), False):
+            seen += y.tolist()
+    assert sorted(seen) == list(range(23))
+
+
+def test_synthetic_small_set_and_shapes(tmp_path):
+    train, test, k = load_image_dataset("synthetic", tmp_path, samples=256)
+    assert len(train) == 256 and train.x.shape[1:] == (3, 32, 32) and k == 10 and len(test) >= 1

@@ -1,0 +1,21 @@
+"""The record schema is documented from its one definition and written atomically."""
+from __future__ import annotations
+
+from kernels import records
+from conftest import ROOT
+
+
+def test_results_readme_is_generated_from_the_schema():
+    assert (ROOT / "results" / "README.md").read_text() == records.schema_markdown(), \
+        "results/README.md is stale: run `make records-doc`"
+
+
+def test_atomic_writes_leave_no_temp_files_and_roundtrip(tmp_path):
+    records.write_json(tmp_path / "summary.json", {"status": "complete", "x": 1.5})
+    cols = records.metric_columns(("acc",))
+    records.write_metrics(tmp_path / "metrics.csv", [{c: 1 for c in cols} | {"mfu": None}], cols)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv", "summary.json"]
+    run = records.read_run(tmp_path)
+    assert run["summary"]["x"] == 1.5 and run["metrics"][0]["eval_acc"] == 1 and run["metrics"][0]["mfu"] is None
+    assert records.is_complete(tmp_path)
+    assert cols.index("train_acc") == cols.index("eval_loss") + 1
