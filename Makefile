@@ -5,10 +5,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean-venv records-doc help
+.PHONY: setup test bench demo notebooks clean-venv records-doc help
 
 help:
-	@echo "make demo    train ResNet-18 on the embedded digits with 1 and 2 processes (no network, no GPU)"
+	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, embedded digits (no network, no GPU)"
+	@echo "make notebooks  regenerate the parameters cell and the .ipynb twins of notebooks/*.py"
 	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0)"
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make bench   print throughput tables (pipelines; 1 vs 2 processes)"
@@ -33,12 +34,19 @@ bench: setup
 	$(BIN)/python benchmarks/bench_core.py
 
 # The main job on the embedded default data: no network, no GPU.
-# A narrow ResNet-18 (width 16, same topology) so the demo takes seconds on a
-# laptop CPU; the product default is the standard width 64.
-DEMO_ARGS := --dataset digits --epochs 3 --batch 64 --lr 0.05 --width 16 --precision fp32 --label demo
+# The main job, offline and on CPU: notebooks/01_train through Papermill for 1
+# and 2 processes on the embedded digits. A narrow ResNet-18 (width 16, same
+# topology) so it takes seconds on a laptop; the product default is width 64.
+# Executed notebooks and their HTML land beside the run records in results/runs/.
+DEMO_P := -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 -p width 16 -p precision fp32 -p label demo
 demo: setup
-	$(BIN)/python -m kernels.train $(DEMO_ARGS) --gpus 1
-	$(BIN)/python -m kernels.train $(DEMO_ARGS) --gpus 2
+	$(BIN)/python -m kernels.notebooks run notebooks/01_train.ipynb -p gpus 1 $(DEMO_P)
+	$(BIN)/python -m kernels.notebooks run notebooks/01_train.ipynb -p gpus 2 $(DEMO_P)
+
+# Regenerate 01_train's parameters cell from kernels/params.py and the .ipynb
+# twins from the py:percent sources (the .py is always the source).
+notebooks: setup
+	$(BIN)/python -m kernels.notebooks sync
 
 records-doc: setup
 	$(BIN)/python -m kernels.records > results/README.md

@@ -184,7 +184,8 @@ class Trainer:
             self.state["resumed_from_step"] = state["global_step"]
             self.log(f"resuming {self.run_id} from epoch {state['epoch']} step {state['step_in_epoch']} "
                      f"(global step {state['global_step']})")
-        hosts = all_gather_object({"host": sysinfo.host(), "device": self.device_name,
+        hosts = all_gather_object({"host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
+                                   "device": self.device_name,
                                    "global_rank": self.renv.global_rank, "local_rank": self.renv.local_rank})
         if self.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -206,11 +207,12 @@ class Trainer:
                 "backend": self.backend, "device_type": self.device.type, "launch_source": self.renv.source,
                 "model_variant": self.variant, "tf32": self.device.type == "cuda",
                 **self.flops, "peak_tflops": self.peak,
-                "nodes": len({r["host"] for r in ranks}),
+                "nodes": len({r["node"] for r in ranks}),
             },
             "git": sysinfo.git_info(),
             "versions": sysinfo.software_versions(),
             "hosts": sorted({r["host"] for r in ranks}),
+            "nodes": sorted({r["node"] for r in ranks}),
             "devices": sorted({r["device"] for r in ranks}),
             "ranks": ranks,
             "slurm": sysinfo.slurm_ids(),

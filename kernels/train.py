@@ -4,7 +4,8 @@ Parameters are those of kernels/params.py (`--help` lists them). Launchers:
 - none:  this process is one rank (under torchrun or srun, which set the rank variables);
 - local: spawn `gpus` rank processes on this machine (gloo on CPU, nccl on GPUs);
 - srun:  start the ranks with srun inside the current Slurm allocation;
-- auto:  none under torchrun's variables, in-process for gpus=1, else local.
+- auto:  none in a torchrun or srun rank, srun inside an allocation (batch
+         script, salloc), in-process for gpus=1, else local.
 Everything is validated before a process is spawned or a file is written; bad
 input exits with status 2 and a message naming the parameter.
 """
@@ -45,8 +46,10 @@ def choose_launcher(cfg: RunConfig, environ=None) -> str:
     env = os.environ if environ is None else environ
     if cfg.launcher != "auto":
         return cfg.launcher
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return "none"
+    if ("RANK" in env and "WORLD_SIZE" in env) or "SLURM_STEP_ID" in env:
+        return "none"  # started by torchrun or srun: this process is one rank
+    if "SLURM_JOB_ID" in env:
+        return "srun"  # a batch script or salloc shell: spread the ranks over the allocation
     return "none" if cfg.gpus == 1 else "local"
 
 
@@ -113,22 +116,69 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
     return rc
 
 
-def srun_command(cfg: RunConfig, environ=None) -> list[str]:
-    """The srun line that starts cfg.gpus ranks over the current allocation."""
+def geometry(gpus: int, per_node: int) -> tuple[int, int]:
+    """(nodes, tasks per node) for `gpus` ranks on nodes of `per_node` GPUs (or rank slots)."""
+    if gpus < 1 or per_node < 1:
+        raise ConfigError(f"parameter 'gpus': need gpus >= 1 and gpus_per_node >= 1 (got {gpus}, {per_node})")
+    if gpus <= per_node:
+        return 1, gpus
+    if gpus % per_node:
+        lo, hi = gpus - gpus % per_node, gpus - gpus % per_node + per_node
+        raise ConfigError(f"parameter 'gpus': {gpus} ranks do not fill nodes of {per_node} evenly; "
+                          f"use gpus={lo} or {hi} (or fewer than {per_node} on one node)")
+    return gpus // per_node, per_node
+
+
+def sbatch_geometry_args(gpus: int, per_node: int, with_gpus: bool = True) -> list[str]:
+    nodes, tasks = geometry(gpus, per_node)
+    args = [f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
+    return args + ([f"--gpus-per-node={tasks}"] if with_gpus else [])
+
+
+def check_allocation(cfg: RunConfig, environ=None) -> None:
+    """The current Slurm allocation can hold cfg.gpus ranks (and GPUs, on GPU nodes); else say what to ask for."""
     env = os.environ if environ is None else environ
-    nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    if "SLURM_JOB_ID" not in env:
+        raise ConfigError("parameter 'launcher': srun needs a Slurm allocation (no SLURM_JOB_ID); "
+                          "submit with sbatch/salloc, or use launcher=local")
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    slots = int(env.get("SLURM_NTASKS") or nodes)
+    gpus_on_node = int(env.get("SLURM_GPUS_ON_NODE") or 0)
+    short = []
+    if cfg.gpus > slots:
+        short.append(f"{slots} task slot(s) (SLURM_NTASKS)")
+    if gpus_on_node and cfg.gpus > nodes * gpus_on_node:
+        short.append(f"{nodes * gpus_on_node} GPU(s) ({nodes} node(s) x SLURM_GPUS_ON_NODE={gpus_on_node})")
+    if short:
+        per_node = gpus_on_node or int(env.get("SLURM_NTASKS_PER_NODE") or 0) or max(1, slots // nodes)
+        try:
+            hint = "sbatch " + " ".join(sbatch_geometry_args(cfg.gpus, per_node, with_gpus=bool(gpus_on_node)))
+        except ConfigError as e:
+            hint = str(e)
+        raise ConfigError(f"parameter 'gpus': gpus={cfg.gpus} but the allocation (job {env['SLURM_JOB_ID']}, "
+                          f"{nodes} node(s)) has only {' and '.join(short)}; resubmit with `{hint} ...` "
+                          f"or use `python -m kernels.submit --gpus {cfg.gpus} --gpus-per-node {per_node} ...`")
+
+
+def srun_command(cfg: RunConfig, environ=None) -> list[str]:
+    """The srun line that starts cfg.gpus ranks over the current allocation.
+
+    With LAB_CONTAINER set (an Apptainer image), every rank runs inside it.
+    """
+    env = os.environ if environ is None else environ
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
     nodes = min(nodes, cfg.gpus)
     cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--export=ALL"]
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
-    return cmd + worker_command(cfg)
+    worker = worker_command(cfg)
+    if env.get("LAB_CONTAINER"):
+        worker = ["apptainer", "exec", "--nv", env["LAB_CONTAINER"], "python3", *worker[1:]]
+    return cmd + worker
 
 
 def run_srun(cfg: RunConfig, stdout=None) -> int:
     stdout = stdout or sys.stdout
-    if "SLURM_JOB_ID" not in os.environ:
-        raise ConfigError("parameter 'launcher': srun needs a Slurm allocation (no SLURM_JOB_ID); "
-                          "submit with sbatch/salloc, or use launcher=local")
     cmd = srun_command(cfg)
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -137,24 +187,35 @@ def run_srun(cfg: RunConfig, stdout=None) -> int:
     return proc.wait()
 
 
-def launch(cfg: RunConfig, stdout=None) -> tuple[int, Path]:
-    """Validate, fix the run id, start the ranks. Returns (exit status, run directory)."""
+def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig]:
+    """Validate against this machine and fix the run id, before anything starts."""
     from kernels.ddp_core import make_run_id
 
-    launcher = choose_launcher(cfg)
+    launcher = launcher or choose_launcher(cfg)
+    if launcher == "srun":
+        check_allocation(cfg)
     ranks_here = 1 if launcher in ("none", "srun") else cfg.gpus
     check_environment(cfg, ranks_on_this_node=ranks_here)
-    cfg = cfg.replace(run_id=make_run_id(cfg))
-    run_dir = cfg.results_root / cfg.run_id
-    ensure_not_complete(run_dir)
+    cfg = cfg.replace(run_id=make_run_id(cfg), launcher=launcher)
+    ensure_not_complete(cfg.results_root / cfg.run_id)
+    return launcher, cfg
+
+
+def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
     if launcher == "none":
         from kernels import ddp_core
 
         ddp_core.run(cfg)
-        return 0, run_dir
+        return 0
     if launcher == "local":
-        return spawn_local(cfg, stdout), run_dir
-    return run_srun(cfg, stdout), run_dir
+        return spawn_local(cfg, stdout)
+    return run_srun(cfg, stdout)
+
+
+def launch(cfg: RunConfig, stdout=None) -> tuple[int, Path]:
+    """Validate, fix the run id, start the ranks. Returns (exit status, run directory)."""
+    launcher, cfg = prepare(cfg)
+    return start(launcher, cfg, stdout), cfg.results_root / cfg.run_id
 
 
 def main(argv: list[str] | None = None) -> int:

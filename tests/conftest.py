@@ -72,3 +72,22 @@ def cifar_root(tmp_path):
     root = tmp_path / "data"
     cifar10.fetch(root, url=src.as_uri(), md5=md5(src))
     return root, truth
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster (controller + 2 emulated nodes) for the session; env to talk to it.
+
+    Outside CI the tests that need it skip with the reason; under CI=true they must run.
+    """
+    import slurm_cluster
+
+    reason = slurm_cluster.available()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but no Slurm: {reason}")
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("slurm")
+    env = slurm_cluster.start(base)
+    yield {**env, "base": base}
+    slurm_cluster.stop(base)

@@ -1,0 +1,231 @@
+"""Notebook plumbing: the parameters cell, injected-parameter checks, the driver, the runner.
+
+The runner executes a parameterised notebook headless with Papermill and files
+the executed notebook and its HTML rendering beside the run record:
+
+    python -m kernels.notebooks run notebooks/01_train.ipynb -p gpus 2 -p dataset digits
+
+It is what slurm/papermill_run.sbatch calls inside a job and what `make demo`
+calls on a laptop. Outputs are named from the Slurm job id (`01_train-<jobid>`,
+`<jobid>_<task>` in an array; `local-<time>` outside Slurm). A notebook that
+fails still leaves its executed copy (with the error) where it can be read, but
+never a record that looks complete.
+
+    python -m kernels.notebooks parameters   # prints 01_train's parameters cell from kernels/params.py
+    python -m kernels.notebooks sync         # rewrites it in notebooks/01_train.py, then the .ipynb twins
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kernels.params import PARAM_BY_NAME, PARAMS, PROJECT_ROOT, ConfigError, RunConfig, resolve, unknown_name_error
+
+HANDOFF_ENV = "LAB_HANDOFF"
+RESULTS_ENV = "LAB_RESULTS"  # where executed notebooks wait for their run directory
+
+
+def staging_dir() -> Path:
+    return Path(os.environ.get(RESULTS_ENV) or PROJECT_ROOT / "results") / "notebooks"
+
+
+# ------------------------------------------------------------ in the notebook
+def parameters_cell() -> str:
+    """The body of 01_train's `parameters` cell: literals only, one per line, each documented."""
+    width = max(len(f"{p.name} = {p.default!r}") for p in PARAMS)
+    lines = []
+    for p in PARAMS:
+        code = f"{p.name} = {p.default!r}"
+        lines.append(f"{code:<{width}}  # {p.doc}")
+    return "\n".join(lines)
+
+
+def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
+    """Typed RunConfig from the notebook's globals; unknown or mistyped injected names are errors.
+
+    `new_names` are the globals that appeared between the start of the
+    parameters cell and the first cell after it, i.e. what the parameters cell
+    and Papermill's injected cell defined. Each must be a known parameter.
+    """
+    for name in sorted({k for k in new_names if not k.startswith("_")} - set(PARAM_BY_NAME)):
+        raise unknown_name_error(name, where=" (injected into the notebook, e.g. by papermill -p)")
+    missing = [p.name for p in PARAMS if p.name not in namespace]
+    if missing:
+        raise ConfigError(f"the notebook's parameters cell lacks {', '.join(missing)}; "
+                          f"regenerate it with `python -m kernels.notebooks parameters`")
+    return resolve({p.name: namespace[p.name] for p in PARAMS})
+
+
+def handoff(run_dir: Path) -> None:
+    """Tell the runner (if any) which run directory this notebook is producing."""
+    path = os.environ.get(HANDOFF_ENV)
+    if path:
+        Path(path).write_text(str(run_dir))
+
+
+def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
+    """The driver's launch: srun inside an allocation, local processes elsewhere; never in the kernel.
+
+    Returns the run directory; raises if any rank failed.
+    """
+    from kernels import train
+
+    launcher = cfg.launcher
+    if launcher == "auto":
+        launcher = "srun" if "SLURM_JOB_ID" in os.environ else "local"
+    if launcher == "none":
+        raise ConfigError("parameter 'launcher': the notebook is a driver, not a rank; use auto, local or srun")
+    launcher, cfg = train.prepare(cfg, launcher)
+    run_dir = cfg.results_root / cfg.run_id
+    handoff(run_dir)
+    print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
+    rc = train.start(launcher, cfg, stdout or sys.stdout)
+    if rc != 0:
+        raise RuntimeError(f"training failed (exit status {rc}); the reason is in the output above "
+                           f"and in {run_dir / 'summary.json'} if the run got that far")
+    return run_dir
+
+
+NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+PARAMS_MARK = '# %% tags=["parameters"]'
+
+
+def with_parameters_cell(source: str) -> str:
+    """`source` (a py:percent notebook) with its parameters cell regenerated from PARAMS."""
+    head, sep, rest = source.partition(PARAMS_MARK + "\n")
+    if not sep:
+        raise ValueError(f"no {PARAMS_MARK} cell")
+    nxt = rest.find("\n# %%")
+    tail = rest[nxt:] if nxt >= 0 else "\n"
+    return head + sep + parameters_cell() + "\n" + tail
+
+
+def twin_ipynb(py: Path) -> dict:
+    """The .ipynb that the py:percent source `py` should have: no outputs, python3 kernelspec."""
+    import jupytext
+
+    nb = jupytext.read(py)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    return nb
+
+
+def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Regenerate 01_train's parameters cell, then write every .py source's .ipynb twin.
+
+    The .py is always the source (jupytext --sync would take the newer file,
+    which after a checkout may be the .ipynb).
+    """
+    import jupytext
+
+    train = directory / "01_train.py"
+    train.write_text(with_parameters_cell(train.read_text()))
+    written = []
+    for py in sorted(directory.glob("*.py")):
+        out = py.with_suffix(".ipynb")
+        jupytext.write(twin_ipynb(py), out, fmt="ipynb")
+        written.append(out)
+    return written
+
+
+# ------------------------------------------------------------------- runner
+def job_tag(environ=None) -> str:
+    env = os.environ if environ is None else environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if "SLURM_JOB_ID" in env:
+        return env["SLURM_JOB_ID"]
+    return "local-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def slurm_time_left_s(environ=None) -> int | None:
+    """Seconds left in the current Slurm job (squeue %L), or None."""
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env or not shutil.which("squeue"):
+        return None
+    p = subprocess.run(["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%L"], capture_output=True, text=True)
+    return parse_slurm_duration(p.stdout.strip())
+
+
+def parse_slurm_duration(text: str) -> int | None:
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text)
+    if not m:
+        return None
+    d, h, mnt, s = (int(g) if g else 0 for g in m.groups())
+    return ((d * 24 + h) * 60 + mnt) * 60 + s
+
+
+def render_html(notebook: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--log-level", "WARN", str(notebook)],
+                   check=True)
+    return notebook.with_suffix(".html")
+
+
+def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None) -> int:
+    """Execute `notebook` with Papermill; file the executed copy and HTML with the run record."""
+    notebook = Path(notebook)
+    if not notebook.is_file():
+        print(f"error: notebook {notebook} not found (cwd {Path.cwd()}); "
+              f"pass a path such as notebooks/01_train.ipynb", file=sys.stderr, flush=True)
+        return 2
+    if notebook.suffix != ".ipynb":
+        print(f"error: {notebook} is not an .ipynb; run the .ipynb twin of a jupytext source", file=sys.stderr)
+        return 2
+    tag = job_tag()
+    staging = staging_dir()
+    staging.mkdir(parents=True, exist_ok=True)
+    staged = staging / f"{notebook.stem}-{tag}.ipynb"
+    handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
+    handoff_file.unlink(missing_ok=True)
+    if timeout_s is None:
+        left = slurm_time_left_s()
+        timeout_s = max(60, left - 120) if left else 24 * 3600
+    cmd = [sys.executable, "-m", "papermill", str(notebook), str(staged), "--log-output", "--no-progress-bar",
+           "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
+    print("notebook: " + " ".join(cmd), flush=True)
+    rc = subprocess.run(cmd, env={**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1"}).returncode
+    run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
+    handoff_file.unlink(missing_ok=True)
+    if not staged.exists():
+        print(f"error: papermill wrote no output notebook (exit status {rc})", file=sys.stderr, flush=True)
+        return rc or 1
+    final = staged
+    if run_dir is not None and run_dir.is_dir():
+        final = run_dir / staged.name
+        shutil.move(staged, final)
+    html = render_html(final)
+    state = "complete" if rc == 0 else f"FAILED (exit status {rc})"
+    print(f"notebook {state}: {final}\nhtml: {html}", flush=True)
+    if rc != 0:
+        print(f"error: the notebook failed; the failing cell and its error are in {final} and in the log above",
+              file=sys.stderr, flush=True)
+    return rc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.notebooks", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="execute a notebook with papermill and file its outputs with the run record")
+    r.add_argument("notebook", type=Path)
+    r.add_argument("--timeout", type=int, default=None,
+                   help="per-cell execution timeout, s (default: the Slurm job's time left - 120 s, else 24 h)")
+    sub.add_parser("parameters", help="print 01_train's parameters cell, generated from kernels/params.py")
+    sub.add_parser("sync", help="regenerate the parameters cell and write the .ipynb twins of notebooks/*.py")
+    args, rest = ap.parse_known_args(argv)
+    if args.cmd == "parameters":
+        print(parameters_cell())
+        return 0
+    if args.cmd == "sync":
+        for path in sync():
+            print(f"wrote {path.relative_to(PROJECT_ROOT)}")
+        return 0
+    return run(args.notebook, rest, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Submit a notebook run with the right sbatch geometry for `gpus`.
+
+    python -m kernels.submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 [--dry-run] [-p NAME VALUE ...]
+
+prints (and, without --dry-run, runs)
+
+    sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8 ...
+
+One task per GPU; a job that fits one node asks for one node. On CPU-only
+nodes use --gpus-per-node 0 --ranks-per-node N (N ranks per node, no GPU request).
+Remaining arguments go to papermill.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels.params import ConfigError
+from kernels.train import sbatch_geometry_args
+
+SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
+
+
+def sbatch_command(notebook: str, gpus: int, gpus_per_node: int, ranks_per_node: int = 0,
+                   partition: str = "", account: str = "", time: str = "", extra: list[str] | None = None,
+                   papermill_args: list[str] | None = None) -> list[str]:
+    papermill_args = list(papermill_args or [])
+    for i, a in enumerate(papermill_args[:-1]):
+        if a in ("-p", "--parameters") and papermill_args[i + 1] == "gpus":
+            raise ConfigError("parameter 'gpus': give it as --gpus to the submit helper, not as -p gpus")
+    if gpus_per_node > 0:
+        geom = sbatch_geometry_args(gpus, gpus_per_node, with_gpus=True)
+    else:
+        if ranks_per_node < 1:
+            raise ConfigError("--ranks-per-node: CPU-only nodes (--gpus-per-node 0) need the ranks per node")
+        geom = sbatch_geometry_args(gpus, ranks_per_node, with_gpus=False) + ["--gpus-per-node=0"]
+    cmd = ["sbatch", *geom]
+    cmd += [f"--partition={partition}"] if partition else []
+    cmd += [f"--account={account}"] if account else []
+    cmd += [f"--time={time}"] if time else []
+    cmd += list(extra or [])
+    return cmd + [SBATCH_SCRIPT, notebook, "-p", "gpus", str(gpus), *papermill_args]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.submit", description=__doc__.split("\n")[0])
+    ap.add_argument("notebook")
+    ap.add_argument("--gpus", type=int, required=True, help="world size (ranks)")
+    ap.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node of the target partition (0: CPU nodes)")
+    ap.add_argument("--ranks-per-node", type=int, default=0, help="CPU nodes only: ranks per node")
+    ap.add_argument("--partition", default="")
+    ap.add_argument("--account", default="")
+    ap.add_argument("--time", default="", help="time limit, e.g. 01:00:00")
+    ap.add_argument("--sbatch-arg", action="append", default=[], help="any further sbatch option (repeatable)")
+    ap.add_argument("--dry-run", action="store_true", help="print the command, do not submit")
+    args, papermill_args = ap.parse_known_args(argv)
+    if not Path(args.notebook).is_file():
+        print(f"error: notebook {args.notebook} not found", file=sys.stderr)
+        return 2
+    try:
+        cmd = sbatch_command(args.notebook, args.gpus, args.gpus_per_node, args.ranks_per_node, args.partition,
+                             args.account, args.time, args.sbatch_arg, papermill_args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    return subprocess.run(cmd).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

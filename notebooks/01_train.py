@@ -1,0 +1,138 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Train: one run of the scaling lab
+#
+# This notebook is the **driver** of one training run. It is not a rank. It validates the
+# parameters, launches the ranks, waits for them, then reads the run record back and shows it.
+#
+# - On a Slurm cluster: `sbatch slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8`.
+#   The ranks start with `srun` over the allocation, one task per GPU.
+# - On a laptop, in JupyterLab or in CI: the ranks start as local processes (gloo on CPU).
+#
+# The ranks run `kernels/ddp_core.py`. The record goes to `results/runs/<run_id>/`
+# (`config.json`, `metrics.csv`, `summary.json`). When the notebook runs through
+# `python -m kernels.notebooks run` (which the sbatch script uses), the executed notebook
+# and its HTML rendering are filed beside the record.
+#
+# The parameters cell below holds literals only. It is generated from `kernels/params.py`
+# by `python -m kernels.notebooks parameters`, and a test keeps the two equal. Papermill
+# injects overrides after it. A name that is not a parameter is an error here, not a warning.
+
+# %%
+_names_before_parameters = set(globals())
+
+# %% tags=["parameters"]
+workload = 'resnet18'           # model family; see kernels/workloads
+dataset = 'cifar10'             # cifar10 (fetched into data/), digits (embedded, no download) or synthetic (random, for throughput)
+gpus = 1                        # world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)
+precision = 'bf16'              # fp32, bf16 or fp16 autocast (GradScaler only for fp16; fp16 needs a GPU)
+batch = 512                     # GLOBAL batch size over all ranks; each rank takes batch / gpus
+micro_batches = 1               # gradient-accumulation micro-batches per rank and step (per-rank batch must divide)
+epochs = 10                     # training epochs
+lr = 0.2                        # peak learning rate of SGD (nesterov) for the global batch
+momentum = 0.9                  # SGD momentum
+weight_decay = 0.0005           # SGD weight decay
+lr_warmup_epochs = 1.0          # linear LR warm-up length in epochs, then cosine decay to 0
+width = 64                      # ResNet base width (64 is the standard model; smaller only for tests and demos)
+model_source = 'native'         # native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)
+bucket_cap_mb = 25.0            # DDP gradient bucket size in MiB
+gradient_as_bucket_view = True  # DDP: gradients are views into the all-reduce buckets (saves a copy)
+pipeline = 'device'             # device (uint8 data resident on the device, batched on-device augmentation) or dataloader (torch DataLoader baseline)
+num_workers = 4                 # dataloader pipeline: worker processes per rank
+prefetch_factor = 2             # dataloader pipeline: batches prefetched per worker
+train_samples = 0               # use the first N training samples (0: all); for quick runs
+test_samples = 0                # use the first N test samples (0: all); for quick runs
+seed = 0                        # seed of model init, data order and augmentation; same seed, same run
+compile = False                 # torch.compile the model
+channels_last = False           # channels_last memory format for model and inputs
+device = 'auto'                 # auto (cuda when visible, else cpu), cuda or cpu
+timing_warmup_steps = 5         # first steps of the run excluded from throughput (compilation, autotuning)
+comm_probe_steps = 10           # after training, time this many fwd+bwd with and without gradient sync to expose communication (0: off; needs gpus > 1)
+log_every = 50                  # print a progress line every N steps (0: per epoch only)
+checkpoint_every = 1            # checkpoint every N epochs (0: never; a run then cannot resume)
+stop_after_steps = 0            # checkpoint and stop after this many total steps (0: run to the end); resume by re-running
+timeout_min = 10.0              # process-group timeout in minutes (collectives that hang fail after this)
+data_dir = ''                   # data root (empty: <project>/data)
+results_dir = ''                # where run records go (empty: <project>/results/runs)
+label = ''                      # free-form label added to the run id
+run_id = ''                     # run directory name (empty: generated; an existing run with a checkpoint resumes)
+launcher = 'auto'               # auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)
+
+# %% [markdown]
+# ## Resolve and validate
+# Derived values live here, never in the parameters cell: Papermill re-injects literals only.
+# An unknown name, a malformed value or an impossible combination stops the notebook here,
+# before any process starts or any file is written.
+
+# %%
+_parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
+import pandas as pd
+
+from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
+from kernels.records import read_run
+
+cfg = resolve_notebook_parameters(globals(), _parameter_names)
+print(f"global batch {cfg.batch} = {cfg.gpus} rank(s) x {cfg.per_rank_batch} per rank"
+      f" ({cfg.micro_batches} micro-batch(es) each); precision {cfg.precision}; pipeline {cfg.pipeline}")
+pd.Series(cfg.to_dict(), name="value").to_frame()
+
+# %% [markdown]
+# ## Launch the ranks
+# The per-epoch lines stream here while the ranks train. Under Papermill's `--log-output`
+# they also reach the Slurm job's output file.
+
+# %%
+run_dir = launch_from_notebook(cfg)
+
+# %% [markdown]
+# ## The run record
+
+# %%
+record = read_run(run_dir)
+summary, config, metrics = record["summary"], record["config"], pd.DataFrame(record["metrics"])
+assert summary["status"] == "complete", f"run ended with status {summary['status']}: {summary.get('error')}"
+keys = ["run_id", "status", "world_size", "device_name", "samples_per_s", "samples_per_s_per_device",
+        "step_ms", "epoch_s_median", "data_wait_frac", "final_eval_loss", "peak_mem_gib",
+        "train_flops_per_sample", "mfu", "exposed_comm_ms"]
+keys += [k for k in summary if k.startswith("final_eval_") and k != "final_eval_loss"]
+facts = {"nodes": ", ".join(config["nodes"]), "slurm job": config["slurm"].get("slurm_job_id", "-"),
+         "backend": config["derived"]["backend"], "model": config["derived"]["model_variant"],
+         "torch": config["versions"]["torch"], "git": (config["git"]["commit"] or "-")[:10]}
+pd.concat([pd.Series({k: summary.get(k) for k in keys}), pd.Series(facts)]).to_frame("value")
+
+# %%
+metrics
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+epochs = metrics["epoch"] + 1
+axes[0].plot(epochs, metrics["samples_per_s"], marker="o")
+axes[0].set(xlabel="epoch", ylabel="samples/s (all ranks)", title="throughput (timed steps)")
+axes[0].set_ylim(bottom=0)
+axes[1].plot(epochs, metrics["train_loss"], marker="o", label="train")
+axes[1].plot(epochs, metrics["eval_loss"], marker="s", label="eval")
+axes[1].set(xlabel="epoch", ylabel="loss", title="loss", yscale="log")
+axes[1].legend()
+workload_metrics = [k.removeprefix("final_eval_") for k in summary if k.startswith("final_eval_") and k != "final_eval_loss"]
+for c in (f"eval_{m}" for m in workload_metrics):
+    axes[2].plot(epochs, metrics[c], marker="o", label=c)
+axes[2].set(xlabel="epoch", ylabel="fraction", title="evaluation over the full test set")
+axes[2].legend()
+for ax in axes:
+    ax.xaxis.get_major_locator().set_params(integer=True)
+fig.suptitle(f"{summary['run_id']} · {summary['world_size']} rank(s) on {summary['device_name']}", fontsize=9)
+fig.tight_layout()

@@ -1,0 +1,98 @@
+"""The 01_train notebook: its twin, its parameters cell, and real Papermill runs (no Slurm)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernels import notebooks
+from kernels.params import PARAMS
+
+from conftest import ROOT
+
+NB = ROOT / "notebooks" / "01_train.ipynb"
+TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "32",
+          "-p", "precision", "fp32", "-p", "train_samples", "128", "-p", "test_samples", "64",
+          "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "2", "-p", "log_every", "0"]
+
+
+def run_notebook(tmp_path, *args, notebook=NB):
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", str(notebook), *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_ipynb_twins_are_up_to_date_without_outputs():
+    """Each notebooks/*.py has an .ipynb twin with the same cells, no outputs and a kernelspec."""
+    sources = sorted((ROOT / "notebooks").glob("*.py"))
+    assert sources
+    for py in sources:
+        twin = py.with_suffix(".ipynb")
+        assert twin.exists(), f"{twin} missing: run `make notebooks`"
+        have = json.loads(twin.read_text())
+        want = notebooks.twin_ipynb(py)
+        assert have["metadata"]["kernelspec"]["name"] == "python3"
+        assert [(c["cell_type"], "".join(c["source"]), c["metadata"].get("tags", [])) for c in have["cells"]] == \
+               [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in want.cells], \
+               f"{twin} is out of date with {py.name}: run `make notebooks`"
+        for c in have["cells"]:
+            assert not c.get("outputs") and not c.get("execution_count"), f"{twin} has outputs committed"
+
+
+def test_parameters_cell_is_generated_from_the_one_definition():
+    src = (ROOT / "notebooks" / "01_train.py").read_text()
+    assert notebooks.with_parameters_cell(src) == src, "run `make notebooks`"
+    cell = notebooks.parameters_cell().splitlines()
+    assert [line.split(" = ")[0] for line in cell] == [p.name for p in PARAMS]
+    assert all("#" in line for line in cell)
+    # papermill's parameter inference cannot parse a comment that holds '='
+    assert all("=" not in p.doc for p in PARAMS)
+
+
+def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
+    res = tmp_path / "runs"
+    p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run,) = [d for d in res.iterdir() if d.is_dir()]
+    executed = list(run.glob("01_train-local-*.ipynb"))
+    assert len(executed) == 1 and executed[0].with_suffix(".html").exists()
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    nb = json.loads(executed[0].read_text())
+    text = json.dumps(nb)
+    assert "epoch 1/1 done" in text          # progress streamed into the notebook
+    assert "image/png" in text               # the plots were drawn
+    assert not nb["metadata"]["papermill"]["exception"]
+    assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
+    assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-p", "gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
+    (["-p", "epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
+    (["-p", "gpus", "3"], "parameter 'batch': the global batch 32 is not divisible by gpus=3"),
+])
+def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, needle):
+    import re
+
+    res = tmp_path / "runs"
+    p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res, *args)
+    assert p.returncode != 0
+    assert re.search(needle, p.stdout + p.stderr), p.stdout[-3000:] + p.stderr[-3000:]
+    assert not res.exists()
+    failed = list((tmp_path / "notebooks").glob("01_train-*.ipynb"))
+    assert len(failed) == 1 and json.loads(failed[0].read_text())["metadata"]["papermill"]["exception"]
+
+
+def test_unknown_notebook_path_fails_fast(tmp_path):
+    p = run_notebook(tmp_path, notebook=ROOT / "notebooks" / "nope.ipynb")
+    assert p.returncode == 2 and "notebook" in p.stderr and "not found" in p.stderr
+
+
+def test_slurm_duration_parsing():
+    assert notebooks.parse_slurm_duration("1-02:03:04") == 93784
+    assert notebooks.parse_slurm_duration("02:03:04") == 7384
+    assert notebooks.parse_slurm_duration("03:04") == 184
+    assert notebooks.parse_slurm_duration("UNLIMITED") is None

@@ -1,0 +1,128 @@
+"""sbatch slurm/papermill_run.sbatch against a real Slurm: two emulated nodes on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "64",
+          "-p", "precision", "fp32", "-p", "train_samples", "256", "-p", "test_samples", "64",
+          "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "2", "-p", "log_every", "0"]
+
+
+def sbatch(slurm, tmp_path, opts, script_args, cmd=None, timeout=300):
+    """sbatch --wait OPTS slurm/papermill_run.sbatch SCRIPT_ARGS on the test cluster.
+
+    Returns (job id, exit status, the job's output file). A job still waiting
+    after `timeout` is cancelled and fails the test.
+    """
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "MASTER_ADDR": "127.0.0.1",  # n1/n2 don't resolve
+           "LAB_RESULTS": str(tmp_path)}
+    out = tmp_path / "job-%j.out"
+    full = cmd or ["sbatch", "--wait", "--time=00:10:00", f"--output={out}", "--cpus-per-task=1", *opts,
+                   "slurm/papermill_run.sbatch"]
+    p = subprocess.Popen([*full, *map(str, script_args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        subprocess.run(["scancel", "--user=root"], env=env)
+        pytest.fail(f"sbatch --wait did not return within {timeout} s: {' '.join(map(str, full))}")
+    m = re.search(r"Submitted batch job (\d+)", stdout)
+    assert m, stdout + stderr
+    job = m.group(1)
+    log = tmp_path / f"job-{job}.out"
+    return job, p.returncode, log.read_text() if log.exists() else ""
+
+
+def job_state(slurm, job) -> str:
+    p = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
+                       capture_output=True, text=True)
+    return re.search(r"JobState=(\S+)", p.stdout).group(1)
+
+
+def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
+    res = tmp_path / "runs"
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
+                          ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res])
+    assert rc == 0, log
+    assert job_state(slurm, job) == "COMPLETED"
+    run = res / f"resnet18-digits-g4-j{job}"
+    cfg = json.loads((run / "config.json").read_text())
+    # one process group of 4 ranks spanning both nodes, 2 ranks on each
+    assert cfg["derived"]["world_size"] == 4 and cfg["derived"]["launch_source"] == "slurm"
+    assert sorted(r["global_rank"] for r in cfg["ranks"]) == [0, 1, 2, 3]
+    by_node = {}
+    for r in cfg["ranks"]:
+        by_node.setdefault(r["node"], []).append(r["local_rank"])
+    assert {n: sorted(v) for n, v in by_node.items()} == {"n1": [0, 1], "n2": [0, 1]}
+    assert cfg["nodes"] == ["n1", "n2"] and cfg["derived"]["nodes"] == 2
+    assert cfg["slurm"]["slurm_job_id"] == job and cfg["slurm"]["slurm_job_nodelist"] == "n[1-2]"
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    assert (run / f"01_train-{job}.ipynb").exists() and (run / f"01_train-{job}.html").exists()
+    # the job log shows the environment overrides and the streamed progress
+    assert "env: NCCL_DEBUG=WARN" in log and "env: TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in log
+    assert "srun --ntasks=4 --nodes=2" in log and "epoch 1/1 done" in log
+
+
+def test_bad_parameter_fails_the_job_with_the_reason_and_no_record(slurm, tmp_path):
+    res = tmp_path / "runs"
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
+                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", *TINY_P, "-p", "results_dir", res,
+                           "-p", "precison", "bf16"])
+    assert rc != 0
+    assert job_state(slurm, job) == "FAILED"
+    assert "unknown parameter 'precison'" in log and "did you mean 'precision'" in log
+    assert not res.exists()
+
+
+def test_allocation_too_small_names_the_sbatch_options(slurm, tmp_path):
+    res = tmp_path / "runs"
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
+                          ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res])
+    assert rc != 0 and job_state(slurm, job) == "FAILED"
+    assert "gpus=4 but the allocation" in log
+    assert "sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2" in log
+    assert not res.exists()
+
+
+def test_unknown_notebook_fails_the_job(slurm, tmp_path):
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=1"],
+                          ["notebooks/missing.ipynb", "-p", "gpus", "1"])
+    assert rc == 2 and job_state(slurm, job) == "FAILED"
+    assert "notebooks/missing.ipynb not found" in log
+
+
+def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
+    res = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", "--gpus", "4", "--gpus-per-node", "2",
+           "--time", "00:10:00", "--sbatch-arg=--wait", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
+           "--sbatch-arg=--cpus-per-task=1"]
+    job, rc, log = sbatch(slurm, tmp_path, [], [*TINY_P, "-p", "results_dir", res, "-p", "label", "helper"], cmd=cmd)
+    assert rc == 0, log
+    assert "job %s on n[1-2]: 2 node(s), 4 task(s), 2 GPU(s)/node" % job in log
+    assert json.loads((res / f"resnet18-digits-g4-helper-j{job}" / "summary.json").read_text())["status"] == "complete"
+
+
+def test_submit_helper_dry_run_and_bad_geometry():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", *a,
+                                     "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+    p = run("--gpus", "8", "--gpus-per-node", "4", "-p", "epochs", "5")
+    assert p.returncode == 0
+    assert p.stdout.strip() == ("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
+                                "notebooks/01_train.ipynb -p gpus 8 -p epochs 5")
+    p = run("--gpus", "2", "--gpus-per-node", "8")
+    assert "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 " in p.stdout
+    p = run("--gpus", "6", "--gpus-per-node", "4")
+    assert p.returncode == 2 and "use gpus=4 or 8" in p.stderr
+    p = run("--gpus", "4", "--gpus-per-node", "0", "--ranks-per-node", "2")
+    assert "--nodes=2 --ntasks-per-node=2 --gpus-per-node=0 " in p.stdout
