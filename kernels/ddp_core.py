@@ -15,6 +15,7 @@ import math
 import os
 import resource
 import secrets
+import signal
 import sys
 import time
 import traceback
@@ -83,8 +84,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: Slurm's time limit, scancel, or the launcher stopping the ranks."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"terminated by signal {signum} (time limit, scancel or a stopped launcher)")
+
+
 def run(cfg: RunConfig) -> dict | None:
     """Run this process's rank of `cfg`. Returns the summary on global rank 0."""
+    # An exception, not a silent death, so rank 0 records `failed` instead of leaving `running`.
+    signal.signal(signal.SIGTERM, _on_sigterm)
     renv = rank_env()
     if renv.world_size != cfg.gpus:
         raise ConfigError(
@@ -240,11 +251,11 @@ class Trainer:
     def _train(self) -> str:
         cfg, st = self.cfg, self.state
         timer = StepTimer(self.device)
+        steps_this_attempt = 0  # warm-up (compilation, autotuning) recurs in every new process
         for epoch in range(st["epoch"], cfg.epochs):
             self.ddp.train()
             sums = torch.zeros(2 + len(self.wl.metric_names), dtype=torch.float64, device=self.device)
             start = st["step_in_epoch"]
-            timed_before = st["totals"]["timed_steps_run"]
             synchronize(self.device)
             t_epoch = time.perf_counter()
             batches = self.pipe.batches(epoch, start)
@@ -256,8 +267,8 @@ class Trainer:
                     break
                 timer.data_ready()
                 self._step(*batch, sums)
-                timed = st["global_step"] >= cfg.timing_warmup_steps
-                timer.done(timed)
+                timer.done(timed=steps_this_attempt >= cfg.timing_warmup_steps)
+                steps_this_attempt += 1
                 st["global_step"] += 1
                 step += 1
                 if cfg.log_every and step % cfg.log_every == 0:
@@ -276,7 +287,6 @@ class Trainer:
             ev = self._evaluate()
             eval_s = time.perf_counter() - t_eval
             row = self._epoch_row(epoch, step - start, wait, comp, sums, ev, epoch_s, eval_s)
-            st["totals"]["timed_steps_run"] = timed_before + len(comp)
             st["rows"].append(row)
             st["epoch"], st["step_in_epoch"] = epoch + 1, 0
             if self.is_rank0:
@@ -461,8 +471,7 @@ class Trainer:
 
 
 def _zero_totals() -> dict:
-    return {"timed_samples": 0, "timed_s": 0.0, "wait_ms": 0.0, "step_ms": 0.0, "steps_x_ranks": 0,
-            "timed_steps_run": 0}
+    return {"timed_samples": 0, "timed_s": 0.0, "wait_ms": 0.0, "step_ms": 0.0, "steps_x_ranks": 0}
 
 
 def _r(v, nd: int = 3):

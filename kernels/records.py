@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 METRICS_COLUMNS: dict[str, str] = {
     "epoch": "epoch number, from 0",
     "steps": "optimizer steps in this epoch",
-    "timed_steps": "steps counted in the throughput (the run's first timing_warmup_steps are excluded)",
+    "timed_steps": "steps counted in the throughput (the first timing_warmup_steps of each process start, fresh or resumed, are excluded)",
     "samples": "training samples processed in this epoch, all ranks",
     "epoch_s": "wall time of the epoch's training steps, slowest rank, seconds (evaluation excluded)",
     "eval_s": "wall time of the evaluation after the epoch, seconds",

@@ -92,6 +92,19 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
              for r, p in enumerate(procs)]
     for t in pumps:
         t.start()
+    try:
+        rc = _wait_all(procs, stdout)
+    finally:  # interrupted (Ctrl-C, a notebook's stop button): take the ranks down with us
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+    for t in pumps:
+        t.join(timeout=5)
+    return rc
+
+
+def _wait_all(procs: list, stdout) -> int:
+    """Wait for every rank; on the first failure stop the others. Returns the first non-zero status."""
     rc = 0
     remaining = set(range(len(procs)))
     while remaining:
@@ -111,8 +124,6 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
                 procs[next(iter(remaining))].wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
-    for t in pumps:
-        t.join(timeout=5)
     return rc
 
 

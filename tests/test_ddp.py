@@ -132,3 +132,29 @@ def test_single_process_runs_without_a_launcher(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "solo" / "config.json").read_text())
     assert cfg["derived"]["launch_source"] == "single" and cfg["derived"]["world_size"] == 1
+
+
+def test_terminated_run_is_recorded_as_failed_not_complete(tmp_path):
+    """SIGTERM mid-run (a Slurm time limit, scancel) leaves status 'failed' with the reason."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    run_dir = tmp_path / "t"
+    p = subprocess.Popen([sys.executable, "-m", "kernels.train", *BASE, "--epochs", "50", "--results_dir",
+                          str(tmp_path), "--run_id", "t"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / "metrics.csv").exists():  # training is under way
+        assert p.poll() is None and time.time() < deadline, p.stdout.read() if p.poll() is not None else "timeout"
+        time.sleep(0.2)
+    os.kill(p.pid, signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "terminated by signal 15" in summary["error"], out
+    assert not records.is_complete(run_dir)
