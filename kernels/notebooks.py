@@ -46,6 +46,18 @@ def parameters_cell() -> str:
     return "\n".join(lines)
 
 
+def check_parameter_names(new_names: set, allowed) -> None:
+    """Any notebook: names injected (papermill -p) that its parameters cell does not declare are errors."""
+    allowed = set(allowed)
+    for name in sorted({k for k in new_names if not k.startswith("_")} - allowed):
+        import difflib
+
+        close = difflib.get_close_matches(name, allowed, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown parameter '{name}' (injected into the notebook){hint} "
+                          f"Known parameters: {', '.join(sorted(allowed))}")
+
+
 def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
     """Typed RunConfig from the notebook's globals; unknown or mistyped injected names are errors.
 
@@ -166,7 +178,7 @@ def render_html(notebook: Path) -> Path:
     return notebook.with_suffix(".html")
 
 
-def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None) -> int:
+def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "") -> int:
     """Execute `notebook` with Papermill; file the executed copy and HTML with the run record."""
     notebook = Path(notebook)
     if not notebook.is_file():
@@ -179,7 +191,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None)
     tag = job_tag()
     staging = staging_dir()
     staging.mkdir(parents=True, exist_ok=True)
-    staged = staging / f"{notebook.stem}-{tag}.ipynb"
+    staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
     handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
     handoff_file.unlink(missing_ok=True)
     if timeout_s is None:
@@ -197,7 +209,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None)
     final = staged
     if run_dir is not None and run_dir.is_dir():
         final = run_dir / staged.name
-        shutil.move(staged, final)
+        shutil.move(staged, final)  # replaces a previous one of the same name
     html = render_html(final)
     state = "complete" if rc == 0 else f"FAILED (exit status {rc})"
     print(f"notebook {state}: {final}\nhtml: {html}", flush=True)
@@ -214,6 +226,8 @@ def main(argv=None) -> int:
     r.add_argument("notebook", type=Path)
     r.add_argument("--timeout", type=int, default=None,
                    help="per-cell execution timeout, s (default: the Slurm job's time left - 120 s, else 24 h)")
+    r.add_argument("--name", default="", help="file name (without .ipynb) of the executed notebook "
+                                              "(default: <notebook>-<job id>)")
     sub.add_parser("parameters", help="print 01_train's parameters cell, generated from kernels/params.py")
     sub.add_parser("sync", help="regenerate the parameters cell and write the .ipynb twins of notebooks/*.py")
     args, rest = ap.parse_known_args(argv)
@@ -224,7 +238,7 @@ def main(argv=None) -> int:
         for path in sync():
             print(f"wrote {path.relative_to(PROJECT_ROOT)}")
         return 0
-    return run(args.notebook, rest, args.timeout)
+    return run(args.notebook, rest, args.timeout, args.name)
 
 
 if __name__ == "__main__":

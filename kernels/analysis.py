@@ -1,0 +1,188 @@
+"""From run records to scaling numbers (pandas; used by the analysis notebooks and `make paper`).
+
+Definitions (one place; the documents quote them):
+- X_N: training throughput of a run on N ranks (samples/s, all ranks, timed
+  steps only), the median over repeats of the same configuration.
+- t_N = B / X_N: time per optimizer step for global batch B.
+- Strong scaling (fixed global batch B): speedup S_N = T_1 / T_N = X_N / X_1 and
+  efficiency E_s = T_1 / (N T_N), with T the time per epoch (the same total
+  work at every N), so E_s = (X_N / N) / X_1.
+- Weak scaling (fixed per-rank batch b, B = N b): speedup X_N / X_1 and
+  E_w = T_1 / T_N with T the time per step (the same work per rank,
+  T_N = N b / X_N), so again E_w = (X_N / N) / X_1.
+- The baseline is the smallest N measured in the series (normally 1); when it
+  is N_0 > 1, efficiencies are relative to it (E = (X_N / N) / (X_N0 / N0)).
+- Accuracy gap: 100 (acc_N - acc_baseline), in points.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from kernels.records import read_run
+
+# The configuration that defines "the same experiment" apart from gpus and batch.
+CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
+               "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples")
+# Optimisations compared before/after, with the "before" value.
+FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": 25.0, "channels_last": False,
+           "compile": False}
+VERSION_KEYS = ("torch", "cuda", "nccl", "device")
+
+
+def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(complete runs, problems): one row per record; problems lists incomplete/failed/unreadable ones."""
+    rows, problems = [], []
+    runs_dir = Path(runs_dir)
+    for d in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
+        try:
+            rec = read_run(d)
+        except (OSError, ValueError) as e:
+            problems.append({"run_id": d.name, "status": "unreadable", "reason": str(e)})
+            continue
+        cfg, summ = rec["config"], rec["summary"]
+        if cfg is None or summ is None:
+            problems.append({"run_id": d.name, "status": "incomplete", "reason": "config.json or summary.json missing"})
+            continue
+        params = cfg["params"]
+        if label and params.get("label") != label:
+            continue
+        if summ.get("status") != "complete":
+            problems.append({"run_id": d.name, "status": summ.get("status"), "reason": summ.get("error") or ""})
+            continue
+        if not summ.get("samples_per_s"):
+            problems.append({"run_id": d.name, "status": "no timed steps",
+                             "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer"})
+            continue
+        derived, versions = cfg["derived"], cfg["versions"]
+        row = {k: params.get(k) for k in CONFIG_KEYS}
+        row.update({
+            "run_id": d.name, "label": params.get("label", ""), "gpus": params["gpus"], "batch": params["batch"],
+            "per_rank_batch": derived["per_rank_batch"], "nodes": derived.get("nodes", 1),
+            "steps_per_epoch": derived["steps_per_epoch"], "epochs": params["epochs"],
+            "device": summ["device_name"], "torch": versions.get("torch"), "cuda": versions.get("cuda"),
+            "nccl": versions.get("nccl"), "python": versions.get("python"),
+            "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
+            "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
+            "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
+            "step_ms": summ.get("step_ms"), "epoch_s": summ.get("epoch_s_median"),
+            "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
+            "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
+            "train_flops_per_sample": summ.get("train_flops_per_sample"),
+            "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
+            "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
+        })
+        row["metrics"] = rec["metrics"]
+        rows.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"])
+
+
+def version_mix(runs: pd.DataFrame) -> dict[str, list]:
+    """Fields whose values differ across the runs (software or hardware): the numbers are not comparable as-is."""
+    if runs.empty:
+        return {}
+    return {k: sorted(map(str, runs[k].dropna().unique())) for k in VERSION_KEYS
+            if k in runs and runs[k].dropna().nunique() > 1}
+
+
+def _key(row) -> tuple:
+    return tuple(row[k] for k in CONFIG_KEYS)
+
+
+def scaling(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (series, N): repeats aggregated, speedup and efficiency against the series baseline."""
+    cols = ["mode", "series", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
+            "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_device", "step_s", "epoch_s",
+            "speedup", "efficiency", "final_eval_acc", "acc_gap_points", "baseline_gpus"]
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    runs = runs.assign(_key=runs.apply(_key, axis=1))
+    out = []
+    for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
+        for (key, fixed), series in runs.groupby(["_key", by], sort=True):
+            if series["gpus"].nunique() < 2:
+                continue
+            if mode == "weak" and series["batch"].nunique() < 2:
+                continue  # fixed per-rank AND fixed global batch: same N only; nothing weak about it
+            agg = series.groupby("gpus").agg(
+                nodes=("nodes", "max"), batch=("batch", "first"), per_rank_batch=("per_rank_batch", "first"),
+                repeats=("run_id", "count"), samples_per_s=("samples_per_s", "median"),
+                samples_per_s_min=("samples_per_s", "min"), samples_per_s_max=("samples_per_s", "max"),
+                final_eval_acc=("final_eval_acc", "median"), steps_per_epoch=("steps_per_epoch", "first"),
+            ).reset_index()
+            base = agg.iloc[0]
+            n0, x0 = base["gpus"], base["samples_per_s"]
+            agg["samples_per_s_per_device"] = agg["samples_per_s"] / agg["gpus"]
+            agg["step_s"] = agg["batch"] / agg["samples_per_s"]
+            agg["epoch_s"] = agg["steps_per_epoch"] * agg["step_s"]
+            # Both definitions reduce to the per-device throughput ratio: strong, T = epoch time of
+            # the same total work; weak, T = step time of the same per-rank work (see module doc).
+            agg["speedup"] = agg["samples_per_s"] / x0
+            agg["efficiency"] = (agg["samples_per_s"] / agg["gpus"]) / (x0 / n0)
+            acc0 = base["final_eval_acc"]
+            agg["acc_gap_points"] = (agg["final_eval_acc"] - acc0) * 100 if acc0 is not None and not pd.isna(acc0) else None
+            agg["mode"], agg["series"], agg["baseline_gpus"] = mode, series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), n0
+            out.append(agg[cols])
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
+
+
+def series_name(key: dict, by: str, fixed) -> str:
+    what = f"B={fixed}" if by == "batch" else f"b={fixed}/rank"
+    extras = [f"{k}={key[k]}" for k in ("precision", "pipeline") if key.get(k) is not None]
+    return f"{key['workload']} {key['dataset']} {what} " + " ".join(extras)
+
+
+def optimisation_gains(runs: pd.DataFrame) -> pd.DataFrame:
+    """Before/after throughput of each optimisation at equal everything else (medians over repeats)."""
+    cols = ["factor", "before", "after", "gpus", "batch", "samples_per_s_before", "samples_per_s_after", "speedup"]
+    rows = []
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    for factor, before in FACTORS.items():
+        others = [k for k in CONFIG_KEYS if k != factor] + ["gpus", "batch"]
+        for _, grp in runs.groupby(others, dropna=False):
+            med = grp.groupby(factor)["samples_per_s"].median()
+            if before not in med.index or len(med) < 2:
+                continue
+            for after, x in med.items():
+                if after == before:
+                    continue
+                rows.append({"factor": factor, "before": before, "after": after, "gpus": grp["gpus"].iloc[0],
+                             "batch": grp["batch"].iloc[0], "samples_per_s_before": med[before],
+                             "samples_per_s_after": x, "speedup": x / med[before]})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float]) -> tuple[pd.DataFrame, float]:
+    """Node-hours of a planned study from measured time per epoch.
+
+    For each planned N: T(N) = measured time per epoch at N when measured, else
+    T(N0) * N0 / (N * E_assumed) from the largest measured N0 < N, or, below
+    every measured N, the upper bound T(N0) * N0 / N from the smallest one. Node-hours per point =
+    nodes(N) * epochs * T(N) / 3600 * runs_per_point * repeats; the total adds
+    profiling_overhead (a fraction) on top.
+    """
+    gpn = int(plan["gpus_per_node"])
+    eff = float(plan["assumed_efficiency"])
+    measured = {int(k): float(v) for k, v in epoch_s_by_gpus.items() if v}
+    if not measured:
+        raise ValueError("no measured time per epoch: no complete run records to base the request on")
+    rows = []
+    for n in plan["gpus"]:
+        n = int(n)
+        if n in measured:
+            t, source = measured[n], "measured"
+        elif any(m < n for m in measured):
+            n0 = max(m for m in measured if m < n)
+            t, source = measured[n0] * n0 / (n * eff), f"from N={n0} at E={eff:g}"
+        else:  # below every measured N: n0 ranks at efficiency <= 1 bound one rank's time from above
+            n0 = min(measured)
+            t, source = measured[n0] * n0 / n, f"from N={n0}, upper bound"
+        nodes = math.ceil(n / gpn)
+        hours = nodes * plan["epochs"] * t / 3600 * plan["runs_per_point"] * plan["repeats"]
+        rows.append({"gpus": n, "nodes": nodes, "epoch_s": t, "source": source, "node_hours": hours})
+    table = pd.DataFrame(rows)
+    total = table["node_hours"].sum() * (1 + float(plan["profiling_overhead"]))
+    return table, total
