@@ -125,6 +125,14 @@ def hardware_line(runs: pd.DataFrame) -> str:
     return f"{devs}; torch {', '.join(sorted(runs['torch'].unique()))}"
 
 
+def _finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
+    rank_axis(ax, ranks)
+    ax.set_title(title, fontsize=6)
+    ax.legend(fontsize=5)
+    save_figure(fig, out, name)
+    return name
+
+
 def scaling_figures(scal: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[str]:
     """throughput / efficiency / epoch-time vs ranks; returns the names written."""
     import matplotlib.pyplot as plt
@@ -142,11 +150,7 @@ def scaling_figures(scal: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[s
         ax.plot(s["gpus"], x0 * s["gpus"] / n0, ls="--", color="grey", lw=1)
     ax.plot([], [], ls="--", color="grey", label="ideal (linear)")
     ax.set(yscale="log", ylabel="throughput (samples/s)")
-    rank_axis(ax, scal["gpus"])
-    ax.set_title(hw, fontsize=6)
-    ax.legend(fontsize=5)
-    save_figure(fig, out, "throughput")
-    names.append("throughput")
+    names.append(_finish_rank_plot(fig, ax, scal["gpus"], hw, out, "throughput"))
 
     fig, ax = plt.subplots(figsize=(4.2, 3.1))
     for (mode, series), s in scal.groupby(["mode", "series"]):
@@ -155,21 +159,13 @@ def scaling_figures(scal: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[s
     ax.plot([8], [100 * TARGET_E8], marker="*", ms=10, color="tab:red", ls="none",
             label=f"{100 * TARGET_E8:.0f}% at 8 GPUs")
     ax.set(ylabel="scaling efficiency (%)", ylim=(0, 110))
-    rank_axis(ax, set(scal["gpus"]) | {8})
-    ax.set_title(hw, fontsize=6)
-    ax.legend(fontsize=5)
-    save_figure(fig, out, "efficiency")
-    names.append("efficiency")
+    names.append(_finish_rank_plot(fig, ax, set(scal["gpus"]) | {8}, hw, out, "efficiency"))
 
     fig, ax = plt.subplots(figsize=(4.2, 3.1))
     for (mode, series), s in scal.groupby(["mode", "series"]):
         ax.plot(s["gpus"], s["epoch_s"], marker="o", label=f"{mode}: {series}")
     ax.set(yscale="log", ylabel="time per epoch (s)")
-    rank_axis(ax, scal["gpus"])
-    ax.set_title(hw, fontsize=6)
-    ax.legend(fontsize=5)
-    save_figure(fig, out, "epoch_time")
-    names.append("epoch_time")
+    names.append(_finish_rank_plot(fig, ax, scal["gpus"], hw, out, "epoch_time"))
     return names
 
 
