@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from kernels.records import ensure_not_complete
-from kernels.params import PARAMS, ConfigError, RunConfig, check_environment, resolve, unknown_name_error
+from kernels.params import PARAMS, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve, unknown_name_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,8 +183,9 @@ def srun_command(cfg: RunConfig, environ=None) -> list[str]:
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
     worker = worker_command(cfg)
-    if env.get("LAB_CONTAINER"):
-        worker = ["apptainer", "exec", "--nv", env["LAB_CONTAINER"], "python3", *worker[1:]]
+    if env.get("LAB_CONTAINER"):  # the same wrapper as the batch script: binds and --nv decided in one place
+        worker = ["env", f"LAB_IMAGE={env['LAB_CONTAINER']}", str(PROJECT_ROOT / "apptainer" / "run.sh"), "exec",
+                  "python3", *worker[1:]]
     return cmd + worker
 
 

@@ -12,7 +12,7 @@ from kernels.data.pipeline import (DevicePipeline, LoaderPipeline, epoch_permuta
 from kernels.params import ConfigError
 from kernels.workloads.base import Augment, Split
 
-from conftest import md5, write_cifar_tarball
+from conftest import write_cifar_tarball
 
 
 def test_cifar_fetch_from_url_verifies_and_reads_real_format(cifar_root):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from kernels import analysis, records, report
+from kernels import records, report
 from kernels.params import resolve
 
 from conftest import ROOT

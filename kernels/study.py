@@ -1,0 +1,371 @@
+"""Scaling studies on Slurm: one YAML file -> job arrays of notebook runs -> status -> resubmission.
+
+    python -m kernels.study submit   studies/strong_resnet18.yaml [--dry-run]
+    python -m kernels.study status   studies/strong_resnet18.yaml
+    python -m kernels.study resubmit studies/strong_resnet18.yaml [--dry-run]
+
+A study file names the notebook, a cluster profile (clusters/<name>.yaml: the
+only file that changes between clusters), the mode (strong: fixed global batch;
+weak: fixed per-GPU batch; sweep: a grid at each GPU count), the GPU counts,
+fixed and swept parameters of 01_train and the repeats. Every (GPU count,
+grid combination, repeat) is a point with a stable run id `<study>-p<NNN>`.
+Points of one job geometry (nodes x tasks per node) go into one job array; each
+array task runs slurm/papermill_run.sbatch on the notebook with its point's
+parameters, and the study id and point are recorded in the run record.
+
+Repeat r of a point runs with seed + r, so repeats are independent samples.
+Everything is validated (unknown keys, impossible geometry, empty grids,
+duplicate points, unknown parameters) before anything is submitted.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from kernels.params import PARAM_BY_NAME, PROJECT_ROOT, ConfigError, resolve
+from kernels.train import geometry
+
+STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
+              "notebook": "notebook to run (default notebooks/01_train.ipynb)",
+              "cluster": "cluster profile: a name in clusters/ or a path",
+              "mode": "strong | weak | sweep", "gpus": "list of GPU counts", "repeats": "runs per point (>= 1)",
+              "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
+              "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
+CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
+                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks per node",
+                "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
+                "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
+                "modules": "environment modules to load", "nccl_ifname": "network interface for NCCL/gloo",
+                "sbatch_extra": "further sbatch options", "env": "environment variables exported to the jobs"}
+MODES = ("strong", "weak", "sweep")
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("LAB_RESULTS") or PROJECT_ROOT / "results")
+
+
+def _check_keys(d: dict, allowed: dict, where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"{where}: unknown key '{k}'; allowed: {', '.join(allowed)}")
+
+
+def load_cluster(ref: str) -> dict:
+    path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"study key 'cluster': no cluster profile {path}; "
+                          f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
+    prof = yaml.safe_load(path.read_text()) or {}
+    _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
+    prof.setdefault("name", path.stem)
+    for k, default in (("partition", ""), ("account", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
+                       ("max_nodes", 0), ("time", "01:00:00"), ("cpus_per_task", 1), ("container", ""),
+                       ("modules", []), ("nccl_ifname", ""), ("sbatch_extra", []), ("env", {})):
+        prof.setdefault(k, default)
+    if prof["gpus_per_node"] < 0 or (prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1):
+        raise ConfigError(f"cluster profile {path}: key 'ranks_per_node' must be >= 1 on CPU-only nodes "
+                          f"(gpus_per_node: 0)")
+    return prof
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    gpus: int
+    repeat: int
+    params: dict          # the notebook's parameters for this run (without gpus)
+    nodes: int
+    tasks_per_node: int
+
+    @property
+    def run_id(self) -> str:
+        return self.params["run_id"]
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    notebook: str
+    cluster: dict
+    mode: str
+    points: list[Point]
+
+    @property
+    def state_dir(self) -> Path:
+        return results_root() / "studies" / self.name
+
+    @property
+    def runs_dir(self) -> Path:
+        rd = self.points[0].params.get("results_dir") if self.points else ""
+        return Path(rd) if rd else PROJECT_ROOT / "results" / "runs"
+
+
+def load(path: Path) -> Study:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"study file {path} not found")
+    spec = yaml.safe_load(path.read_text()) or {}
+    where = f"study file {path}"
+    _check_keys(spec, STUDY_KEYS, where)
+    name = str(spec.get("name") or path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only")
+    mode = spec.get("mode", "strong")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: key 'mode': {mode!r} is not one of {', '.join(MODES)}")
+    gpus = spec.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise ConfigError(f"{where}: key 'gpus' must be a non-empty list of GPU counts")
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"{where}: key 'gpus' lists a GPU count twice (duplicate points): {gpus}")
+    repeats = spec.get("repeats", 1)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"{where}: key 'repeats' must be an integer >= 1")
+    fixed = dict(spec.get("fixed") or {})
+    sweep = dict(spec.get("sweep") or {})
+    if mode == "sweep" and not sweep:
+        raise ConfigError(f"{where}: key 'sweep': mode sweep needs a grid (parameter: [values, ...])")
+    for k, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: key 'sweep.{k}': an empty grid; give a list of values")
+        if len(set(map(str, values))) != len(values):
+            raise ConfigError(f"{where}: key 'sweep.{k}' lists a value twice (duplicate points): {values}")
+        if k in fixed:
+            raise ConfigError(f"{where}: key 'sweep.{k}' is also in 'fixed' (duplicate points)")
+    per_gpu = fixed.pop("batch_per_gpu", None)
+    if mode == "weak" and (per_gpu is None or "batch" in fixed or "batch" in sweep):
+        raise ConfigError(f"{where}: key 'fixed.batch_per_gpu': weak scaling fixes the per-GPU batch "
+                          f"(and not 'batch', which becomes batch_per_gpu x gpus)")
+    if mode != "weak" and per_gpu is not None:
+        raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
+    for k in (*fixed, *sweep):
+        if k not in PARAM_BY_NAME:
+            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of 01_train")
+        if k in ("gpus", "run_id", "label", "launcher"):
+            raise ConfigError(f"{where}: key '{k}' is set by the study itself; remove it")
+    cluster = load_cluster(str(spec.get("cluster", "local")))
+    per_node = cluster["gpus_per_node"] or cluster["ranks_per_node"]
+
+    points, seen = [], set()
+    combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
+    base_seed = int(fixed.get("seed", 0))
+    for n in gpus:
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: key 'gpus': {n!r} is not a GPU count >= 1")
+        try:
+            nodes, tasks = geometry(n, per_node)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node)") from None
+        if cluster["max_nodes"] and nodes > cluster["max_nodes"]:
+            raise ConfigError(f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
+                              f"has {cluster['max_nodes']} (max_nodes)")
+        for combo in combos:
+            for r in range(repeats):
+                params = {**fixed, **combo, "seed": base_seed + r, "label": name}
+                if mode == "weak":
+                    params["batch"] = per_gpu * n
+                key = json.dumps({"gpus": n, **params}, sort_keys=True, default=str)
+                if key in seen:
+                    raise ConfigError(f"{where}: duplicate point gpus={n} {combo}")
+                seen.add(key)
+                params["run_id"] = f"{name}-p{len(points):03d}"
+                try:
+                    resolve({**params, "gpus": n})
+                except ConfigError as e:
+                    raise ConfigError(f"{where}: point gpus={n} {combo}: {e}") from None
+                points.append(Point(len(points), n, r, params, nodes, tasks))
+    notebook = spec.get("notebook", "notebooks/01_train.ipynb")
+    if not (PROJECT_ROOT / notebook).is_file():
+        raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
+    return Study(name, path, notebook, cluster, mode, points)
+
+
+# -------------------------------------------------------------- submission
+def cluster_options(cluster: dict) -> list[str]:
+    """The sbatch options every job on this cluster gets from its profile."""
+    opts = [f"--partition={cluster['partition']}"] if cluster["partition"] else []
+    opts += [f"--account={cluster['account']}"] if cluster["account"] else []
+    return opts + list(cluster["sbatch_extra"])
+
+
+def run_sbatch(cmd: list[str], what: str) -> str:
+    """Submit; return the (array) job id, or raise with sbatch's own reason."""
+    p = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ConfigError(f"sbatch refused {what}: {p.stderr.strip()}")
+    return p.stdout.strip().split(";")[0]
+
+
+def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: Path) -> list[str]:
+    c = study.cluster
+    logs = results_root() / "logs"
+    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}", f"--job-name={study.name}",
+           f"--nodes={nodes}", f"--ntasks-per-node={tasks}",
+           f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
+           f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
+    cmd += cluster_options(c)
+    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file), **{k: str(v) for k, v in c["env"].items()}}
+    if c["container"]:
+        env["LAB_CONTAINER"] = c["container"]
+    if c["nccl_ifname"]:
+        env["LAB_NCCL_IFNAME"] = c["nccl_ifname"]
+    if c["modules"]:
+        env["LAB_MODULES"] = " ".join(c["modules"])
+    if os.environ.get("LAB_RESULTS"):
+        env["LAB_RESULTS"] = os.environ["LAB_RESULTS"]
+    bad = [k for k, v in env.items() if "," in v]
+    if bad:
+        raise ConfigError(f"cluster profile: values of {', '.join(bad)} must not contain ',' (sbatch --export)")
+    cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in env.items()))
+    return cmd + ["slurm/papermill_run.sbatch", study.notebook]
+
+
+def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=sys.stdout) -> list[dict]:
+    """One job array per geometry. Returns the submissions (job id, points)."""
+    points = [p for p in study.points if only is None or p.index in only]
+    if not points:
+        print(f"study {study.name}: nothing to submit", file=out)
+        return []
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.nodes, p.tasks_per_node), []).append(p)
+    subs = []
+    state = study.state_dir
+    for (nodes, tasks), pts in sorted(groups.items()):
+        # unique per submission: an array still running keeps reading its own list
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+        list_file = state / "arrays" / f"n{nodes}x{tasks}-{stamp}.txt"
+        cmd = sbatch_command(study, nodes, tasks, len(pts), list_file)
+        print(shlex.join(cmd), file=out)
+        print(f"  array tasks 0..{len(pts) - 1} = points {', '.join(str(p.index) for p in pts)}", file=out)
+        if dry_run:
+            continue
+        (state / "points").mkdir(parents=True, exist_ok=True)
+        (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
+        list_file.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for p in pts:
+            pf = state / "points" / f"p{p.index:03d}.yaml"
+            pf.write_text(yaml.safe_dump({**p.params, "gpus": p.gpus}, sort_keys=True))
+            lines.append(str(pf))
+        list_file.write_text("\n".join(lines) + "\n")
+        job = run_sbatch(cmd, f"the array for {nodes}x{tasks}")
+        print(f"  submitted job array {job}", file=out, flush=True)
+        subs.append({"array_job_id": job, "nodes": nodes, "tasks_per_node": tasks,
+                     "points": [p.index for p in pts], "list_file": str(list_file)})
+    if subs:
+        log = state / "submissions.json"
+        history = json.loads(log.read_text()) if log.exists() else []
+        log.write_text(json.dumps(history + subs, indent=2) + "\n")
+    return subs
+
+
+# ------------------------------------------------------------------ status
+def _queue_state(job: str) -> str | None:
+    p = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    states = p.stdout.split()
+    return states[0] if p.returncode == 0 and states else None
+
+
+GENERIC = ("PapermillExecutionError", "training failed", "the notebook failed")
+
+
+def _log_reason(log: Path) -> str:
+    """The most specific reason in a job's output: the last exception that is not a generic wrapper."""
+    if not log.exists():
+        return f"no job output ({log})"
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+    exc = [ln for ln in lines if re.search(r"\b\w+(Error|Exception|Terminated): ", ln)
+           and not any(g in ln for g in GENERIC)]
+    if exc:
+        return re.sub(r"^\[rank\d+\]:\s*", "", exc[-1])[:300]
+    for ln in reversed(lines):
+        if re.search(r"(error:|CANCELLED|DUE TO TIME LIMIT|Killed)", ln):
+            return ln[:300]
+    return f"see {log}"
+
+
+def status(study: Study) -> list[dict]:
+    subs = json.loads((study.state_dir / "submissions.json").read_text()) \
+        if (study.state_dir / "submissions.json").exists() else []
+    last: dict[int, tuple[dict, int]] = {}
+    for s in subs:
+        for task, idx in enumerate(s["points"]):
+            last[idx] = (s, task)
+    rows = []
+    for p in study.points:
+        summary_path = study.runs_dir / p.run_id / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        job = None
+        if p.index in last:
+            s, task = last[p.index]
+            job = f"{s['array_job_id']}_{task}"
+        queued = _queue_state(job) if job else None
+        if summary and summary.get("status") == "complete":
+            state, reason = "done", ""
+        elif queued:
+            state, reason = "running", queued.lower()
+        elif summary and summary.get("status") in ("failed", "stopped"):
+            state, reason = "failed", summary.get("error") or summary["status"]
+        elif job:
+            state = "failed"
+            reason = _log_reason(results_root() / "logs" / f"{study.name}-{job}.out")
+        else:
+            state, reason = "missing", "never submitted"
+        rows.append({"point": p.index, "gpus": p.gpus, "repeat": p.repeat, "run_id": p.run_id, "job": job or "",
+                     "state": state, "reason": reason,
+                     "params": {k: v for k, v in p.params.items() if k not in ("run_id", "label", "results_dir")}})
+    return rows
+
+
+def print_status(rows: list[dict], out=sys.stdout) -> None:
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "running", "failed", "missing")}
+    print(" ".join(f"{k} {v}" for k, v in counts.items()), file=out)
+    for r in rows:
+        extra = " ".join(f"{k}={v}" for k, v in r["params"].items() if k in ("batch", "precision", "bucket_cap_mb",
+                                                                                  "pipeline", "seed"))
+        print(f"p{r['point']:03d} gpus={r['gpus']:<3} {extra:<40} {r['state']:<8} {r['job']:<10} {r['reason']}",
+              file=out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.study", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
+    ap.add_argument("study", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    ap.add_argument("--json", action="store_true", help="status as JSON")
+    a = ap.parse_args(argv)
+    try:
+        study = load(a.study)
+        if a.command == "points":
+            for p in study.points:
+                print(f"p{p.index:03d} gpus={p.gpus} nodes={p.nodes}x{p.tasks_per_node} {p.params}")
+        elif a.command == "submit":
+            submit(study, dry_run=a.dry_run)
+        elif a.command == "status":
+            rows = status(study)
+            print(json.dumps(rows, indent=2)) if a.json else print_status(rows)
+        else:
+            todo = [r["point"] for r in status(study) if r["state"] in ("failed", "missing")]
+            print(f"resubmitting {len(todo)} point(s): {', '.join(map(str, todo)) or 'none'}")
+            submit(study, only=todo, dry_run=a.dry_run)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Studies, sweeps, cluster profiles, SYSTEM.md and the Apptainer wrapper."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernels import analysis, report, study, sweep, sysinfo
+from kernels.params import ConfigError
+
+from conftest import ROOT
+
+TINY = {"dataset": "digits", "width": 4, "epochs": 1, "precision": "fp32", "train_samples": 256,
+        "test_samples": 64, "timing_warmup_steps": 1, "comm_probe_steps": 2, "log_every": 0}
+
+
+def write_study(tmp_path: Path, name: str, **spec) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "cluster": "local", **spec}))
+    return path
+
+
+def cli(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "repeat": 2}, "unknown key 'repeat'"),
+    ({"mode": "strong", "gpus": [3], "fixed": {"batch": 60}}, "key 'gpus': parameter 'gpus': 3 ranks do not fill nodes of 2"),
+    ({"mode": "strong", "gpus": [8], "fixed": {"batch": 64}}, "key 'gpus': 8 needs 4 nodes but cluster 'local' has 2"),
+    ({"mode": "sweep", "gpus": [1], "fixed": {"batch": 64}, "sweep": {"bucket_cap_mb": []}}, "key 'sweep.bucket_cap_mb': an empty grid"),
+    ({"mode": "strong", "gpus": [1, 2, 1], "fixed": {"batch": 64}}, "key 'gpus' lists a GPU count twice"),
+    ({"mode": "sweep", "gpus": [1], "sweep": {"batch": [32, 32]}}, "key 'sweep.batch' lists a value twice"),
+    ({"mode": "strong", "gpus": [1], "fixed": {"bach": 64}}, "key 'fixed/sweep.bach': not a parameter"),
+    ({"mode": "weak", "gpus": [1, 2], "fixed": {"batch": 64}}, "key 'fixed.batch_per_gpu'"),
+    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "cluster": "nowhere"}, "key 'cluster': no cluster profile"),
+    ({"mode": "strongest", "gpus": [1]}, "key 'mode'"),
+])
+def test_bad_study_files_are_rejected_before_submission(tmp_path, spec, needle):
+    spec = {"cluster": "local", **spec}
+    path = write_study(tmp_path, "bad", **spec)
+    p = cli("kernels.study", "submit", path, env={"LAB_RESULTS": str(tmp_path / "res")})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert needle in p.stderr, p.stderr
+    assert "sbatch" not in p.stdout and not (tmp_path / "res").exists()
+
+
+def test_points_strong_weak_and_sweep():
+    s = study.load(ROOT / "studies" / "weak_resnet18.yaml")
+    assert [(p.gpus, p.params["batch"]) for p in s.points if p.repeat == 0] == \
+        [(n, 128 * n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert {p.params["seed"] for p in s.points} == {0, 1, 2}  # repeats are independent samples
+    assert [(p.nodes, p.tasks_per_node) for p in s.points if p.repeat == 0][-1] == (16, 4)
+    sens = study.load(ROOT / "studies" / "sensitivity_resnet18.yaml")
+    assert len(sens.points) == 3 * 2 * 2 * 2 and len({p.run_id for p in sens.points}) == 24
+    strong = study.load(ROOT / "studies" / "strong_resnet18.yaml")
+    assert {p.params["batch"] for p in strong.points} == {512}
+
+
+def test_dry_run_prints_one_array_per_geometry(tmp_path):
+    p = cli("kernels.study", "submit", ROOT / "studies" / "strong_resnet18.yaml", "--dry-run",
+            env={"LAB_RESULTS": str(tmp_path)})
+    assert p.returncode == 0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("sbatch")]
+    assert len(lines) == 7  # 1,2,4 GPUs on one node; 8..64 on 2..16 nodes of 4
+    assert "--array=0-2 --job-name=strong_resnet18 --nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in lines[-1] \
+        or any("--nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in ln for ln in lines)
+    assert all("LAB_STUDY_ID=strong_resnet18" in ln and "--partition=acc" in ln for ln in lines)
+    assert not (tmp_path / "studies").exists()
+
+
+def test_moving_a_study_changes_only_the_cluster_profile(tmp_path):
+    spec = yaml.safe_load((ROOT / "studies" / "strong_resnet18.yaml").read_text())
+    spec.pop("name")
+    a = study.load(write_study(tmp_path, "a", **{**spec, "cluster": "marenostrum5-acc"}))
+    b = study.load(write_study(tmp_path, "a", **{**spec, "cluster": "leonardo-booster"}))
+    assert [p.params for p in a.points] == [p.params for p in b.points]
+    ca = study.sbatch_command(a, 2, 4, 3, tmp_path / "l.txt")
+    cb = study.sbatch_command(b, 2, 4, 3, tmp_path / "l.txt")
+    assert "--partition=acc" in ca and "--partition=boost_usr_prod" in cb
+
+
+def test_sweep_file_errors():
+    with pytest.raises(ConfigError, match="key 'command' uses x not in 'grid'"):
+        sweep.load(_tmp_yaml({"name": "s", "command": "echo {x}", "grid": {"y": [1]}}))
+    with pytest.raises(ConfigError, match="key 'grid.y': an empty grid"):
+        sweep.load(_tmp_yaml({"name": "s", "command": "echo {y}", "grid": {"y": []}}))
+    with pytest.raises(ConfigError, match="unknown key 'grids'"):
+        sweep.load(_tmp_yaml({"name": "s", "command": "echo", "grids": {}}))
+
+
+def _tmp_yaml(d) -> Path:
+    import tempfile
+
+    f = Path(tempfile.mkdtemp()) / "s.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return f
+
+
+def test_system_md_is_generated_from_this_machine():
+    facts = sysinfo.system_facts()
+    md = sysinfo.markdown([facts])
+    assert f"| CPU | {facts['cpu']}, {facts['cpu_cores']} logical cores |" in md
+    assert f"| PyTorch | {facts['software']['torch']} |" in md
+    assert any(n["name"] == "lo" for n in facts["network"])
+    committed = (ROOT / "SYSTEM.md").read_text()
+    assert committed.startswith("# SYSTEM") and "| PyTorch |" in committed and "Network interfaces" in committed
+
+
+def test_apptainer_definition_and_wrapper():
+    d = (ROOT / "apptainer" / "lab.def").read_text()
+    assert re.search(r"^Bootstrap: docker$", d, re.M) and "From: {{ BASE }}" in d
+    assert re.search(r"BASE=pytorch/pytorch:2\.13\.0-", d)
+    for section in ("%arguments", "%files", "%post", "%environment", "%runscript", "%test", "%labels", "%help"):
+        assert re.search(rf"^{section}$", d, re.M), section
+    assert "-r /opt/lab/requirements.txt -c /opt/lab/constraints.txt" in d
+    run = str(ROOT / "apptainer" / "run.sh")
+    env = {**os.environ, "LAB_NV": "1", "LAB_DATA": "/scratch/data", "LAB_IMAGE": "/img/lab.sif"}
+    p = subprocess.run([run, "--print", "exec", "python", "-m", "kernels.train"], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 0
+    assert p.stdout.split() == ["apptainer", "exec", "--nv", "--bind", f"{ROOT}:{ROOT}", "--bind",
+                                f"/scratch/data:{ROOT}/data", "--bind", f"{ROOT}/results:{ROOT}/results",
+                                "--pwd", str(ROOT), "/img/lab.sif", "python", "-m", "kernels.train"]
+    p = subprocess.run([run, "--print", "build"], capture_output=True, text=True, env={**env, "LAB_NV": "0"})
+    assert p.stdout.split() == ["apptainer", "build", "/img/lab.sif", f"{ROOT}/apptainer/lab.def"]
+    p = subprocess.run([run, "--print", "shell"], capture_output=True, text=True, env={**env, "LAB_NV": "0"})
+    assert "--nv" not in p.stdout.split()
+    assert subprocess.run([run, "nonsense"], capture_output=True).returncode == 2
+
+
+# ----------------------------------------------------------- on real Slurm
+def wait_for(jobs: list[str], env: dict, timeout: float = 480) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        p = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True, text=True,
+                           env=env)
+        if not p.stdout.strip():
+            return
+        time.sleep(2)
+    subprocess.run(["scancel", *jobs], env=env)
+    pytest.fail(f"jobs {jobs} still queued or running after {timeout} s")
+
+
+@pytest.mark.slow
+def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch):
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+    runs = tmp_path / "runs"
+    strong = write_study(tmp_path, "st", mode="strong", gpus=[1, 2, 4], repeats=2,
+                         fixed={**TINY, "batch": 64, "results_dir": str(runs)})
+    sens = write_study(tmp_path, "sens", mode="sweep", gpus=[2], repeats=1,
+                       fixed={**TINY, "results_dir": str(runs)}, sweep={"bucket_cap_mb": [1, 25], "batch": [32, 64]})
+    # one point fails on purpose: a file where its run directory must go (like a full or broken file system)
+    runs.mkdir()
+    (runs / "st-p001").write_text("in the way")
+
+    jobs = []
+    for path in (strong, sens):
+        p = cli("kernels.study", "submit", path, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        jobs += re.findall(r"submitted job array (\d+)", p.stdout)
+    assert len(jobs) == 3 + 1  # strong: geometries 1x1, 1x2, 2x2; sensitivity: one array of 4
+    wait_for(jobs, env)
+
+    rows = study.status(study.load(strong))
+    states = {r["point"]: r["state"] for r in rows}
+    assert states == {0: "done", 1: "failed", 2: "done", 3: "done", 4: "done", 5: "done"}, rows
+    failed = rows[1]
+    assert "File exists" in failed["reason"] and "st-p001" in failed["reason"], failed
+    p = cli("kernels.study", "status", strong, env=env)
+    assert "done 5 running 0 failed 1 missing 0" in p.stdout and "File exists" in p.stdout
+    assert all(r["state"] == "done" for r in study.status(study.load(sens)))
+
+    # resubmission runs the failed point only
+    finished = {r["run_id"]: json.loads((runs / r["run_id"] / "summary.json").read_text())["finished_utc"]
+                for r in rows if r["state"] == "done"}
+    (runs / "st-p001").unlink()
+    p = cli("kernels.study", "resubmit", strong, env=env)
+    assert p.returncode == 0 and "resubmitting 1 point(s): 1" in p.stdout, p.stdout + p.stderr
+    wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
+    rows = study.status(study.load(strong))
+    assert all(r["state"] == "done" for r in rows), rows
+    for run_id, when in finished.items():
+        assert json.loads((runs / run_id / "summary.json").read_text())["finished_utc"] == when
+
+    # every record carries the study id, its point and its array index
+    for r in rows:
+        cfg = json.loads((runs / r["run_id"] / "config.json").read_text())
+        assert cfg["lab"]["lab_study_id"] == "st" and cfg["lab"]["lab_study_point"] == f"p{r['point']:03d}"
+        assert "slurm_array_task_id" in cfg["slurm"] and cfg["params"]["gpus"] == r["gpus"]
+
+    # and the analysis computes the efficiencies from them
+    recs, problems = analysis.load_runs(runs, label="st")
+    assert len(recs) == 6 and problems.empty
+    scal = analysis.scaling(recs)
+    strong_rows = scal[scal["mode"] == "strong"].set_index("gpus")
+    assert list(strong_rows.index) == [1, 2, 4] and set(strong_rows["repeats"]) == {2}
+    x = recs.groupby("gpus")["samples_per_s"].median()
+    for n in (2, 4):
+        assert abs(strong_rows.loc[n, "efficiency"] - (x[n] / n) / x[1]) < 1e-12
+    plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
+    systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
+    built = report.build(runs, tmp_path / "analysis", plan, systems, label="st")
+    assert len(built["runs"]) == 6
+    for fig in ("throughput", "efficiency", "epoch_time"):
+        assert (tmp_path / "analysis" / "figures" / f"{fig}.pdf").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+    spec = tmp_path / "sw.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "sw", "cluster": "local", "sbatch": {"nodes": 1, "ntasks_per_node": 1, "time": "00:05:00"},
+        "command": "python3 -c 'import sys; print(int(sys.argv[1]) * int(sys.argv[2]))' {n} {m}",
+        "grid": {"n": [1, 2], "m": [10, 100]}}))
+    p = cli("kernels.sweep", "submit", spec, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
+    rows = sweep.collect(sweep.load(spec))
+    assert sorted((r["n"], r["m"], r["exit_code"], Path(r["stdout"]).read_text().strip()) for r in rows) == \
+        [(1, 10, 0, "10"), (1, 100, 0, "100"), (2, 10, 0, "20"), (2, 100, 0, "200")]
+    for r in rows:  # each index keeps its own command line
+        assert (Path(r["stdout"]).parent / "command.txt").read_text().strip().endswith(f"{r['n']} {r['m']}")
