@@ -227,7 +227,7 @@ class Trainer:
             "devices": sorted({r["device"] for r in ranks}),
             "ranks": ranks,
             "slurm": sysinfo.slurm_ids(),
-            "system": {k: v for k, v in sysinfo.system_facts().items() if k not in ("software", "git")},
+            "system": sysinfo.node_facts(),
             "lab": sysinfo.lab_ids(),
             "command": sys.argv,
             "started_utc": self.state["started_utc"],

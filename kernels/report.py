@@ -248,12 +248,9 @@ NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": 
                      "source": ("Time per epoch", "s"), "node_hours": ("Node-hours", ",.2f")}
 
 
-def figure_snippet(name: str, present: bool, caption: str, why_missing: str, width: str = "\\linewidth") -> str:
-    if not present:
-        return gap_note(why_missing)
-    return (f"\\includegraphics[width={width}]{{{name}.pdf}}\n" if not caption else
-            "\\begin{figure}[t]\\centering\n" + f"\\includegraphics[width={width}]{{{name}.pdf}}\n"
-            f"\\caption{{{caption}}}\\label{{fig:{name}}}\n\\end{{figure}}\n")
+def figure_snippet(name: str, present: bool, why_missing: str, width: str = "\\linewidth") -> str:
+    """The figure for the documents' own figure environments, or a marked gap saying why it is missing."""
+    return f"\\includegraphics[width={width}]{{{name}.pdf}}\n" if present else gap_note(why_missing)
 
 
 def build(runs_dir: Path, out: Path, plan: dict, systems: dict, label: str = "") -> dict:
@@ -274,11 +271,11 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, label: str = "")
     have_gains = gains_figure(gains, runs, out)
     why = ("no scaling series yet: a series needs complete runs of one configuration at two or more rank "
            "counts (make demo gives 1 and 2 CPU processes)")
-    put("fig_throughput.tex", figure_snippet("throughput", "throughput" in figs, "", why))
-    put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in figs, "", why))
-    put("fig_epoch_time.tex", figure_snippet("epoch_time", "epoch_time" in figs, "", why))
-    put("fig_accuracy.tex", figure_snippet("accuracy", have_acc, "", "no complete runs with evaluation yet"))
-    put("fig_gains.tex", figure_snippet("gains", have_gains, "",
+    put("fig_throughput.tex", figure_snippet("throughput", "throughput" in figs, why))
+    put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in figs, why))
+    put("fig_epoch_time.tex", figure_snippet("epoch_time", "epoch_time" in figs, why))
+    put("fig_accuracy.tex", figure_snippet("accuracy", have_acc, "no complete runs with evaluation yet"))
+    put("fig_gains.tex", figure_snippet("gains", have_gains,
                                         "no before/after pairs yet: the optimisation runs (precision, input "
                                         "pipeline, bucket size, channels_last, compile) have not been measured"))
     put("setup.tex", setup_table(runs))

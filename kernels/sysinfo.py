@@ -150,12 +150,16 @@ def container() -> str | None:
             or os.environ.get("LAB_CONTAINER") or None)
 
 
-def system_facts() -> dict:
-    """Everything SYSTEM.md says about this node; a subset goes into every run record."""
+def node_facts() -> dict:
+    """This node's hardware, network, Slurm and container: what every run record adds to its versions."""
     return {"host": host(), "slurm_node": os.environ.get("SLURMD_NODENAME"), "os": platform.platform(),
             "cpu": cpu_name(), "cpu_cores": os.cpu_count(), "memory_gib": memory_gib(), "gpus": gpus(),
-            "software": software_versions(), "network": network_interfaces(), "slurm": slurm_version(),
-            "container": container(), "git": git_info()}
+            "network": network_interfaces(), "slurm": slurm_version(), "container": container()}
+
+
+def system_facts() -> dict:
+    """Everything SYSTEM.md says about this node."""
+    return {**node_facts(), "software": software_versions(), "git": git_info()}
 
 
 def markdown(nodes: list[dict]) -> str:
