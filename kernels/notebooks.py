@@ -46,16 +46,11 @@ def parameters_cell() -> str:
     return "\n".join(lines)
 
 
-def check_parameter_names(new_names: set, allowed) -> None:
+def check_parameter_names(new_names: set, allowed, where: str = " (injected into the notebook)") -> None:
     """Any notebook: names injected (papermill -p) that its parameters cell does not declare are errors."""
-    allowed = set(allowed)
-    for name in sorted({k for k in new_names if not k.startswith("_")} - allowed):
-        import difflib
-
-        close = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown parameter '{name}' (injected into the notebook){hint} "
-                          f"Known parameters: {', '.join(sorted(allowed))}")
+    allowed = list(allowed)
+    for name in sorted({k for k in new_names if not k.startswith("_")} - set(allowed)):
+        raise unknown_name_error(name, where=where, known=allowed)
 
 
 def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
@@ -65,8 +60,7 @@ def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
     parameters cell and the first cell after it, i.e. what the parameters cell
     and Papermill's injected cell defined. Each must be a known parameter.
     """
-    for name in sorted({k for k in new_names if not k.startswith("_")} - set(PARAM_BY_NAME)):
-        raise unknown_name_error(name, where=" (injected into the notebook, e.g. by papermill -p)")
+    check_parameter_names(new_names, PARAM_BY_NAME, where=" (injected into the notebook, e.g. by papermill -p)")
     missing = [p.name for p in PARAMS if p.name not in namespace]
     if missing:
         raise ConfigError(f"the notebook's parameters cell lacks {', '.join(missing)}; "

@@ -200,11 +200,13 @@ def coerce(param: Param, value):
     raise TypeError(t)
 
 
-def unknown_name_error(name: str, where: str = "") -> ConfigError:
-    close = difflib.get_close_matches(name, PARAM_BY_NAME, n=1)
+def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
+    """`name` is not a parameter (of 01_train, or of `known`): say so, with the closest known name."""
+    known = list(PARAM_BY_NAME if known is None else known)
+    close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(
-        f"unknown parameter '{name}'{where}{hint} Known parameters: {', '.join(PARAM_BY_NAME)}"
+        f"unknown parameter '{name}'{where}{hint} Known parameters: {', '.join(known)}"
     )
 
 

@@ -146,13 +146,18 @@ def sbatch_geometry_args(gpus: int, per_node: int, with_gpus: bool = True) -> li
     return args + ([f"--gpus-per-node={tasks}"] if with_gpus else [])
 
 
+def allocation_nodes(env) -> int:
+    """Nodes of the current Slurm allocation (1 outside one)."""
+    return int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+
+
 def check_allocation(cfg: RunConfig, environ=None) -> None:
     """The current Slurm allocation can hold cfg.gpus ranks (and GPUs, on GPU nodes); else say what to ask for."""
     env = os.environ if environ is None else environ
     if "SLURM_JOB_ID" not in env:
         raise ConfigError("parameter 'launcher': srun needs a Slurm allocation (no SLURM_JOB_ID); "
                           "submit with sbatch/salloc, or use launcher=local")
-    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    nodes = allocation_nodes(env)
     slots = int(env.get("SLURM_NTASKS") or nodes)
     gpus_on_node = int(env.get("SLURM_GPUS_ON_NODE") or 0)
     short = []
@@ -177,8 +182,7 @@ def srun_command(cfg: RunConfig, environ=None) -> list[str]:
     With LAB_CONTAINER set (an Apptainer image), every rank runs inside it.
     """
     env = os.environ if environ is None else environ
-    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    nodes = min(nodes, cfg.gpus)
+    nodes = min(allocation_nodes(env), cfg.gpus)
     cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--export=ALL"]
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
