@@ -107,15 +107,16 @@ def main(argv=None) -> int:
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     lines += ["", f"## training, ResNet-18 CIFAR form (width {args.width}), synthetic data, global batch "
               f"{args.train_batch}, {args.precision}{', channels_last' if args.channels_last else ''}", "",
-              "| processes | compile | samples/s | samples/s per process | step ms | data wait | MFU |",
-              "|---:|---|---:|---:|---:|---:|---:|"]
+              "| processes | compile | samples/s (median step) | p10-p90 | samples/s per process | step ms (median) | data wait | MFU |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for compile_ in compiles:
         for procs in [int(p) for p in args.procs.split(",")]:
             print(f"training: {procs} process(es), compile={compile_} ...", flush=True)
             s = bench_training(procs, args, compile_)
             mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "n/a (no peak for this device)"
             lines.append(f"| {procs} | {'on' if compile_ else 'off'} | {s['samples_per_s']:,.1f} | "
-                         f"{s['samples_per_s_per_device']:,.1f} | {s['step_ms']:.1f} | "
+                         f"{s['samples_per_s_p10']:,.1f}-{s['samples_per_s_p90']:,.1f} | "
+                         f"{s['samples_per_s_per_device']:,.1f} | {s['step_ms_p50']:.1f} | "
                          f"{100 * (s['data_wait_frac'] or 0):.1f}% | {mfu} |")
             print(lines[-1], flush=True)
 

@@ -34,7 +34,8 @@ from kernels.data.pipeline import eval_batches, make_pipeline
 from kernels.dist import all_gather_object, all_reduce, broadcast_object, process_group, rank_env, select_device
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.params import ConfigError, RunConfig, device_type
-from kernels.timers import StepTimer, percentile, synchronize
+from kernels.stats import step_summary, thin
+from kernels.timers import StepTimer, synchronize
 from kernels.workloads import get_workload
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -181,7 +182,7 @@ class Trainer:
             raise ConfigError(decision["error"])
         self.run_id = decision["run_id"]
         self.run_dir = cfg.results_root / self.run_id
-        self.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "rows": [], "totals": _zero_totals(),
+        self.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "rows": [], "timing": _zero_timing(),
                       "started_utc": utc_now(), "resumed_from_step": 0}
         if decision["resume"]:
             state = ckpt.load(self.run_dir / ckpt.FILENAME)
@@ -190,10 +191,10 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             self.sched.load_state_dict(state["scheduler"])
             ckpt.set_rng_state(state["rng"])
-            for k in ("epoch", "step_in_epoch", "global_step", "rows", "totals", "started_utc"):
+            for k in ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_utc"):
                 self.state[k] = state[k]
             self.state["resumed_from_step"] = state["global_step"]
-            self.log(f"resuming {self.run_id} from epoch {state['epoch']} step {state['step_in_epoch']} "
+            self.log(f"resuming {self.run_id} from epoch {state['epoch'] + 1} step {state['step_in_epoch']} "
                      f"(global step {state['global_step']})")
         hosts = all_gather_object({"host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
                                    "device": self.device_name,
@@ -346,36 +347,42 @@ class Trainer:
         return out
 
     def _epoch_row(self, epoch, steps, wait, comp, sums, ev, epoch_s, eval_s) -> dict:
+        """One metrics.csv row. Throughput is the global batch over the MEDIAN step time of the
+        epoch's timed steps, where a step's time is that of its slowest rank (it bounds a DDP step)."""
         cfg = self.cfg
-        step_ms = [w + c for w, c in zip(wait, comp)]
-        n_timed = len(step_ms)
-        local = [sum(step_ms) / 1e3, sum(wait), sum(comp), percentile(step_ms, 0.5), percentile(step_ms, 0.9)]
-        summed = all_reduce(local, self.device)
-        slowest_s, epoch_s_max, mem = all_reduce([local[0], epoch_s, peak_memory_gib(self.device)],
-                                                 self.device, op=dist.ReduceOp.MAX)
+        n_timed = len(wait)  # the same on every rank: same steps, same warm-up
+        slowest, wait_mean = [], []
+        if n_timed:
+            per_step = torch.tensor([[w + c for w, c in zip(wait, comp)], wait], dtype=torch.float64,
+                                    device=self.device)
+            slow = per_step[0].clone()
+            dist.all_reduce(slow, op=dist.ReduceOp.MAX)
+            waits = per_step[1].clone()
+            dist.all_reduce(waits)
+            slowest, wait_mean = slow.tolist(), (waits / self.world).tolist()
+        epoch_s_max, mem = all_reduce([epoch_s, peak_memory_gib(self.device)], self.device, op=dist.ReduceOp.MAX)
         dist.all_reduce(sums)
         n = max(float(sums[1]), 1.0)
-        tput = n_timed * cfg.batch / slowest_s if n_timed and slowest_s > 0 else None
+        st = step_summary(slowest, cfg.batch)
+        tput = st["samples_per_s"]
         per_dev = tput / self.world if tput else None
         tflops = per_dev * self.flops["train_flops_per_sample"] / 1e12 if per_dev else None
-        mean_step = summed[0] * 1e3 / (n_timed * self.world) if n_timed else None
-        mean_wait = summed[1] / (n_timed * self.world) if n_timed else None
-        t = self.state["totals"]
-        if n_timed:
-            t["timed_samples"] += n_timed * cfg.batch
-            t["timed_s"] += slowest_s
-            t["wait_ms"] += summed[1]
-            t["step_ms"] += summed[0] * 1e3
-            t["steps_x_ranks"] += n_timed * self.world
+        kept = self.state["timing"]
+        kept["step_ms"] += thin(slowest, STEP_SAMPLES_PER_EPOCH)
+        kept["sum_step_ms"] += sum(slowest)
+        kept["sum_wait_ms"] += sum(wait_mean)
+        kept["timed_steps"] += n_timed
+        mean_wait = sum(wait_mean) / n_timed if n_timed else None
         row = {
-            "epoch": epoch, "steps": steps, "timed_steps": n_timed, "samples": steps * cfg.batch,
+            "epoch": epoch + 1, "steps": steps, "timed_steps": n_timed, "samples": steps * cfg.batch,
             "epoch_s": round(epoch_s_max, 4), "eval_s": round(eval_s, 4),
-            "samples_per_s": _r(tput), "samples_per_s_per_device": _r(per_dev),
-            "step_ms": _r(mean_step), "step_ms_p50": _r(summed[3] / self.world if n_timed else None),
-            "step_ms_p90": _r(summed[4] / self.world if n_timed else None),
+            "samples_per_s": _r(tput), "samples_per_s_p10": _r(st["samples_per_s_p10"]),
+            "samples_per_s_p90": _r(st["samples_per_s_p90"]), "samples_per_s_per_device": _r(per_dev),
+            "step_ms_p50": _r(st["step_ms_p50"]), "step_ms_p10": _r(st["step_ms_p10"]),
+            "step_ms_p90": _r(st["step_ms_p90"]), "step_ms_mean": _r(st["step_ms_mean"]),
             "data_wait_ms": _r(mean_wait),
-            "compute_ms": _r(summed[2] / (n_timed * self.world) if n_timed else None),
-            "data_wait_frac": _r(mean_wait / mean_step if n_timed and mean_step else None, 5),
+            "compute_ms": _r(st["step_ms_mean"] - mean_wait if n_timed else None),
+            "data_wait_frac": _r(sum(wait_mean) / sum(slowest) if n_timed and sum(slowest) else None, 5),
             "train_loss": float(sums[0]) / n, "eval_loss": ev["eval_loss"],
             "lr": self.sched.get_last_lr()[0], "peak_mem_gib": round(mem, 4),
             "tflops_per_device": _r(tflops, 5), "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
@@ -387,10 +394,14 @@ class Trainer:
 
     def _epoch_line(self, row: dict) -> str:
         metrics = " ".join(f"eval_{m} {row[f'eval_{m}']:.4f}" for m in self.wl.metric_names)
-        tput = f"{row['samples_per_s']:,.1f} samples/s" if row["samples_per_s"] else "warm-up only"
-        return (f"epoch {row['epoch'] + 1}/{self.cfg.epochs} done: train_loss {row['train_loss']:.4f} "
-                f"eval_loss {row['eval_loss']:.4f} {metrics} | {tput} | step {row['step_ms'] or 0:.1f} ms "
-                f"(data wait {100 * (row['data_wait_frac'] or 0):.1f}%) | epoch {row['epoch_s']:.1f} s")
+        if row["samples_per_s"]:
+            timing = (f"{row['samples_per_s']:,.1f} samples/s (median step {row['step_ms_p50']:.1f} ms, "
+                      f"p10-p90 {row['step_ms_p10']:.1f}-{row['step_ms_p90']:.1f}; "
+                      f"data wait {100 * (row['data_wait_frac'] or 0):.1f}%)")
+        else:
+            timing = "warm-up only: no timed steps this epoch"
+        return (f"epoch {row['epoch']}/{self.cfg.epochs} done: train_loss {row['train_loss']:.4f} "
+                f"eval_loss {row['eval_loss']:.4f} {metrics} | {timing} | epoch {row['epoch_s']:.1f} s")
 
     def _checkpoint(self) -> None:
         if self.is_rank0:
@@ -398,7 +409,7 @@ class Trainer:
             ckpt.save(self.run_dir / ckpt.FILENAME, model=self.ddp.module.state_dict(),
                       optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
                       scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
-                      global_step=st["global_step"], rows=st["rows"], totals=st["totals"],
+                      global_step=st["global_step"], rows=st["rows"], timing=st["timing"],
                       started_utc=st["started_utc"], config=self.cfg.to_dict())
         dist.barrier()
 
@@ -444,20 +455,31 @@ class Trainer:
     def _write_summary(self, status: str, probe: dict | None = None, error: str | None = None) -> dict | None:
         if not self.is_rank0:
             return None
-        st, rows, t = self.state, self.state["rows"], self.state["totals"]
-        tput = t["timed_samples"] / t["timed_s"] if t["timed_s"] else None
+        st, rows, t = self.state, self.state["rows"], self.state["timing"]
+        run_stats = step_summary(t["step_ms"], self.cfg.batch)
+        tput = run_stats["samples_per_s"]
         per_dev = tput / self.world if tput else None
         tflops = per_dev * self.flops["train_flops_per_sample"] / 1e12 if per_dev else None
+        steady = rows[1:] if len(rows) > 1 else rows  # the first epoch carries start-up effects
         summary = {
             "schema_version": records.SCHEMA_VERSION, "run_id": self.run_id, "status": status, "error": error,
             "started_utc": st["started_utc"], "finished_utc": utc_now() if status != "running" else None,
             "resumed_from_step": st["resumed_from_step"],
             "epochs_done": len(rows), "steps_done": st["global_step"], "world_size": self.world,
             "device_name": self.device_name,
-            "samples_per_s": _r(tput), "samples_per_s_per_device": _r(per_dev),
-            "step_ms": _r(t["step_ms"] / t["steps_x_ranks"] if t["steps_x_ranks"] else None),
-            "epoch_s_median": _r(median(r["epoch_s"] for r in rows) if rows else None),
-            "data_wait_frac": _r(t["wait_ms"] / t["step_ms"] if t["step_ms"] else None, 5),
+            "throughput_stat": (f"global batch / median step time over {t['timed_steps']} timed steps "
+                                f"(slowest rank per step)") if t["timed_steps"] else "no timed steps",
+            "timed_steps": t["timed_steps"],
+            "samples_per_s": _r(tput), "samples_per_s_p10": _r(run_stats["samples_per_s_p10"]),
+            "samples_per_s_p90": _r(run_stats["samples_per_s_p90"]),
+            "samples_per_s_mean": _r(t["timed_steps"] * self.cfg.batch * 1e3 / t["sum_step_ms"]
+                                     if t["sum_step_ms"] else None),
+            "samples_per_s_per_device": _r(per_dev),
+            "step_ms_p50": _r(run_stats["step_ms_p50"]), "step_ms_p10": _r(run_stats["step_ms_p10"]),
+            "step_ms_p90": _r(run_stats["step_ms_p90"]),
+            "step_ms_mean": _r(t["sum_step_ms"] / t["timed_steps"] if t["timed_steps"] else None),
+            "epoch_s_median": _r(median(r["epoch_s"] for r in steady) if steady else None),
+            "data_wait_frac": _r(t["sum_wait_ms"] / t["sum_step_ms"] if t["sum_step_ms"] else None, 5),
             "final_eval_loss": rows[-1]["eval_loss"] if rows else None,
             "peak_mem_gib": max((r["peak_mem_gib"] for r in rows), default=None),
             **self.flops, "peak_tflops": self.peak, "tflops_per_device": _r(tflops, 5),
@@ -471,9 +493,13 @@ class Trainer:
         return summary
 
 
-def _zero_totals() -> dict:
-    return {"timed_samples": 0, "timed_s": 0.0, "wait_ms": 0.0, "step_ms": 0.0, "steps_x_ranks": 0}
+# Step times kept per epoch for the run's median (evenly strided beyond this): enough for a
+# stable median and p10/p90, small enough for the checkpoint of a 100k-step epoch.
+STEP_SAMPLES_PER_EPOCH = 4096
 
+
+def _zero_timing() -> dict:
+    return {"step_ms": [], "sum_step_ms": 0.0, "sum_wait_ms": 0.0, "timed_steps": 0}
 
 def _r(v, nd: int = 3):
     return None if v is None else round(float(v), nd)

@@ -31,7 +31,7 @@ class RankEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    source: str  # torchrun | slurm | single
+    source: str  # local (this lab's launcher) | torchrun | slurm | single
 
     @property
     def is_rank0(self) -> bool:
@@ -67,7 +67,8 @@ def rank_env(environ: dict | None = None) -> RankEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
+                       env.get("LAB_LAUNCHER") or "torchrun")
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
         hosts = expand_hostlist(nodelist) if nodelist else []

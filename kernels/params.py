@@ -1,7 +1,7 @@
 """The one definition of a training run's parameters.
 
 Every parameter has a name, a type, a default and a one-line doc. The CLI
-(`python -m kernels.train`), the notebook's validation (notebooks/01_train) and
+(`lab train`), the notebook's validation (notebooks/01_train) and
 study files read this table; nothing else declares parameters.
 
 `resolve(raw)` turns a mapping of user-supplied values into a `RunConfig`,
@@ -19,10 +19,27 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_ENV = "LAB_RESULTS"
+
+
+def results_home() -> Path:
+    """The results folder: $LAB_RESULTS, else <project>/results. Records go to its runs/."""
+    return Path(os.environ.get(RESULTS_ENV) or PROJECT_ROOT / "results")
 
 
 class ConfigError(ValueError):
     """A parameter or input is wrong; the message names it and the fix."""
+
+
+def exit_status(body) -> int:
+    """Run a command's body: a ConfigError becomes one line on stderr and exit status 2, the lab's convention."""
+    import sys
+
+    try:
+        return body() or 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ PARAMS: tuple[Param, ...] = (
     Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); resume by re-running"),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
-    Param("results_dir", str, "", "where run records go (empty: <project>/results/runs)"),
+    Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),
     Param("label", str, "", "free-form label added to the run id"),
     Param("run_id", str, "", "run directory name (empty: generated; an existing run with a checkpoint resumes)"),
     Param("launcher", str, "auto", "auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)",
@@ -128,7 +145,7 @@ class RunConfig:
 
     @property
     def results_root(self) -> Path:
-        return Path(self.results_dir) if self.results_dir else PROJECT_ROOT / "results" / "runs"
+        return Path(self.results_dir) if self.results_dir else results_home() / "runs"
 
     def to_dict(self) -> dict:
         return asdict(self)

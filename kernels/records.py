@@ -10,7 +10,7 @@ file. Only `status == "complete"` marks a finished run: a run that failed says
 "failed" with the error, one stopped on purpose says "stopped", one in progress
 "running".
 
-`python -m kernels.records` prints this schema as Markdown (results/README.md is
+`lab records-doc` prints this schema as Markdown (results/README.md is
 that output; a test keeps them equal).
 """
 from __future__ import annotations
@@ -22,25 +22,40 @@ import os
 import tempfile
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _process_umask() -> int:
+    # Read once at import (single-threaded then): os.umask can only be read by setting it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600 whatever the umask; records in a group's shared project
+# directory must be readable by the group, so the final file gets the mode the umask allows.
+FILE_MODE = 0o666 & ~_process_umask()
 
 # column -> meaning; `<split>_<metric>` columns for the workload's metrics
 # (e.g. train_acc, eval_acc) follow the loss columns.
 METRICS_COLUMNS: dict[str, str] = {
-    "epoch": "epoch number, from 0",
+    "epoch": "epoch number, from 1",
     "steps": "optimizer steps in this epoch",
-    "timed_steps": "steps counted in the throughput (the first timing_warmup_steps of each process start, fresh or resumed, are excluded)",
+    "timed_steps": "steps counted in the timing (the first timing_warmup_steps of each process start, fresh or resumed, are excluded)",
     "samples": "training samples processed in this epoch, all ranks",
     "epoch_s": "wall time of the epoch's training steps, slowest rank, seconds (evaluation excluded)",
     "eval_s": "wall time of the evaluation after the epoch, seconds",
-    "samples_per_s": "training throughput over the timed steps, all ranks together",
+    "samples_per_s": "training throughput, all ranks: global batch / median step time of the epoch's timed steps (a step's time is its slowest rank's)",
+    "samples_per_s_p10": "10th percentile of the per-step throughput (global batch / 90th percentile step time)",
+    "samples_per_s_p90": "90th percentile of the per-step throughput (global batch / 10th percentile step time)",
     "samples_per_s_per_device": "samples_per_s / world size",
-    "step_ms": "mean time per timed step, averaged over ranks, milliseconds",
-    "step_ms_p50": "median step time, averaged over ranks",
-    "step_ms_p90": "90th percentile step time, averaged over ranks",
+    "step_ms_p50": "median step time over the epoch's timed steps (slowest rank per step), milliseconds",
+    "step_ms_p10": "10th percentile step time",
+    "step_ms_p90": "90th percentile step time",
+    "step_ms_mean": "mean step time (a ratio of sums; one slow step moves it, the median hardly)",
     "data_wait_ms": "mean time per step waiting for the input batch (device-synchronised), averaged over ranks",
-    "compute_ms": "mean time per step in forward, backward (with overlapped gradient all-reduce) and optimizer",
-    "data_wait_frac": "data_wait_ms / step_ms",
+    "compute_ms": "step_ms_mean - data_wait_ms: forward, backward (with overlapped gradient all-reduce) and optimizer",
+    "data_wait_frac": "data wait over step time, summed over the epoch's timed steps",
     "train_loss": "mean training loss over the epoch's samples, all ranks",
     "eval_loss": "mean loss over the whole test set (sharded over ranks, summed exactly)",
     "lr": "learning rate at the end of the epoch",
@@ -61,17 +76,25 @@ SUMMARY_FIELDS: dict[str, str] = {
     "steps_done": "completed optimizer steps",
     "world_size": "number of ranks",
     "device_name": "device of rank 0 (GPU model, or CPU)",
-    "samples_per_s": "throughput over all timed steps of the run, all ranks",
+    "throughput_stat": "how samples_per_s was computed, in words",
+    "timed_steps": "timed steps behind the figures below (all epochs)",
+    "samples_per_s": "HEADLINE throughput, all ranks: global batch / median step time over all timed steps of the run",
+    "samples_per_s_p10": "10th percentile of the per-step throughput over the run",
+    "samples_per_s_p90": "90th percentile of the per-step throughput over the run",
+    "samples_per_s_mean": "timed samples / summed step time (a ratio of sums; kept to compare with the median)",
     "samples_per_s_per_device": "samples_per_s / world size",
-    "step_ms": "mean timed step time, ms",
-    "epoch_s_median": "median epoch_s over completed epochs",
+    "step_ms_p50": "median step time over all timed steps, ms",
+    "step_ms_p10": "10th percentile step time, ms",
+    "step_ms_p90": "90th percentile step time, ms",
+    "step_ms_mean": "mean step time, ms",
+    "epoch_s_median": "median epoch_s over the epochs after the first (over all epochs when there is one)",
     "data_wait_frac": "share of step time spent waiting for data, over all timed steps",
     "final_eval_loss": "eval_loss after the last epoch",
     "peak_mem_gib": "max peak_mem_gib over epochs",
     "fwd_flops_per_sample": "forward FLOPs per sample, counted by torch.utils.flop_counter (2 per MAC)",
     "train_flops_per_sample": "forward + backward FLOPs per sample, counted",
     "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown)",
-    "tflops_per_device": "achieved TFLOP/s per device over all timed steps",
+    "tflops_per_device": "achieved TFLOP/s per device at the headline throughput",
     "mfu": "tflops_per_device / peak_tflops (empty when the peak is unknown)",
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run)",
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
@@ -91,6 +114,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -161,7 +185,7 @@ def schema_markdown() -> str:
     lines = [
         "# Run records",
         "",
-        "Generated by `python -m kernels.records` from kernels/records.py, the one definition of the schema.",
+        "Generated by `lab records-doc` from kernels/records.py, the one definition of the schema.",
         "",
         "Each run leaves `results/runs/<run_id>/` with `config.json` (resolved parameters and provenance: git commit",
         "and dirty flag, Python/torch/CUDA/cuDNN/NCCL versions, host names, device names, Slurm job/array ids),",

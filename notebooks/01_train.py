@@ -65,7 +65,7 @@ checkpoint_every = 1            # checkpoint every N epochs (0: never; a run the
 stop_after_steps = 0            # checkpoint and stop after this many total steps (0: run to the end); resume by re-running
 timeout_min = 10.0              # process-group timeout in minutes (collectives that hang fail after this)
 data_dir = ''                   # data root (empty: <project>/data)
-results_dir = ''                # where run records go (empty: <project>/results/runs)
+results_dir = ''                # where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)
 label = ''                      # free-form label added to the run id
 run_id = ''                     # run directory name (empty: generated; an existing run with a checkpoint resumes)
 launcher = 'auto'               # auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)
@@ -103,8 +103,9 @@ run_dir = launch_from_notebook(cfg)
 record = read_run(run_dir)
 summary, config, metrics = record["summary"], record["config"], pd.DataFrame(record["metrics"])
 assert summary["status"] == "complete", f"run ended with status {summary['status']}: {summary.get('error')}"
-keys = ["run_id", "status", "world_size", "device_name", "samples_per_s", "samples_per_s_per_device",
-        "step_ms", "epoch_s_median", "data_wait_frac", "final_eval_loss", "peak_mem_gib",
+keys = ["run_id", "status", "world_size", "device_name", "throughput_stat", "samples_per_s",
+        "samples_per_s_p10", "samples_per_s_p90", "samples_per_s_mean", "samples_per_s_per_device",
+        "step_ms_p50", "epoch_s_median", "data_wait_frac", "final_eval_loss", "peak_mem_gib",
         "train_flops_per_sample", "mfu", "exposed_comm_ms"]
 keys += [k for k in summary if k.startswith("final_eval_") and k != "final_eval_loss"]
 facts = {"nodes": ", ".join(config["nodes"]), "slurm job": config["slurm"].get("slurm_job_id", "-"),
@@ -119,17 +120,21 @@ metrics
 import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-epochs = metrics["epoch"] + 1
-axes[0].plot(epochs, metrics["samples_per_s"], marker="o")
+epoch_axis = metrics["epoch"]  # 1-based, as in metrics.csv
+axes[0].plot(epoch_axis, metrics["samples_per_s"].astype(float), marker="o", label="median step")
+axes[0].fill_between(epoch_axis, metrics["samples_per_s_p10"].astype(float), metrics["samples_per_s_p90"].astype(float),
+                     alpha=0.25, label="p10-p90")
+axes[0].axhline(summary["samples_per_s"], ls="--", color="grey", lw=1, label="run headline")
 axes[0].set(xlabel="epoch", ylabel="samples/s (all ranks)", title="throughput (timed steps)")
+axes[0].legend(fontsize=7)
 axes[0].set_ylim(bottom=0)
-axes[1].plot(epochs, metrics["train_loss"], marker="o", label="train")
-axes[1].plot(epochs, metrics["eval_loss"], marker="s", label="eval")
+axes[1].plot(epoch_axis, metrics["train_loss"], marker="o", label="train")
+axes[1].plot(epoch_axis, metrics["eval_loss"], marker="s", label="eval")
 axes[1].set(xlabel="epoch", ylabel="loss", title="loss", yscale="log")
 axes[1].legend()
 workload_metrics = [k.removeprefix("final_eval_") for k in summary if k.startswith("final_eval_") and k != "final_eval_loss"]
 for c in (f"eval_{m}" for m in workload_metrics):
-    axes[2].plot(epochs, metrics[c], marker="o", label=c)
+    axes[2].plot(epoch_axis, metrics[c], marker="o", label=c)
 axes[2].set(xlabel="epoch", ylabel="fraction", title="evaluation over the full test set")
 axes[2].legend()
 for ax in axes:

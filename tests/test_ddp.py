@@ -86,9 +86,17 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
 
     p = run_cli(*BASE, "--gpus", "2", "--epochs", "2", "--results_dir", part, "--run_id", "r")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "resuming r from epoch 0 step 3" in p.stdout
+    assert "resuming r from epoch 1 step 3" in p.stdout
     summary = json.loads((part / "r" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["resumed_from_step"] == 3 and summary["steps_done"] == 8
+
+    # the headline sits inside the epochs' own spread: it cannot contradict the per-epoch rows
+    with open(full / "r" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    head = json.loads((full / "r" / "summary.json").read_text())
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert min(float(r["samples_per_s_p10"]) for r in rows) <= head["samples_per_s"] <= \
+        max(float(r["samples_per_s_p90"]) for r in rows)
 
     wf, sf = params_of(full / "r")
     wp, sp = params_of(part / "r")
@@ -112,6 +120,7 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     assert f"record: {run}" in p.stdout
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["params"]["gpus"] == 2 and cfg["derived"]["backend"] == "gloo"
+    assert cfg["derived"]["launch_source"] == "local"  # the lab's launcher, not torchrun
     assert cfg["derived"]["world_size"] == 2 and cfg["derived"]["per_rank_batch"] == 32
     assert cfg["derived"]["model_variant"] == "resnet18-cifar-stem-width8"
     assert len(cfg["ranks"]) == 2 and {r["global_rank"] for r in cfg["ranks"]} == {0, 1}
@@ -123,15 +132,24 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 and list(rows[0]) == records.metric_columns(("acc",))
-    assert int(rows[0]["steps"]) == 4 and int(rows[0]["timed_steps"]) == 3
+    assert int(rows[0]["epoch"]) == 1 and int(rows[0]["steps"]) == 4 and int(rows[0]["timed_steps"]) == 3
+    # one epoch: the run's headline is the epoch's median-step throughput, and says so
+    assert abs(summary["samples_per_s"] - float(rows[0]["samples_per_s"])) < 0.01
+    assert summary["throughput_stat"].startswith("global batch / median step time over 3 timed steps")
+    assert summary["samples_per_s_p10"] <= summary["samples_per_s"] <= summary["samples_per_s_p90"]
     assert abs(float(rows[0]["samples_per_s"]) - 2 * float(rows[0]["samples_per_s_per_device"])) < 0.01
 
 
 def test_single_process_runs_without_a_launcher(tmp_path):
-    p = run_cli(*BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo")
+    # every step a warm-up step: the epoch line says so instead of printing a 0.0 ms step
+    p = run_cli(*BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo", "--timing_warmup_steps", "100")
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "solo" / "config.json").read_text())
     assert cfg["derived"]["launch_source"] == "single" and cfg["derived"]["world_size"] == 1
+    assert "warm-up only: no timed steps this epoch" in p.stdout and "0.0 ms" not in p.stdout
+    summary = json.loads((tmp_path / "solo" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["samples_per_s"] is None
+    assert summary["throughput_stat"] == "no timed steps"
 
 
 def test_terminated_run_is_recorded_as_failed_not_complete(tmp_path):

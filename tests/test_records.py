@@ -19,3 +19,18 @@ def test_atomic_writes_leave_no_temp_files_and_roundtrip(tmp_path):
     assert run["summary"]["x"] == 1.5 and run["metrics"][0]["eval_acc"] == 1 and run["metrics"][0]["mfu"] is None
     assert records.is_complete(tmp_path)
     assert cols.index("train_acc") == cols.index("eval_loss") + 1
+
+
+def test_records_honour_the_umask(tmp_path):
+    """mkstemp makes 0600 files; a group's shared project directory must still read the records."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from kernels import records; "
+            "records.write_json(__import__('pathlib').Path(sys.argv[1]), {'status': 'complete'})")
+    for mask, mode in (("022", 0o644), ("002", 0o664), ("077", 0o600)):
+        path = tmp_path / f"summary-{mask}.json"
+        subprocess.run([sys.executable, "-c", code, str(path), mask], cwd=ROOT, check=True)
+        assert stat.S_IMODE(os.stat(path).st_mode) == mode, (mask, oct(os.stat(path).st_mode))
