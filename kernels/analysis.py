@@ -1,8 +1,11 @@
 """From run records to scaling numbers (pandas; used by the analysis notebooks and `make paper`).
 
 Definitions (one place; the documents quote them):
-- X_N: training throughput of a run on N ranks (samples/s, all ranks, timed
-  steps only), the median over repeats of the same configuration.
+- X_N: training throughput of a run on N ranks (samples/s, all ranks): each
+  run's headline is the global batch over its median step time (kernels/stats.py);
+  repeats of the same configuration are aggregated by their median, with an
+  order-statistic confidence interval of that median (its real coverage is
+  reported: 95 % needs six repeats).
 - t_N = B / X_N: time per optimizer step for global batch B.
 - Strong scaling (fixed global batch B): speedup S_N = T_1 / T_N = X_N / X_1 and
   efficiency E_s = T_1 / (N T_N), with T the time per epoch (the same total
@@ -22,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernels.records import read_run
+from kernels.stats import median_ci
 
 # The configuration that defines "the same experiment" apart from gpus and batch.
 CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
@@ -32,9 +36,23 @@ FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": 25.0,
 VERSION_KEYS = ("torch", "cuda", "nccl", "device")
 
 
-def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(complete runs, problems): one row per record; problems lists incomplete/failed/unreadable ones."""
-    rows, problems = [], []
+def selected(params: dict, lab: dict, select: dict | None) -> bool:
+    """Is a record in the selection? select: {'labels': [...], 'studies': [...]}; empty selects all."""
+    select = select or {}
+    labels, studies = list(select.get("labels") or []), list(select.get("studies") or [])
+    if not labels and not studies:
+        return True
+    return params.get("label") in labels or lab.get("lab_study_id") in studies or params.get("label") in studies
+
+
+def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(complete selected runs, problems, excluded): one row per record.
+
+    problems: selected records that are not complete (failed, stopped, unreadable, untimed);
+    excluded: records outside the selection (other studies, ad-hoc runs), named so nothing
+    disappears silently.
+    """
+    rows, problems, excluded = [], [], []
     runs_dir = Path(runs_dir)
     for d in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
         try:
@@ -47,7 +65,9 @@ def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFra
             problems.append({"run_id": d.name, "status": "incomplete", "reason": "config.json or summary.json missing"})
             continue
         params = cfg["params"]
-        if label and params.get("label") != label:
+        if not selected(params, cfg.get("lab") or {}, select):
+            excluded.append({"run_id": d.name, "label": params.get("label", ""),
+                             "study": (cfg.get("lab") or {}).get("lab_study_id", ""), "status": summ.get("status")})
             continue
         if summ.get("status") != "complete":
             problems.append({"run_id": d.name, "status": summ.get("status"), "reason": summ.get("error") or ""})
@@ -55,6 +75,10 @@ def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFra
         if not summ.get("samples_per_s"):
             problems.append({"run_id": d.name, "status": "no timed steps",
                              "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer"})
+            continue
+        if cfg.get("schema_version", 1) < 2:
+            problems.append({"run_id": d.name, "status": "old schema",
+                             "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point"})
             continue
         derived, versions = cfg["derived"], cfg["versions"]
         row = {k: params.get(k) for k in CONFIG_KEYS}
@@ -66,8 +90,10 @@ def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFra
             "nccl": versions.get("nccl"), "python": versions.get("python"),
             "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
             "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
+            "hosts": len(cfg.get("hosts") or []) or 1,
             "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
-            "step_ms": summ.get("step_ms"), "epoch_s": summ.get("epoch_s_median"),
+            "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
+            "step_ms": summ.get("step_ms_p50"), "epoch_s": summ.get("epoch_s_median"),
             "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
             "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
             "train_flops_per_sample": summ.get("train_flops_per_sample"),
@@ -76,7 +102,8 @@ def load_runs(runs_dir: Path, label: str = "") -> tuple[pd.DataFrame, pd.DataFra
         })
         row["metrics"] = rec["metrics"]
         rows.append(row)
-    return pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"])
+    return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
+            pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
 
 
 def version_mix(runs: pd.DataFrame) -> dict[str, list]:
@@ -94,8 +121,9 @@ def _key(row) -> tuple:
 def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (series, N): repeats aggregated, speedup and efficiency against the series baseline."""
     cols = ["mode", "series", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
-            "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_device", "step_s", "epoch_s",
-            "speedup", "efficiency", "final_eval_acc", "acc_gap_points", "baseline_gpus"]
+            "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
+            "samples_per_s_per_device", "step_s", "epoch_s", "speedup", "efficiency", "final_eval_acc",
+            "acc_gap_points", "baseline_gpus"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     runs = runs.assign(_key=runs.apply(_key, axis=1))
@@ -112,6 +140,10 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
                 samples_per_s_min=("samples_per_s", "min"), samples_per_s_max=("samples_per_s", "max"),
                 final_eval_acc=("final_eval_acc", "median"), steps_per_epoch=("steps_per_epoch", "first"),
             ).reset_index()
+            ci = {n: median_ci(list(g["samples_per_s"])) for n, g in series.groupby("gpus")}
+            agg["samples_per_s_ci_lo"] = [ci[n]["ci_lo"] for n in agg["gpus"]]
+            agg["samples_per_s_ci_hi"] = [ci[n]["ci_hi"] for n in agg["gpus"]]
+            agg["ci_level"] = [ci[n]["ci_level"] for n in agg["gpus"]]
             base = agg.iloc[0]
             n0, x0 = base["gpus"], base["samples_per_s"]
             agg["samples_per_s_per_device"] = agg["samples_per_s"] / agg["gpus"]

@@ -14,31 +14,35 @@
 # %% [markdown]
 # # 10 · Analyse scaling: from run records to figures, tables and numbers
 #
-# Reads the run records under `runs_dir` and aggregates repeats (median and min–max spread).
-# It computes throughput, speedup and scaling efficiency for every strong series (fixed
-# global batch) and weak series (fixed per-rank batch), the final-accuracy gap to the
-# baseline, and the before/after gains of the optimisations. Then it writes what `make paper`
-# builds the paper, the EuroHPC proposal and the slides from:
+# Reads the run records under `runs_dir` that the plan selects (`select:` in `paper/plan.yaml`,
+# or the `study` parameter), and aggregates repeats by their median with an order-statistic
+# confidence interval of that median (its real coverage is shown: 95% needs six repeats).
+# Each run's own throughput is already a median over its timed steps. It computes speedup and
+# scaling efficiency for every strong series (fixed global batch) and weak series (fixed
+# per-rank batch), the final-accuracy gap to the baseline, and the before/after gains of the
+# optimisations. Then it writes what `lab paper` builds the paper, the EuroHPC proposal and
+# the slides from:
 #
 # - `results/figures/*.pdf|png`: throughput vs ranks with the ideal line, efficiency with the
 #   targets (70% at 8 GPUs, 80%), time per epoch, accuracy, gains;
 # - `results/tables/*.tex`: booktabs tables, the experimental setup from the records'
-#   metadata, and the node-hour table of the resource request;
+#   metadata, the node-hour table, and generated sentences: a sentence exists only when its
+#   numbers do, otherwise the document shows a framed gap;
 # - `results/tables/numbers.tex`: `\newcommand` macros, so the prose never types a number.
 #
 # Definitions are in `kernels/analysis.py`: E_s = T1/(N·TN), E_w = T1/TN, both equal
 # to (X_N/N)/X_1. Records that are not complete, or whose software versions differ, are
-# listed and flagged, not silently mixed.
+# listed and flagged, not silently mixed; records outside the selection are listed too.
 
 # %%
 _names_before_parameters = set(globals())
 
 # %% tags=["parameters"]
 runs_dir = ""       # run records to read (empty: <project>/results/runs)
-label = ""          # only runs with this label (empty: all)
 out_dir = ""        # where figures/ and tables/ go (empty: <project>/results)
-plan = ""           # the planned study for the resource request (empty: <project>/paper/plan.yaml)
+plan = ""           # the documents' plan (empty: <project>/paper/plan.yaml)
 system = ""         # EuroHPC target system, a key of paper/systems.yaml (empty: the plan's)
+study = ""          # records of these studies or labels, comma-separated (empty: the plan's select)
 
 # %%
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
@@ -51,7 +55,7 @@ from kernels import report
 from kernels.notebooks import check_parameter_names, handoff
 from kernels.params import PROJECT_ROOT
 
-check_parameter_names(_parameter_names, ["runs_dir", "label", "out_dir", "plan", "system"])
+check_parameter_names(_parameter_names, ["runs_dir", "out_dir", "plan", "system", "study"])
 runs_path = Path(runs_dir) if runs_dir else PROJECT_ROOT / "results" / "runs"
 out_path = Path(out_dir) if out_dir else PROJECT_ROOT / "results"
 plan_path = Path(plan) if plan else PROJECT_ROOT / "paper" / "plan.yaml"
@@ -59,25 +63,36 @@ systems = yaml.safe_load((PROJECT_ROOT / "paper" / "systems.yaml").read_text())
 study_plan = yaml.safe_load(plan_path.read_text())
 if system:
     study_plan["system"] = system
-if study_plan["system"] not in systems:
-    raise ValueError(f"parameter 'system': unknown system '{study_plan['system']}'; "
-                     f"choose one of {', '.join(systems)} (paper/systems.yaml)")
+select = None
+if study:
+    names = [s.strip() for s in study.split(",") if s.strip()]
+    select = {"labels": names, "studies": names}
 (out_path / "analysis").mkdir(parents=True, exist_ok=True)
 handoff(out_path / "analysis")  # the executed copy of this notebook is filed there
-print(f"records: {runs_path}\noutputs: {out_path}\nplan: {plan_path} (system {study_plan['system']})")
+print(f"records: {runs_path}\noutputs: {out_path}\nplan: {plan_path} (system {study_plan['system']})\n"
+      f"selection: {select or study_plan.get('select') or 'all records'}")
 
 # %%
-result = report.build(runs_path, out_path, study_plan, systems, label=label)
+result = report.build(runs_path, out_path, study_plan, systems, select=select)
 runs = result["runs"]
-print(f"{len(runs)} complete run(s), {len(result['problems'])} left out")
+print(f"{len(runs)} complete selected run(s), {len(result['problems'])} selected but left out, "
+      f"{len(result['excluded'])} outside the selection")
 if result["versions"]:
     print("WARNING: records differ in", result["versions"], "- numbers are not directly comparable")
 result["problems"]
 
 # %% [markdown]
+# ## Records outside the selection
+# Not used by the documents; listed so that nothing disappears silently (also in `tables/excluded.csv`).
+
+# %%
+result["excluded"]
+
+# %% [markdown]
 # ## Scaling series
-# One row per series and rank count. Throughput is the median over repeats, with its min and
-# max. Speedup and efficiency are relative to the series' smallest rank count.
+# One row per series and rank count. Throughput is the median over repeats, with the
+# order-statistic interval of that median and its coverage (`ci_level`). Speedup and
+# efficiency are relative to the series' smallest rank count.
 
 # %%
 result["scaling"]
@@ -100,7 +115,9 @@ result["gains"]
 # ## Resource request for the proposal
 
 # %%
-print(f"total with profiling overhead: {result['node_hours_total']} node-hours")
+if result["node_hours_total"] is not None:
+    print(f"total with profiling overhead: {result['node_hours_total']:.4g} node-hours; "
+          f"request: {result['node_hours_request']} node-hours")
 result["node_hours"]
 
 # %%

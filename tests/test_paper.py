@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import yaml
 
 from kernels import records, report
 from kernels.params import resolve
+from kernels.report.tex import num
 
 from conftest import ROOT
 
@@ -23,27 +25,35 @@ PLAN = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
 
 def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, acc: float = 0.9,
                  status: str = "complete", torch_version: str = "2.13.0", device: str = "NVIDIA H100 80GB HBM3",
-                 steps_per_epoch: int = 100, **params):
+                 steps_per_epoch: int = 100, label: str = "t", hosts: int | None = None, **params):
     """A run record in the real schema (as kernels/ddp_core.py writes it), with chosen numbers."""
-    cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": "t", "precision": "fp32", **params})
+    cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": label, "precision": "fp32",
+                   **params})
     d = runs / run_id
     cols = records.metric_columns(("acc",))
+    nodes = max(1, gpus // 4)
+    host_names = [f"h{i}" for i in range(hosts or nodes)]
     records.write_json(d / "config.json", {
         "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "params": cfg.to_dict(),
         "derived": {"world_size": gpus, "per_rank_batch": batch // gpus, "steps_per_epoch": steps_per_epoch,
-                    "nodes": max(1, gpus // 4), "backend": "nccl", "model_variant": "resnet18-cifar-stem-width64"},
+                    "nodes": nodes, "backend": "nccl", "model_variant": "resnet18-cifar-stem-width64"},
         "git": {"commit": "abc1234def", "dirty": False},
         "versions": {"torch": torch_version, "cuda": "12.8", "nccl": "2.27.3", "python": "3.11.7"},
-        "hosts": ["h"], "nodes": ["h"], "devices": [device], "ranks": [], "slurm": {}, "lab": {}})
-    rows = [{c: None for c in cols} | {"epoch": e, "eval_acc": acc * (e + 1) / 2, "samples_per_s": x}
+        "hosts": host_names, "nodes": host_names, "devices": [device], "ranks": [], "slurm": {}, "lab": {}})
+    rows = [{c: None for c in cols} | {"epoch": e + 1, "eval_acc": acc * (e + 1) / 2, "samples_per_s": x}
             for e in range(2)]
     records.write_metrics(d / "metrics.csv", rows, cols)
     records.write_json(d / "summary.json", {
-        "run_id": run_id, "status": status, "error": None if status == "complete" else "RuntimeError: boom",
+        "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "status": status,
+        "error": None if status == "complete" else "RuntimeError: boom",
         "device_name": device, "samples_per_s": x, "samples_per_s_per_device": x / gpus,
-        "step_ms": 1e3 * batch / x, "epoch_s_median": steps_per_epoch * batch / x, "data_wait_frac": 0.05,
+        "samples_per_s_p10": 0.9 * x, "samples_per_s_p90": 1.1 * x, "samples_per_s_mean": 0.97 * x,
+        "step_ms_p50": 1e3 * batch / x, "epoch_s_median": steps_per_epoch * batch / x, "data_wait_frac": 0.05,
         "final_eval_acc": acc, "mfu": 0.4, "exposed_comm_ms": 1.5 if gpus > 1 else None, "peak_mem_gib": 3.0,
         "train_flops_per_sample": 3.33e9, "started_utc": "2026-01-01T00:00:00+00:00"})
+
+
+SELECT_T = {"labels": ["t"]}
 
 
 @pytest.fixture
@@ -63,7 +73,7 @@ def study(tmp_path):
 
 def test_efficiencies_and_speedups_equal_the_formulas(study, tmp_path):
     out = tmp_path / "out"
-    res = report.build(study, out, PLAN, SYSTEMS)
+    res = report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
     scal = res["scaling"]
     # independent computation: medians over repeats, then E_s = T1/(N*TN) with T = time per epoch
     strong = {1: 1000.0, 2: 1900.0, 4: 3200.0, 8: 5600.0}
@@ -76,6 +86,10 @@ def test_efficiencies_and_speedups_equal_the_formulas(study, tmp_path):
         assert math.isclose(row["efficiency"], t1 / (n * tn), rel_tol=1e-12)
         assert math.isclose(row["speedup"], t1 / tn, rel_tol=1e-12)
         assert row["repeats"] == (3 if n == 2 else 1)
+        if n == 2:  # three repeats: the median, and [min, max] as its interval at 75 % coverage
+            assert row["samples_per_s"] == 1900.0
+            assert (row["samples_per_s_ci_lo"], row["samples_per_s_ci_hi"]) == (1800.0, 2000.0)
+            assert math.isclose(row["ci_level"], 0.75)
     # weak: E_w = T1/TN with T the time per step of the same per-rank work
     weak = {1: (64, 980.0), 2: (128, 1900.0), 4: (256, 3600.0)}
     t1w = weak[1][0] / weak[1][1]
@@ -85,18 +99,20 @@ def test_efficiencies_and_speedups_equal_the_formulas(study, tmp_path):
     # the generated table prints those numbers
     table = (out / "tables" / "scaling_table.tex").read_text()
     assert f"{1.0 * 5600 / 8 / 1000:.2f}" in table and f"{5600 / 1000:.2f}" in table
-    macros = (out / "tables" / "numbers.tex").read_text()
-    assert r"\newcommand{\labEffMax}{%.0f}" % (100 * 5600 / 8 / 1000) in macros
-    assert r"\newcommand{\labSpeedupMax}{%.2f}" % (5600 / 1000) in macros
-    assert r"\newcommand{\ampSpeedup}{%.2f}" % (1710 / 1000) in macros
-    assert r"\newcommand{\labAccGapMax}{%.1f}" % (100 * 0.003 * 7) in macros  # acc(8) - acc(1)
+    assert "1{,}800--2{,}000 (75\\,\\%)" in table
+    text = (out / "tables" / "results_text.tex").read_text()
+    assert f"strong-scaling efficiency of {100 * 5600 / 8 / 1000:.0f}\\,\\%" in text
+    assert f"a speedup of {5600 / 1000:.2f}" in text
+    assert f"the largest gap to the 1-rank baseline is {100 * 0.003 * 7:.1f} points" in text  # acc(8) - acc(1)
+    optim = (out / "tables" / "optim_section.tex").read_text()
+    assert f"{1710 / 1000:.2f}$\\times$ for bf16 over fp32" in optim
     # the failed run is left out and named, not averaged in
     assert res["problems"]["run_id"].tolist() == ["failed"]
     assert "failed" in (out / "tables" / "data_notes.tex").read_text()
 
 
 def test_node_hours_equal_the_computation(study, tmp_path):
-    res = report.build(study, tmp_path / "out", PLAN, SYSTEMS)
+    res = report.build(study, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
     gpn = SYSTEMS[PLAN["system"]]["gpus_per_node"]
     epoch = {1: 100 * 512 / 1000.0, 2: 100 * 512 / 1900.0, 4: 100 * 512 / 3200.0, 8: 100 * 512 / 5600.0}
     total = 0.0
@@ -109,15 +125,24 @@ def test_node_hours_equal_the_computation(study, tmp_path):
         total += math.ceil(n / gpn) * PLAN["epochs"] * t / 3600 * PLAN["runs_per_point"] * PLAN["repeats"]
     total *= 1 + PLAN["profiling_overhead"]
     assert math.isclose(res["node_hours_total"], total, rel_tol=1e-12)
-    assert r"\newcommand{\labNodeHours}{%s}" % report.fmt_num(total, 4) in \
-        (tmp_path / "out" / "tables" / "numbers.tex").read_text()
+    assert r"\newcommand{\labNodeHours}{%s}" % num(total, 4) in (tmp_path / "out" / "tables" / "numbers.tex").read_text()
+    # the request is sized from the plan (margin, rounding), not from a constant
+    ask = math.ceil(total * (1 + PLAN["margin"]) / PLAN["round_to"]) * PLAN["round_to"]
+    assert res["node_hours_request"] == ask
+    request = (tmp_path / "out" / "tables" / "request_text.tex").read_text()
+    assert f"we request \\textbf{{{num(ask)} node-hours}}" in request
+    # H100 records for an H100 system: no "not measured on the target" caveat; an A100 system gets it
+    assert "were not measured on" not in request
+    other = {**PLAN, "system": "leonardo-booster"}
+    report.build(study, tmp_path / "out2", other, SYSTEMS, select=SELECT_T)
+    assert "were not measured on the NVIDIA A100" in (tmp_path / "out2" / "tables" / "request_text.tex").read_text()
 
 
 def test_mixed_versions_are_flagged(tmp_path):
     runs = tmp_path / "runs"
     write_record(runs, "a", gpus=1, batch=64, x=100.0, torch_version="2.13.0")
     write_record(runs, "b", gpus=2, batch=64, x=180.0, torch_version="2.12.1")
-    res = report.build(runs, tmp_path / "out", PLAN, SYSTEMS)
+    res = report.build(runs, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
     assert res["versions"] == {"torch": ["2.12.1", "2.13.0"]}
     notes = (tmp_path / "out" / "tables" / "data_notes.tex").read_text()
     assert "not directly comparable" in notes and "2.12.1" in notes
@@ -127,16 +152,55 @@ def test_no_records_at_all_gives_marked_gaps_not_tracebacks(tmp_path):
     res = report.build(tmp_path / "nothing", tmp_path / "out", PLAN, SYSTEMS)
     assert res["runs"].empty and res["node_hours_total"] is None
     tables = tmp_path / "out" / "tables"
-    for name in ("scaling_table.tex", "fig_throughput.tex", "nodehours_table.tex", "setup.tex"):
+    for name in ("scaling_table.tex", "fig_throughput.tex", "nodehours_table.tex", "setup.tex", "results_text.tex",
+                 "optim_section.tex", "profiling_text.tex", "request_text.tex"):
         assert "Gap:" in (tables / name).read_text(), name
-    assert r"\newcommand{\labNodeHours}{n/a}" in (tables / "numbers.tex").read_text()
+    for f in tables.glob("*.tex"):  # no number that is not there, anywhere
+        assert "n/a" not in f.read_text(), f.name
+    assert "labNodeHours" not in (tables / "numbers.tex").read_text()
 
 
 def test_unchanged_outputs_are_not_rewritten(study, tmp_path):
     out = tmp_path / "out"
-    report.build(study, out, PLAN, SYSTEMS)
-    res = report.build(study, out, PLAN, SYSTEMS)
+    report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
+    res = report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
     assert not any(res["written"].values())
+
+
+def test_selection_keeps_other_records_out_and_lists_them(study, tmp_path):
+    write_record(study, "adhoc", gpus=8, batch=512, x=90.0, acc=0.139, label="scratch")
+    res = report.build(study, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
+    assert "adhoc" not in set(res["runs"]["run_id"]) and res["excluded"]["run_id"].tolist() == ["adhoc"]
+    assert "adhoc" in (tmp_path / "out" / "tables" / "excluded.csv").read_text()
+    assert "1 further record outside the selection" in (tmp_path / "out" / "tables" / "selection_text.tex").read_text()
+    # no selection: every record is used, and the ad-hoc run enters the 8-rank median
+    everything = report.build(study, tmp_path / "all", PLAN, SYSTEMS, select={})
+    assert "adhoc" in set(everything["runs"]["run_id"]) and everything["excluded"].empty
+
+
+def test_claims_come_from_the_registry_and_the_records(study, tmp_path):
+    from kernels.data import DATASETS
+    from kernels.workloads import WORKLOADS, get_workload
+
+    out = tmp_path / "out"
+    report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
+    contents = (out / "tables" / "lab_contents.tex").read_text()
+    for name in WORKLOADS:
+        wl = get_workload(name)
+        assert wl.title in contents and all(DATASETS[d].title.replace("_", "\\_") in contents for d in wl.datasets)
+    # the study reaches 8 H100s on two hosts: a GPU cluster
+    assert "TRL~5: the pipeline is validated on a GPU cluster, up to 8 GPUs" in \
+        (out / "tables" / "validation_text.tex").read_text()
+    one = tmp_path / "one"
+    write_record(one, "a", gpus=4, batch=512, x=5000.0, hosts=1)
+    report.build(one, tmp_path / "o2", PLAN, SYSTEMS, select=SELECT_T)
+    text = (tmp_path / "o2" / "tables" / "validation_text.tex").read_text()
+    assert "TRL~4: the pipeline is validated on one GPU node" in text and "TRL~5" not in text
+    cpu = tmp_path / "cpu"
+    write_record(cpu, "c", gpus=2, batch=64, x=400.0, device="CPU (x86)")
+    report.build(cpu, tmp_path / "o3", PLAN, SYSTEMS, select=SELECT_T)
+    text = (tmp_path / "o3" / "tables" / "validation_text.tex").read_text()
+    assert "has not been measured yet" in text and "TRL~5" not in text
 
 
 # ---------------------------------------------------------------- make paper
@@ -148,16 +212,17 @@ def _need_tex():
         pytest.skip(f"needs TeX Live and poppler-utils ({', '.join(missing)} missing; .ci/run installs them)")
 
 
-def make_paper(res: Path, *extra) -> subprocess.CompletedProcess:
+def make_paper(res: Path, *extra, study: str = "t") -> subprocess.CompletedProcess:
     p = subprocess.run(["make", "paper", f"RESULTS={res}", f"PAPER_OUT={res}/pdf", f"SLIDES_OUT={res}/pdf",
-                        *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        f"STUDY={study}", *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return p
 
 
-def pdf_text(path: Path) -> str:
-    return subprocess.run(["pdftotext", "-layout", str(path), "-"], capture_output=True, text=True,
-                          check=True).stdout
+def pdf_text(path: Path, layout: bool = True) -> str:
+    """The PDF's text; layout=False keeps the reading order of side-by-side columns (slides)."""
+    return subprocess.run(["pdftotext", *(["-layout"] if layout else []), str(path), "-"], capture_output=True,
+                          text=True, check=True).stdout
 
 
 def pages(path: Path) -> int:
@@ -165,16 +230,32 @@ def pages(path: Path) -> int:
     return int(re.search(r"Pages:\s+(\d+)", out).group(1))
 
 
-def assert_not_blank(pdf: Path, tmp: Path):
-    """Render page 1 and check that it carries ink: a broken build tends to give a blank page."""
-    subprocess.run(["pdftoppm", "-r", "40", "-gray", "-f", "1", "-l", "1", str(pdf), str(tmp / pdf.stem)],
-                   check=True)
-    (png,) = tmp.glob(f"{pdf.stem}*.pgm")
-    raw = png.read_bytes()
-    header_end = raw.index(b"255\n") + 4  # binary PGM: P5 w h 255\n
-    pixels = np.frombuffer(raw[header_end:], dtype=np.uint8)
-    dark = (pixels < 128).mean()
-    assert 0.005 < dark < 0.5, f"{pdf.name}: {100 * dark:.2f}% dark pixels"
+def page_fill(pdf: Path, tmp: Path) -> list[tuple[float, float]]:
+    """Per page: (share of pixel rows with ink, vertical span of the ink as a share of the page)."""
+    out = tmp / f"render-{pdf.stem}"
+    out.mkdir(exist_ok=True)
+    subprocess.run(["pdftoppm", "-r", "30", "-gray", str(pdf), str(out / "p")], check=True)
+    fills = []
+    for f in sorted(out.glob("p-*.pgm"), key=lambda q: int(q.stem.split("-")[1])):
+        raw = f.read_bytes()
+        magic, dims, maxval, data = raw.split(b"\n", 3)  # binary PGM: P5, "w h", 255, pixels
+        w, h = map(int, dims.split())
+        rows = (np.frombuffer(data[:w * h], dtype=np.uint8).reshape(h, w) < 160).any(axis=1)
+        ys = np.nonzero(rows)[0]
+        fills.append((float(rows.mean()), float((ys[-1] - ys[0] + 1) / h) if len(ys) else 0.0))
+    return fills
+
+
+def assert_documents_look_finished(pdfs: dict, tmp: Path):
+    """Page counts in range, no page that is mostly blank, no 'n/a' in the prose."""
+    assert 4 <= pages(pdfs["paper"]) <= 6
+    assert 6 <= pages(pdfs["proposal"]) <= 8
+    assert pages(pdfs["pitch"]) == 6  # title + five slides
+    for name, pdf in pdfs.items():
+        for i, (ink, span) in enumerate(page_fill(pdf, tmp), 1):
+            assert ink > 0.1 and span > 0.3, f"{name}.pdf page {i} is mostly blank (ink rows {ink:.2f}, span {span:.2f})"
+        text = pdf_text(pdf)
+        assert "n/a" not in text, f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
 
 
 @pytest.mark.slow
@@ -182,29 +263,29 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     _need_tex()
     res = tmp_path / "res"
     shutil.copytree(study, res / "runs")
+    write_record(res / "runs", "adhoc", gpus=1, batch=64, x=10.0, acc=0.139, label="scratch")  # not selected
     make_paper(res)
     pdfs = {n: res / "pdf" / f"{n}.pdf" for n in ("paper", "proposal", "pitch")}
-    for pdf in pdfs.values():
-        assert pdf.exists()
-        assert_not_blank(pdf, tmp_path)
-    assert 4 <= pages(pdfs["paper"]) <= 6
-    assert 6 <= pages(pdfs["proposal"]) <= 8
-    assert pages(pdfs["pitch"]) == 5
+    assert_documents_look_finished(pdfs, tmp_path)
     paper = pdf_text(pdfs["paper"])
-    # a throughput from the records, as the macros print it (1000 samples/s at 1 rank, 5600 at 8)
+    # a throughput from the records, as the sentences print it (5600 samples/s at 8 ranks)
     assert "5,600" in paper or "5600" in paper.replace(",", "")
     assert "NVIDIA H100 80GB HBM3" in paper
     assert "measured on GPUs" in paper and "CPU processes on one machine" not in paper
-    # the proposal's node-hours are the computation
-    total = report.build(res / "runs", tmp_path / "check", PLAN, SYSTEMS)["node_hours_total"]
-    proposal = pdf_text(pdfs["proposal"])
-    assert f"{report.fmt_num(total, 4).replace('{,}', ',')} node-hours" in proposal
+    assert "outside the selection" in paper and "0.139" not in paper
+    # the proposal's node-hours are the computation, and the request follows the plan
+    built = report.build(res / "runs", tmp_path / "check", PLAN, SYSTEMS, select=SELECT_T)
+    total, ask = built["node_hours_total"], built["node_hours_request"]
+    proposal = " ".join(pdf_text(pdfs["proposal"]).split())
+    assert f"{num(total, 4).replace('{,}', ',')} node-hours" in proposal
+    assert f"we request {num(ask).replace('{,}', ',')} node-hours" in proposal
     assert SYSTEMS[PLAN["system"]]["name"].split(" (")[0] in proposal
-    assert f"{report.fmt_num(total, 4).replace('{,}', ',')} node-hours" in pdf_text(pdfs["pitch"])
+    assert f"{num(total, 4).replace('{,}', ',')} node-hours" in " ".join(pdf_text(pdfs["pitch"], layout=False).split())
 
     # nothing rebuilds needlessly ...
     mtimes = {n: p.stat().st_mtime_ns for n, p in pdfs.items()}
-    make_paper(res)
+    out = make_paper(res).stdout
+    assert "inputs unchanged" in out and "built" not in out
     assert {n: p.stat().st_mtime_ns for n, p in pdfs.items()} == mtimes
     # ... and a changed record rebuilds what uses it
     summary = res / "runs" / "s8_0" / "summary.json"
@@ -212,6 +293,17 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     make_paper(res)
     assert pdfs["paper"].stat().st_mtime_ns != mtimes["paper"]
     assert "6,400" in pdf_text(pdfs["paper"]) or "6400" in pdf_text(pdfs["paper"]).replace(",", "")
+
+    # the same output folder built from other records is rebuilt from those, never kept stale
+    other = tmp_path / "other res"  # a space in the path
+    write_record(other / "runs", "o1", gpus=1, batch=64, x=321.0, device="CPU (x86)")
+    write_record(other / "runs", "o2", gpus=2, batch=64, x=600.0, device="CPU (x86)")
+    p = subprocess.run(["make", "paper", f"RESULTS={other}", f"PAPER_OUT={res}/pdf", f"SLIDES_OUT={res}/pdf",
+                        "STUDY=t", "SYSTEM=leonardo-booster"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    proposal = pdf_text(pdfs["proposal"])
+    assert "Leonardo Booster" in proposal and "CPU (x86)" in proposal and "H100 80GB" not in proposal
+    assert "321" in pdf_text(pdfs["paper"])
 
 
 @pytest.mark.slow
@@ -221,5 +313,22 @@ def test_make_paper_with_no_records_still_builds_and_says_so(tmp_path):
     (res / "runs").mkdir(parents=True)
     make_paper(res, "SYSTEM=leonardo-booster")
     paper = pdf_text(res / "pdf" / "paper.pdf")
-    assert "Gap:" in paper and "no measurements yet" in paper
+    assert "Gap:" in paper and "no measurements yet" in paper and "n/a" not in paper
     assert "Leonardo Booster" in pdf_text(res / "pdf" / "proposal.pdf")
+
+
+def test_lab_paper_without_tex_names_the_packages(tmp_path):
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # the venv only: no latexmk on it
+    p = subprocess.run([sys.executable, "-m", "kernels.cli", "paper", "--results", str(tmp_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "latexmk" in p.stderr and "texlive-publishers" in p.stderr and "apt-get install" in p.stderr
+
+
+def test_bad_plan_is_one_clear_error(tmp_path):
+    from kernels.params import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown key 'margn'.*did you mean 'margin'"):
+        report.check_plan({**PLAN, "margn": 0.2}, SYSTEMS)
+    with pytest.raises(ConfigError, match="key 'system': unknown system 'nowhere'"):
+        report.check_plan({**PLAN, "system": "nowhere"}, SYSTEMS)

@@ -1,12 +1,26 @@
 """Data: readers for the real formats, embedded and synthetic sets, and the pipelines."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernels.params import ConfigError
 
+
+@dataclass(frozen=True)
+class DataSet:
+    title: str       # how the documents name it
+    verified: str    # how its files are checked before a run ("" when there are no files to check)
+
+
+# Every data set the lab reads; the documents list them from here, never by hand.
+DATASETS: dict[str, DataSet] = {
+    "cifar10": DataSet("CIFAR-10", "fetched from the official URL, md5 of the tarball and of every batch file"),
+    "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", ""),
+    "synthetic": DataSet("synthetic images", ""),
+}
 NUM_CLASSES = {"cifar10": 10, "digits": 10, "synthetic": 10}
 
 

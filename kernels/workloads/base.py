@@ -36,6 +36,7 @@ class Augment:
 @dataclass(frozen=True)
 class Workload:
     name: str
+    title: str                              # how the documents name the model, e.g. "ResNet-18 (CIFAR form)"
     datasets: tuple[str, ...]
     metric_names: tuple[str, ...]          # e.g. ("acc",): columns train_acc / eval_acc
     build_model: Callable                   # (cfg, num_classes) -> (nn.Module, variant: str)

@@ -91,6 +91,7 @@ def metric_sums(outputs, targets):
 
 WORKLOAD = Workload(
     name="resnet18",
+    title="ResNet-18 (CIFAR form)",
     datasets=("cifar10", "digits", "synthetic"),
     metric_names=("acc",),
     build_model=build_model,

@@ -1,0 +1,103 @@
+"""Figures, LaTeX tables, sentences and number macros from the run records (for `lab paper`).
+
+Everything the paper, the proposal and the slides show comes from here:
+    <out>/figures/*.pdf|png     figures (PDF for LaTeX, PNG for slides/README)
+    <out>/tables/*.tex          booktabs tables, generated sentences and framed gaps (\\input by the documents)
+    <out>/tables/numbers.tex    \\newcommand macros for numbers the static text quotes
+One module per section (lab contents and validation, scaling, profiling, the
+resource request); each reads the selected records from a Context and writes
+its files and macros. A sentence is generated only when its numbers exist;
+missing data gives a framed "Gap:" note, never "n/a" in prose. Files are
+rewritten only when their content changes, so documents rebuild only when an
+input really changed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kernels import analysis
+from kernels.report import lab, profiling, request, scaling
+from kernels.report.context import Context
+from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
+
+SECTIONS = (lab, scaling, profiling, request)  # request uses the scaling results: keep it after scaling
+PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
+             "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
+             "workloads": "workloads the proposed study covers (objectives)",
+             "gpus": "ranks per study point", "epochs": "epochs per training run",
+             "runs_per_point": "runs per point (strong, weak, sensitivity)", "repeats": "repeats of every run",
+             "profiling_overhead": "extra share for profiled and failed runs",
+             "assumed_efficiency": "efficiency assumed where a point is not measured yet",
+             "margin": "share added to the computed node-hours in the request",
+             "round_to": "the request is rounded up to a multiple of this"}
+
+
+def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> None:
+    from kernels.params import ConfigError, unknown_name_error
+
+    for k in plan:
+        if k not in PLAN_KEYS:
+            raise ConfigError(str(unknown_name_error(k, where=f" in {where}", known=PLAN_KEYS)).replace(
+                "unknown parameter", "unknown key"))
+    missing = [k for k in PLAN_KEYS if k not in plan and k not in ("select", "affiliation")]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} ({'; '.join(PLAN_KEYS[k] for k in missing)})")
+    if plan["system"] not in systems:
+        raise ConfigError(f"{where}: key 'system': unknown system '{plan['system']}'; "
+                          f"choose one of {', '.join(systems)} (paper/systems.yaml)")
+    for k in ("margin", "profiling_overhead"):
+        if not 0 <= float(plan[k]) <= 5:
+            raise ConfigError(f"{where}: key '{k}' must be a fraction such as 0.2, got {plan[k]!r}")
+    if not 0 < float(plan["assumed_efficiency"]) <= 1:
+        raise ConfigError(f"{where}: key 'assumed_efficiency' must be in (0, 1], got {plan['assumed_efficiency']!r}")
+    if int(plan["round_to"]) < 1:
+        raise ConfigError(f"{where}: key 'round_to' must be >= 1")
+
+
+def plan_macros(ctx: Context) -> None:
+    plan, system = ctx.plan, ctx.system
+    m = ctx.macro
+    m("labAuthor", tex_escape(plan["author"]))
+    m("labAffiliation", tex_escape(plan.get("affiliation") or ""))
+    m("labAuthorLine", tex_escape(", ".join(x for x in (plan["author"], plan.get("affiliation")) if x)))
+    m("labSystem", tex_escape(system["name"]))
+    m("labSystemGpu", tex_escape(system["gpu"]))
+    m("labSystemGpusPerNode", str(system["gpus_per_node"]))
+    m("labSystemNetwork", tex_escape(system["network"]))
+    m("labPlanWorkloads", tex_escape(" and ".join(plan["workloads"])))
+    m("labPlanEpochs", str(plan["epochs"]))
+    m("labPlanRepeats", str(plan["repeats"]))
+    m("labPlanRuns", str(plan["runs_per_point"]))
+    m("labPlanMaxGpus", str(max(plan["gpus"])))
+    m("labPlanGpus", ", ".join(str(g) for g in plan["gpus"]))
+    m("labPlanOverhead", f"{100 * plan['profiling_overhead']:.0f}")
+    m("labPlanEff", f"{100 * plan['assumed_efficiency']:.0f}")
+    m("labPlanEffFrac", f"{plan['assumed_efficiency']:.2f}")
+    m("labPlanMargin", f"{100 * plan['margin']:.0f}")
+    m("labPlanRoundTo", str(plan["round_to"]))
+    rows = pd.DataFrame([{"key": k, **v} for k, v in ctx.systems.items()])
+    rows["target"] = ["$\\leftarrow$" if k == plan["system"] else "" for k in rows["key"]]
+    ctx.put("systems_table.tex", booktabs(rows, {"name": ("System", "s"), "gpu": ("GPU", "s"),
+                                                 "gpus_per_node": ("GPUs/node", "d"), "network": ("Network", "s"),
+                                                 "target": ("", "raw")}, size="\\small",
+                                     spec="@{}p{0.28\\linewidth}p{0.3\\linewidth}rp{0.22\\linewidth}l@{}"))
+
+
+def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | None = None) -> dict:
+    """Run the whole analysis and write figures, tables, sentences and macros under `out`.
+
+    select: which records (labels/studies); None takes the plan's `select`.
+    """
+    check_plan(plan, systems)
+    select = plan.get("select") if select is None else select
+    runs, problems, excluded = analysis.load_runs(runs_dir, select)
+    plan = {**plan, "select": select, "gpus_per_node": systems[plan["system"]]["gpus_per_node"]}
+    ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out))
+    plan_macros(ctx)
+    for section in SECTIONS:
+        section.section(ctx)
+    ctx.written["numbers.tex"] = write_if_changed(ctx.tables / "numbers.tex", macros_file(ctx.macros))
+    ctx.written["excluded.csv"] = write_if_changed(ctx.tables / "excluded.csv", excluded.to_csv(index=False))
+    return {"runs": runs, "problems": problems, "excluded": excluded, "written": ctx.written, **ctx.results}

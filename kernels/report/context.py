@@ -1,0 +1,43 @@
+"""What every section of the report reads (the selected records, the plan) and writes (files, macros)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from kernels.report.tex import write_if_changed
+
+
+@dataclass
+class Context:
+    runs: pd.DataFrame          # complete, selected run records (kernels/analysis.load_runs)
+    problems: pd.DataFrame      # selected records that are not complete
+    excluded: pd.DataFrame      # records outside the selection
+    plan: dict                  # paper/plan.yaml (with gpus_per_node of the target system)
+    systems: dict               # paper/systems.yaml
+    out: Path                   # <results>: figures/ and tables/ go here
+    macros: dict[str, str] = field(default_factory=dict)
+    written: dict[str, bool] = field(default_factory=dict)
+    results: dict = field(default_factory=dict)   # data frames for the notebook
+
+    @property
+    def system(self) -> dict:
+        return self.systems[self.plan["system"]]
+
+    @property
+    def tables(self) -> Path:
+        return self.out / "tables"
+
+    @property
+    def on_gpu(self) -> bool:
+        return not self.runs.empty and not self.runs["device"].str.startswith("CPU").all()
+
+    def put(self, name: str, text: str) -> None:
+        """A generated .tex file under tables/ (rewritten only when it changes)."""
+        self.written[name] = write_if_changed(self.tables / name, text)
+
+    def macro(self, name: str, value) -> None:
+        if name in self.macros:
+            raise ValueError(f"macro \\{name} defined twice")
+        self.macros[name] = str(value)

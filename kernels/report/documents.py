@@ -1,0 +1,167 @@
+"""`lab paper`: records -> analysis notebook -> figures and tables -> paper, proposal and slides (PDF).
+
+    lab paper [--results DIR] [--system NAME] [--study NAME] [--paper-out DIR] [--slides-out DIR] [--force]
+
+1. The analysis notebook (notebooks/10_analyse_scaling) runs under Papermill when
+   any of its inputs changed: a record (config.json, summary.json, metrics.csv of
+   any run, added or deleted), paper/plan.yaml, paper/systems.yaml, the analysis
+   code, or the --system/--study choice. Its executed copy and HTML go to
+   <results>/analysis/.
+2. Each document is built when its source or any generated table or figure
+   changed (content fingerprints, not time stamps), in a fresh temporary
+   directory with latexmk, so a build from another results folder can never
+   reuse a stale one, and paths with spaces work. The PDF replaces the old one
+   atomically; a failed build keeps the old PDF and leaves <name>.log beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+
+ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
+DOCUMENTS = {"paper": PROJECT_ROOT / "paper" / "paper.tex", "proposal": PROJECT_ROOT / "paper" / "proposal.tex",
+             "pitch": PROJECT_ROOT / "slides" / "pitch.tex"}
+BIB = PROJECT_ROOT / "paper" / "refs.bib"
+TEX_PACKAGES = ("texlive-latex-base texlive-latex-recommended texlive-fonts-recommended texlive-pictures "
+                "texlive-publishers texlive-science latexmk")
+
+
+def fingerprint(files: list[Path], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for f in files:
+        h.update(f.name.encode() + b"\0" + str(f.parent.name).encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def analysis_inputs(runs: Path) -> list[Path]:
+    records = sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv")
+                     for p in runs.glob(pattern)) if runs.is_dir() else []
+    code = [PROJECT_ROOT / "kernels" / "analysis.py", PROJECT_ROOT / "kernels" / "stats.py", ANALYSIS_NOTEBOOK,
+            *sorted((PROJECT_ROOT / "kernels" / "report").glob("*.py")),
+            PROJECT_ROOT / "paper" / "plan.yaml", PROJECT_ROOT / "paper" / "systems.yaml"]
+    return records + code
+
+
+def check_tex() -> None:
+    missing = [t for t in ("latexmk", "pdflatex", "bibtex") if not shutil.which(t)]
+    if missing:
+        raise ConfigError(f"building the documents needs TeX Live ({', '.join(missing)} not found); on Debian/Ubuntu: "
+                          f"apt-get install --no-install-recommends {TEX_PACKAGES}")
+
+
+def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool, out=sys.stdout) -> bool:
+    """Run the analysis notebook when its inputs changed. True when it ran."""
+    from kernels import notebooks
+
+    stamp = results / "tables" / ".inputs.sha256"
+    fp = fingerprint(analysis_inputs(runs), extra=f"{runs.resolve()}|{system}|{study}")
+    if not force and stamp.exists() and stamp.read_text() == fp and (results / "tables" / "numbers.tex").exists():
+        print("analysis: inputs unchanged, not rerun", file=out, flush=True)
+        return False
+    rc = notebooks.run(ANALYSIS_NOTEBOOK, ["-p", "runs_dir", str(runs.resolve()), "-p", "out_dir", str(results.resolve()),
+                                           "-p", "system", system, "-p", "study", study],
+                       name="10_analyse_scaling", staging=results / "notebooks")
+    if rc != 0:
+        raise ConfigError(f"the analysis notebook failed (exit status {rc}); the failing cell is in "
+                          f"{results / 'notebooks' / '10_analyse_scaling.ipynb'} or {results / 'analysis'}")
+    stamp.write_text(fp)
+    return True
+
+
+def _latex_error(log: Path) -> str:
+    if not log.exists():
+        return "no log written"
+    lines = log.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("!"):
+            return "\n".join(lines[i:i + 6])
+    return "\n".join(lines[-15:])
+
+
+def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bool) -> bool:
+    """Build one PDF if its inputs changed. True when built."""
+    inputs = [tex, BIB, *sorted((results / "tables").glob("*.tex")), *sorted((results / "figures").glob("*.pdf"))]
+    fp = fingerprint(inputs)
+    pdf, stamp = out_dir / f"{name}.pdf", out_dir / f".{name}.sha256"
+    if not force and pdf.exists() and stamp.exists() and stamp.read_text() == fp:
+        return False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lab-tex-") as tmp:
+        for f in inputs:
+            shutil.copy2(f, Path(tmp) / f.name)
+        p = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name], cwd=tmp,
+                           capture_output=True, text=True)
+        log = Path(tmp) / f"{name}.log"
+        if p.returncode != 0 or not (Path(tmp) / f"{name}.pdf").exists():
+            if log.exists():
+                shutil.copy2(log, out_dir / f"{name}.log")
+            raise ConfigError(f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: {out_dir / (name + '.log')}):\n"
+                              f"{_latex_error(log)}")
+        part = out_dir / f".{name}.pdf.part"
+        shutil.copyfile(Path(tmp) / f"{name}.pdf", part)
+        part.replace(pdf)
+    (out_dir / f"{name}.log").unlink(missing_ok=True)
+    stamp.write_text(fp)
+    return True
+
+
+def make(results: Path, system: str = "", study: str = "", paper_out: Path | None = None,
+         slides_out: Path | None = None, force: bool = False, out=sys.stdout) -> dict[str, Path]:
+    check_tex()
+    results = Path(results)
+    runs = results / "runs"
+    if system:
+        import yaml
+
+        systems = yaml.safe_load((PROJECT_ROOT / "paper" / "systems.yaml").read_text())
+        if system not in systems:
+            raise ConfigError(f"--system: unknown system '{system}'; choose one of {', '.join(systems)} "
+                              f"(paper/systems.yaml)")
+    if study and not re.fullmatch(r"[A-Za-z0-9_.,-]+", study):
+        raise ConfigError(f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), "
+                          f"comma-separated")
+    run_analysis(results, runs, system, study, force, out)
+    paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
+    slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
+    built = {}
+    for name, tex in DOCUMENTS.items():
+        target = slides_out if name == "pitch" else paper_out
+        changed = build_document(name, tex, results, target, force)
+        built[name] = target / f"{name}.pdf"
+        print(f"{name}: {'built' if changed else 'unchanged'} {built[name]}", file=out, flush=True)
+    excluded = results / "tables" / "excluded.csv"
+    if excluded.exists():
+        n = max(0, len(excluded.read_text().splitlines()) - 1)
+        if n:
+            print(f"{n} record(s) outside the selection were not used: {excluded}", file=out)
+    return built
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="lab paper", description=__doc__.split("\n")[0])
+    ap.add_argument("--results", type=Path, default=Path(os.environ.get("LAB_RESULTS") or PROJECT_ROOT / "results"),
+                    help="results folder holding runs/ (default: <project>/results); figures/ and tables/ go there")
+    ap.add_argument("--system", default="", help="EuroHPC target system, a key of paper/systems.yaml "
+                                                 "(default: paper/plan.yaml's)")
+    ap.add_argument("--study", default="", help="use the records of these studies or labels, comma-separated "
+                                                "(default: paper/plan.yaml's select)")
+    ap.add_argument("--paper-out", type=Path, default=None, help="where paper.pdf and proposal.pdf go "
+                                                                 "(default: paper/build)")
+    ap.add_argument("--slides-out", type=Path, default=None, help="where pitch.pdf goes (default: slides/build)")
+    ap.add_argument("--force", action="store_true", help="rerun the analysis and rebuild every document")
+    a = ap.parse_args(argv)
+    return exit_status(lambda: make(a.results, a.system, a.study, a.paper_out, a.slides_out, a.force) and 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Figure plumbing shared by the report's sections: style, saving, axes."""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from kernels.report.tex import write_if_changed
+
+
+def style():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    matplotlib.rcParams["pdf.fonttype"] = 42  # TrueType glyphs, not Type 3 bitmaps, in the PDFs
+
+
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    """<out>/figures/<name>.pdf and .png, each rewritten only when its bytes change."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}), ("png", {"dpi": 160})):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, bbox_inches="tight", **kw)
+        p = out / "figures" / f"{name}.{ext}"
+        write_if_changed(p, buf.getvalue())
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def rank_axis(ax, ranks) -> None:
+    """Log-2 rank axis with a tick at each measured rank count and no minor labels."""
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    ranks = sorted({int(r) for r in ranks})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ranks, [str(r) for r in ranks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("ranks (GPUs or CPU processes)")
+
+
+def nice_log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks covering [lo, hi] for a log axis, at least two of them."""
+    lo, hi = max(lo, 1e-12), max(hi, lo * 1.0001)
+    ticks = []
+    for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
+        for m in (1, 2, 5):
+            t = m * 10.0 ** e
+            if lo <= t <= hi:
+                ticks.append(t)
+    if len(ticks) < 2:  # a narrow range: three ticks spread inside it, rounded to two digits
+        ratio = (hi / lo) ** (1 / 4)
+        ticks = sorted({float(f"{lo * ratio ** k:.2g}") for k in (1, 2, 3)})
+    return ticks
+
+
+def log_value_axis(ax, values, label: str) -> None:
+    """Log y axis with plain-number tick labels (no '7x10^2' minor labels)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)) and v > 0]
+    ax.set_yscale("log")
+    if vals:
+        lo, hi = min(vals) / 1.15, max(vals) * 1.15
+        ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_locator(FixedLocator(nice_log_ticks(lo, hi)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel(label)
+
+
+def hardware_line(runs: pd.DataFrame) -> str:
+    if runs.empty:
+        return "no records"
+    devs = ", ".join(sorted(runs["device"].unique()))
+    return f"{devs}; torch {', '.join(sorted(runs['torch'].unique()))}"
+
+
+def finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
+    rank_axis(ax, ranks)
+    ax.set_title(title, fontsize=6)
+    ax.legend(fontsize=5)
+    save_figure(fig, out, name)
+    return name
+
+
+def figure_snippet(name: str, present: bool, why_missing: str, width: str = "\\linewidth") -> str:
+    """The figure for the documents' own figure environments, or a marked gap saying why it is missing."""
+    from kernels.report.tex import gap_note
+
+    return f"\\includegraphics[width={width}]{{{name}.pdf}}\n" if present else gap_note(why_missing)

@@ -1,0 +1,82 @@
+"""The proposal's resource request: node-hours of the planned study from measured times per epoch."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kernels import analysis
+from kernels.flops import PEAK_TFLOPS
+from kernels.report.context import Context
+from kernels.report.scaling import main_series
+from kernels.report.tex import booktabs, gap_note, num, pct, tex_escape
+
+NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": ("Epoch (s)", ".3g"),
+                     "source": ("Time per epoch", "s"), "node_hours": ("Node-hours", ",.3g")}
+SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
+
+
+def device_class(name: str) -> str | None:
+    """The accelerator family of a device or system description ('h100', 'a100', ...), by the peak table's keys."""
+    low = name.lower()
+    for key, _ in PEAK_TFLOPS:
+        if key in low:
+            return key
+    return None
+
+
+def requested(total: float, plan: dict) -> int:
+    """The plan's margin on top of the computed total, rounded up to the plan's unit."""
+    unit = int(plan["round_to"])
+    return int(math.ceil(total * (1 + float(plan["margin"])) / unit) * unit)
+
+
+def section(ctx: Context) -> None:
+    runs, plan, system = ctx.runs, ctx.plan, ctx.system
+    scal = ctx.results.get("scaling", pd.DataFrame())
+    main = main_series(scal) if not scal.empty else scal
+    if not main.empty:
+        epoch_by_n = main.groupby("gpus")["epoch_s"].median().to_dict()
+        basis = f"the strong-scaling series {tex_escape(main['series'].iloc[0])}"
+    elif not runs.empty:
+        epoch_by_n = (runs.assign(e=runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"])
+                      .groupby("gpus")["e"].median().to_dict())
+        basis = "the complete runs (no scaling series yet)"
+    else:
+        epoch_by_n = {}
+    if not epoch_by_n:
+        ctx.put("nodehours_table.tex", gap_note("no complete run records: the node-hours cannot be computed yet"))
+        ctx.put("nodehours_slide.tex", "")
+        ctx.put("request_text.tex", gap_note("no complete run records: the request is computed from the first "
+                                             "measured time per epoch"))
+        ctx.put("slide_request.tex", "\\item " + tex_escape("No measured time per epoch yet: no request.") + "\n")
+        ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
+        return
+    table, total = analysis.node_hours(plan, epoch_by_n)
+    ask = requested(total, plan)
+    ctx.put("nodehours_table.tex", booktabs(table, NODEHOURS_COLUMNS, size="\\small"))
+    ctx.put("nodehours_slide.tex", booktabs(table, SLIDE_COLUMNS))
+    hw = ", ".join(sorted(runs["device"].unique()))
+    same = {device_class(d) for d in runs["device"]} == {device_class(system["gpu"])} != {None}
+    text = (f"The times per epoch come from {basis}, measured on {tex_escape(hw)} "
+            f"({len(runs)} record{'s' if len(runs) > 1 else ''}). The computed total is "
+            f"\\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} for "
+            f"reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
+            f"\\textbf{{{num(ask)} node-hours}}. ")
+    if not same:
+        text += (f"These times were not measured on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}: "
+                 f"they show how the request is computed, not what the study will cost there. The request is "
+                 f"recomputed from the first records on the target system (milestone M1) before the scaling runs "
+                 f"start, and the figure above is replaced by that result.")
+    else:
+        text += ("They were measured on the target system's GPU model; points without a measurement use the assumed "
+                 "efficiency above and are replaced by measurements as the study proceeds.")
+    ctx.put("request_text.tex", text + "\n")
+    ctx.put("slide_request.tex",
+            f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
+            f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
+            f"{tex_escape(system['name'])}\n"
+            + ("" if same else "\\item Not yet measured on the target GPU: recomputed at milestone M1\n"))
+    ctx.macro("labNodeHours", num(total, 4))
+    ctx.macro("labNodeHoursRequest", num(ask))
+    ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)

@@ -1,0 +1,218 @@
+"""The scaling section: throughput, speedup, efficiency, accuracy and optimisation gains.
+
+Writes figures (throughput, efficiency, epoch_time, accuracy, gains), tables
+(scaling_table, scaling_table_compact) and the sentences and paragraphs that
+quote their numbers (abstract_results, results_text, optim_section,
+slide_results). A sentence is written only when its numbers exist; otherwise
+the document gets a framed gap that says what is missing.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from kernels import analysis
+from kernels.report.context import Context
+from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
+                                    style)
+from kernels.report.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
+
+TARGET_E8 = 0.70       # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
+TARGET_E = 0.80        # and 80% as the general line
+TARGET_ACC_GAP = 2.0   # final accuracy within 2 points of the 1-GPU baseline
+
+NO_SERIES = ("no scaling series yet: a series needs complete runs of one configuration at two or more rank "
+             "counts (make demo gives 1 and 2 CPU processes)")
+
+SCALING_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "nodes": ("Nodes", "d"), "batch": ("$B$", "d"),
+                   "repeats": ("Rep.", "d"), "samples_per_s": ("Samples/s", ",.1f"), "ci": ("Interval", "raw"),
+                   "samples_per_s_per_device": ("per rank", ",.1f"), "epoch_s": ("Epoch (s)", ".2f"),
+                   "speedup": ("Speedup", ".2f"), "efficiency": ("Eff.", ".2f"),
+                   "acc_gap_points": ("Acc. gap (pt)", "+.2f")}
+COMPACT_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "batch": ("$B$", "d"), "repeats": ("Rep.", "d"),
+                   "samples_per_s": ("Samples/s", ",.0f"), "ci": ("Interval", "raw"), "speedup": ("Speedup", ".2f"),
+                   "efficiency": ("Eff.", ".2f")}
+GAINS_COLUMNS = {"factor": ("Optimisation", "s"), "before": ("Before", "s"), "after": ("After", "s"),
+                 "gpus": ("$N$", "d"), "samples_per_s_before": ("Samples/s before", ",.1f"),
+                 "samples_per_s_after": ("after", ",.1f"), "speedup": ("Speedup", ".2f")}
+FACTOR_WORDS = {"precision": "{after} over {before}", "pipeline": "the {after} input pipeline over the {before} one",
+                "bucket_cap_mb": "DDP buckets of {after} MiB over {before} MiB",
+                "channels_last": "channels-last over the default layout", "compile": "torch.compile over eager"}
+
+
+def _interval(row) -> str:
+    if missing(row["samples_per_s_ci_lo"]):
+        return "--"
+    lo, hi = (f"{v:,.0f}".replace(",", "{,}") for v in (row["samples_per_s_ci_lo"], row["samples_per_s_ci_hi"]))
+    return f"{lo}--{hi} ({100 * row['ci_level']:.0f}\\,\\%)"
+
+
+def main_series(scal: pd.DataFrame, mode: str = "strong") -> pd.DataFrame:
+    """The series the prose quotes: most rank counts, then the largest one."""
+    s = scal[scal["mode"] == mode] if not scal.empty else scal
+    if s.empty:
+        return s
+    best = max(s["series"].unique(), key=lambda name: (s[s["series"] == name]["gpus"].nunique(),
+                                                       s[s["series"] == name]["gpus"].max()))
+    return s[s["series"] == best].sort_values("gpus")
+
+
+def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
+    import matplotlib.pyplot as plt
+
+    style()
+    runs, out, made = ctx.runs, ctx.out, set()
+    if not scal.empty:
+        hw = hardware_line(runs)
+        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        ys = []
+        for (mode, series), s in scal.groupby(["mode", "series"]):
+            ax.plot(s["gpus"], s["samples_per_s"], marker="o", label=f"{mode}: {series}")
+            lo = s["samples_per_s_ci_lo"].astype(float).fillna(s["samples_per_s"])
+            hi = s["samples_per_s_ci_hi"].astype(float).fillna(s["samples_per_s"])
+            ax.fill_between(s["gpus"], lo, hi, alpha=0.2)
+            n0, x0 = s["gpus"].iloc[0], s["samples_per_s"].iloc[0]
+            ideal = x0 * s["gpus"] / n0
+            ax.plot(s["gpus"], ideal, ls="--", color="grey", lw=1)
+            ys += list(lo) + list(hi) + list(ideal)
+        ax.plot([], [], ls="--", color="grey", label="ideal (linear)")
+        log_value_axis(ax, ys, "throughput (samples/s, median)")
+        made.add(finish_rank_plot(fig, ax, scal["gpus"], hw, out, "throughput"))
+
+        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        for (mode, series), s in scal.groupby(["mode", "series"]):
+            ax.plot(s["gpus"], 100 * s["efficiency"], marker="o", label=f"{mode}: {series}")
+        ax.axhline(100 * TARGET_E, ls="--", color="tab:red", lw=1, label=f"{100 * TARGET_E:.0f}% target")
+        ax.plot([8], [100 * TARGET_E8], marker="*", ms=10, color="tab:red", ls="none",
+                label=f"{100 * TARGET_E8:.0f}% at 8 GPUs")
+        ax.set(ylabel="scaling efficiency (%)", ylim=(0, 110))
+        made.add(finish_rank_plot(fig, ax, set(scal["gpus"]) | {8}, hw, out, "efficiency"))
+
+        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        for (mode, series), s in scal.groupby(["mode", "series"]):
+            ax.plot(s["gpus"], s["epoch_s"], marker="o", label=f"{mode}: {series}")
+        log_value_axis(ax, scal["epoch_s"], "time per epoch (s)")
+        made.add(finish_rank_plot(fig, ax, scal["gpus"], hw, out, "epoch_time"))
+
+    with_acc = runs[runs["final_eval_acc"].notna()] if not runs.empty else runs
+    if not with_acc.empty:
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.2, 2.8))
+        for (gpus, batch), grp in with_acc.groupby(["gpus", "batch"]):
+            m = pd.DataFrame(grp.iloc[0]["metrics"])
+            if "eval_acc" in m:
+                ax.plot(m["epoch"], 100 * m["eval_acc"], marker="o", label=f"N={gpus}, B={batch}")
+        ax.set(xlabel="epoch", ylabel="eval accuracy (%)", title="accuracy per configuration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=6)
+        strong = scal[(scal["mode"] == "strong") & scal["acc_gap_points"].notna()] if not scal.empty else scal
+        if not strong.empty:
+            bx.bar(range(len(strong)), strong["acc_gap_points"], color="tab:blue")
+            bx.set_xticks(range(len(strong)), [f"{r.gpus}" for r in strong.itertuples()])
+            bx.axhline(-TARGET_ACC_GAP, ls="--", color="tab:red", lw=1, label=f"±{TARGET_ACC_GAP:g} points target")
+            bx.axhline(TARGET_ACC_GAP, ls="--", color="tab:red", lw=1)
+            bx.legend(fontsize=6)
+        bx.set(xlabel="ranks", ylabel="accuracy gap to baseline (points)", title="final-accuracy gap")
+        fig.suptitle(hardware_line(runs), fontsize=6)
+        save_figure(fig, out, "accuracy")
+        made.add("accuracy")
+
+    if not gains.empty:
+        fig, ax = plt.subplots(figsize=(4.2, 2.6))
+        labels = [f"{r.factor}: {r.before}→{r.after} (N={r.gpus})" for r in gains.itertuples()]
+        ax.barh(range(len(gains)), gains["speedup"], color="tab:green")
+        ax.set_yticks(range(len(gains)), labels, fontsize=6)
+        ax.axvline(1.0, color="grey", lw=1)
+        ax.set(xlabel="speedup (throughput after / before)")
+        ax.set_title(hardware_line(runs), fontsize=6)
+        save_figure(fig, out, "gains")
+        made.add("gains")
+    return made
+
+
+def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
+    """(results paragraph, one abstract sentence, slide bullets) from the main strong series."""
+    main = main_series(scal)
+    if main.empty:
+        return gap_note(NO_SERIES), "", "\\item " + tex_escape(NO_SERIES) + "\n"
+    base, top = main.iloc[0], main.iloc[-1]
+    n0, n = int(base["gpus"]), int(top["gpus"])
+    series = tex_escape(base["series"])
+    eff, spd = top["efficiency"], top["speedup"]
+    text = (f"For the series {series}, at {n0} rank{'s' if n0 > 1 else ''} the workload trains at "
+            f"{num(base['samples_per_s'])} samples/s and an epoch takes {num(base['epoch_s'])}\\,s. "
+            f"At {n} ranks on {int(top['nodes'])} node{'s' if top['nodes'] > 1 else ''} it reaches "
+            f"{num(top['samples_per_s'])} samples/s, a speedup of {spd:.2f} and a strong-scaling efficiency of "
+            f"{pct(eff)} (targets: {pct(TARGET_E8)} at 8 GPUs and {pct(TARGET_E)} overall), and an epoch takes "
+            f"{num(top['epoch_s'])}\\,s. ")
+    reps = sorted(set(main["repeats"]))
+    if max(reps) > 1:
+        cov = main[main["repeats"] == max(reps)]["ci_level"].dropna()
+        text += (f"Each point is the median of up to {max(reps)} repeats; the interval in Table~\\ref{{tab:scaling}} "
+                 f"covers the median with the stated confidence"
+                 + (f" ({pct(cov.iloc[0])} with {max(reps)} repeats; 95\\,\\% needs six)" if len(cov) else "")
+                 + ". ")
+    else:
+        text += "Each point is a single run: no interval can be given before repeats exist. "
+    weak = main_series(scal, "weak")
+    if not weak.empty:
+        wt = weak.iloc[-1]
+        text += (f"In weak scaling ({tex_escape(wt['series'])}) the efficiency at {int(wt['gpus'])} ranks is "
+                 f"{pct(wt['efficiency'])}. ")
+    gaps = main["acc_gap_points"].dropna()
+    if len(gaps) > 1:
+        worst = gaps.abs().max()
+        verdict = "within" if worst <= TARGET_ACC_GAP else "outside"
+        text += (f"The final accuracy stays {verdict} the {TARGET_ACC_GAP:g}-point criterion: the largest gap to the "
+                 f"{n0}-rank baseline is {worst:.1f} points (best accuracy {100 * main['final_eval_acc'].max():.1f}\\,\\%). ")
+    abstract = (f"On that hardware the largest strong-scaling point ({n} ranks) reaches a speedup of {spd:.2f} over "
+                f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}.")
+    slide = (f"\\item {n} ranks: speedup {spd:.2f}, efficiency {pct(eff)}\n"
+             f"\\item {num(top['samples_per_s'])} samples/s at {n} ranks (median of {int(top['repeats'])})\n")
+    if len(gaps) > 1:
+        slide += f"\\item accuracy gap $\\le$ {gaps.abs().max():.1f} points\n"
+    return text + "\n", abstract + "\n", slide
+
+
+def optim_section(gains: pd.DataFrame) -> str:
+    """The paper's optimisation paragraph with its table and figure, or one gap note when nothing is measured."""
+    if gains.empty:
+        return gap_note("no before/after pairs yet: the optimisation runs (precision, input pipeline, bucket size, "
+                        "channels_last, compile) have not been measured at otherwise equal settings")
+    return ("Table~\\ref{tab:gains} and Fig.~\\ref{fig:gains} compare each optimisation with its baseline at "
+            "otherwise equal settings. " + optim_text(gains) +
+            "\\begin{table}[t]\\centering\n\\caption{Before/after throughput of the optimisations}\\label{tab:gains}\n"
+            + booktabs(gains, GAINS_COLUMNS, size="\\footnotesize") + "\\end{table}\n"
+            "\\begin{figure}[t]\\centering\n\\includegraphics[width=\\linewidth]{gains.pdf}\n"
+            "\\caption{Speedup of each optimisation over its baseline.}\\label{fig:gains}\n\\end{figure}\n")
+
+
+def optim_text(gains: pd.DataFrame) -> str:
+    parts = []
+    for factor, g in gains.groupby("factor", sort=False):
+        best = g.loc[g["speedup"].idxmax()]
+        words = FACTOR_WORDS[factor].format(before=tex_escape(best["before"]), after=tex_escape(best["after"]))
+        parts.append(f"{best['speedup']:.2f}$\\times$ for {words} ({int(best['gpus'])} rank"
+                     f"{'s' if best['gpus'] > 1 else ''}, $B={int(best['batch'])}$)")
+    return ("Measured side by side at otherwise equal settings, the best speedups are " + listing(parts) + ".\n")
+
+
+def section(ctx: Context) -> None:
+    runs = ctx.runs
+    scal = analysis.scaling(runs)
+    gains = analysis.optimisation_gains(runs)
+    if not scal.empty:
+        scal = scal.assign(ci=scal.apply(_interval, axis=1))
+    made = figures(ctx, scal, gains)
+    ctx.put("fig_throughput.tex", figure_snippet("throughput", "throughput" in made, NO_SERIES))
+    ctx.put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in made, NO_SERIES))
+    ctx.put("fig_epoch_time.tex", figure_snippet("epoch_time", "epoch_time" in made, NO_SERIES))
+    ctx.put("fig_accuracy.tex", figure_snippet("accuracy", "accuracy" in made, "no complete runs with evaluation yet"))
+    ctx.put("scaling_table.tex", booktabs(scal, SCALING_COLUMNS, size="\\footnotesize") if not scal.empty
+            else gap_note(NO_SERIES))
+    ctx.put("scaling_table_compact.tex", booktabs(scal, COMPACT_COLUMNS, size="\\small") if not scal.empty
+            else gap_note(NO_SERIES))
+    text, abstract, slide = results_text(ctx, scal)
+    ctx.put("results_text.tex", text)
+    ctx.put("abstract_results.tex", abstract)
+    ctx.put("slide_results.tex", slide)
+    ctx.put("optim_section.tex", optim_section(gains))
+    ctx.results.update(scaling=scal, gains=gains)
