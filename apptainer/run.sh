@@ -5,17 +5,25 @@
 #   apptainer/run.sh shell                             # interactive shell in the image
 # The repository, data/ and results/ are bind-mounted (LAB_DATA / LAB_RESULTS
 # may point elsewhere, e.g. a scratch file system); --nv is added on machines
-# with NVIDIA GPUs. LAB_IMAGE overrides the image path. --print shows the
+# with NVIDIA GPUs. LAB_CONTAINER overrides the image path (the same variable
+# that makes the batch script and the ranks use the image). --print shows the
 # command instead of running it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-IMAGE=${LAB_IMAGE:-$ROOT/apptainer/lab.sif}
+IMAGE=${LAB_CONTAINER:-$ROOT/apptainer/lab.sif}
 DATA=${LAB_DATA:-$ROOT/data}
 RESULTS=${LAB_RESULTS:-$ROOT/results}
 PRINT=0
 if [ "${1:-}" = "--print" ]; then PRINT=1; shift; fi
 run() {
-    if [ $PRINT = 1 ]; then printf '%q ' "$@"; echo; else exec "$@"; fi
+    if [ $PRINT = 1 ]; then printf '%q ' "$@"; echo; return; fi
+    # `type -P` looks at PATH only: a directory named apptainer/ (this one) is never taken for the program
+    if ! type -P apptainer >/dev/null; then
+        echo "error: apptainer is not installed on $(hostname) (not on PATH); load it (e.g. 'module load apptainer')" \
+             "or unset LAB_CONTAINER to use the project's .venv" >&2
+        exit 127
+    fi
+    exec "$@"
 }
 gpu_flag() {
     if [ -n "${LAB_NV:-}" ]; then [ "$LAB_NV" = 1 ] && echo --nv; return; fi

@@ -3,7 +3,7 @@
 The runner executes a parameterised notebook headless with Papermill and files
 the executed notebook and its HTML rendering beside the run record:
 
-    python -m kernels.notebooks run notebooks/01_train.ipynb -p gpus 2 -p dataset digits
+    lab run notebooks/01_train.ipynb -p gpus 2 -p dataset digits
 
 It is what slurm/papermill_run.sbatch calls inside a job and what `make demo`
 calls on a laptop. Outputs are named from the Slurm job id (`01_train-<jobid>`,
@@ -11,12 +11,13 @@ calls on a laptop. Outputs are named from the Slurm job id (`01_train-<jobid>`,
 fails still leaves its executed copy (with the error) where it can be read, but
 never a record that looks complete.
 
-    python -m kernels.notebooks parameters   # prints 01_train's parameters cell from kernels/params.py
-    python -m kernels.notebooks sync         # rewrites it in notebooks/01_train.py, then the .ipynb twins
+    lab notebooks parameters   # prints 01_train's parameters cell from kernels/params.py
+    lab notebooks sync         # rewrites it in notebooks/01_train.py, then the .ipynb twins
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -25,14 +26,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels.params import PARAM_BY_NAME, PARAMS, PROJECT_ROOT, ConfigError, RunConfig, resolve, unknown_name_error
+from kernels.params import (PARAM_BY_NAME, PARAMS, PROJECT_ROOT, ConfigError, RunConfig, resolve, results_home,
+                            unknown_name_error)
 
 HANDOFF_ENV = "LAB_HANDOFF"
-RESULTS_ENV = "LAB_RESULTS"  # where executed notebooks wait for their run directory
 
 
 def staging_dir() -> Path:
-    return Path(os.environ.get(RESULTS_ENV) or PROJECT_ROOT / "results") / "notebooks"
+    """Where executed notebooks wait for their run directory (and stay when none was made)."""
+    return results_home() / "notebooks"
 
 
 # ------------------------------------------------------------ in the notebook
@@ -64,7 +66,7 @@ def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
     missing = [p.name for p in PARAMS if p.name not in namespace]
     if missing:
         raise ConfigError(f"the notebook's parameters cell lacks {', '.join(missing)}; "
-                          f"regenerate it with `python -m kernels.notebooks parameters`")
+                          f"regenerate it with `lab notebooks sync`")
     return resolve({p.name: namespace[p.name] for p in PARAMS})
 
 
@@ -118,6 +120,10 @@ def twin_ipynb(py: Path) -> dict:
 
     nb = jupytext.read(py)
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    # nbformat draws random cell ids; ids from the notebook's name and the cell's position keep
+    # `make notebooks` on a clean checkout from rewriting the twins.
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = hashlib.sha1(f"{py.stem}:{i}".encode()).hexdigest()[:12]
     return nb
 
 
@@ -172,8 +178,12 @@ def render_html(notebook: Path) -> Path:
     return notebook.with_suffix(".html")
 
 
-def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "") -> int:
-    """Execute `notebook` with Papermill; file the executed copy and HTML with the run record."""
+def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "",
+        staging: Path | None = None) -> int:
+    """Execute `notebook` with Papermill; file the executed copy and HTML with the run record.
+
+    staging: where the executed notebook waits for its run directory (default: $LAB_RESULTS/notebooks).
+    """
     notebook = Path(notebook)
     if not notebook.is_file():
         print(f"error: notebook {notebook} not found (cwd {Path.cwd()}); "
@@ -183,7 +193,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
         print(f"error: {notebook} is not an .ipynb; run the .ipynb twin of a jupytext source", file=sys.stderr)
         return 2
     tag = job_tag()
-    staging = staging_dir()
+    staging = Path(staging) if staging else staging_dir()
     staging.mkdir(parents=True, exist_ok=True)
     staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
     handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
@@ -214,7 +224,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.notebooks", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lab notebooks", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute a notebook with papermill and file its outputs with the run record")
     r.add_argument("notebook", type=Path)

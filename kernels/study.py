@@ -1,8 +1,9 @@
 """Scaling studies on Slurm: one YAML file -> job arrays of notebook runs -> status -> resubmission.
 
-    python -m kernels.study submit   studies/strong_resnet18.yaml [--dry-run]
-    python -m kernels.study status   studies/strong_resnet18.yaml
-    python -m kernels.study resubmit studies/strong_resnet18.yaml [--dry-run]
+    lab study submit   studies/strong_resnet18.yaml [--dry-run]
+    lab study status   studies/strong_resnet18.yaml
+    lab study resubmit studies/strong_resnet18.yaml [--dry-run]
+    lab study points   studies/strong_resnet18.yaml [--write | --point N]
 
 A study file names the notebook, a cluster profile (clusters/<name>.yaml: the
 only file that changes between clusters), the mode (strong: fixed global batch;
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from kernels.params import PARAM_BY_NAME, PROJECT_ROOT, ConfigError, resolve
+from kernels.params import PARAM_BY_NAME, PROJECT_ROOT, ConfigError, exit_status, resolve, results_home
 from kernels.train import geometry
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
@@ -43,6 +44,7 @@ STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free 
               "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
               "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
 CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
+                "qos": "Slurm quality of service (empty: the partition's default)",
                 "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks per node",
                 "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
                 "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
@@ -52,13 +54,31 @@ MODES = ("strong", "weak", "sweep")
 
 
 def results_root() -> Path:
-    return Path(os.environ.get("LAB_RESULTS") or PROJECT_ROOT / "results")
+    return results_home()
 
 
 def _check_keys(d: dict, allowed: dict, where: str) -> None:
+    import difflib
+
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys ({', '.join(allowed)}), got {type(d).__name__}")
     for k in d:
         if k not in allowed:
-            raise ConfigError(f"{where}: unknown key '{k}'; allowed: {', '.join(allowed)}")
+            close = difflib.get_close_matches(str(k), list(allowed), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"{where}: unknown key '{k}'{hint} Allowed: {', '.join(allowed)}")
+
+
+def read_yaml(path: Path, what: str) -> dict:
+    """A YAML file as a dict; a syntax error is one line naming file:line:column, not a parser traceback."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{what} {where}: YAML syntax error: {problem}") from None
+    return data or {}
 
 
 def load_cluster(ref: str) -> dict:
@@ -66,10 +86,10 @@ def load_cluster(ref: str) -> dict:
     if not path.is_file():
         raise ConfigError(f"study key 'cluster': no cluster profile {path}; "
                           f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
-    prof = yaml.safe_load(path.read_text()) or {}
+    prof = read_yaml(path, "cluster profile")
     _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
     prof.setdefault("name", path.stem)
-    for k, default in (("partition", ""), ("account", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
+    for k, default in (("partition", ""), ("account", ""), ("qos", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
                        ("max_nodes", 0), ("time", "01:00:00"), ("cpus_per_task", 1), ("container", ""),
                        ("modules", []), ("nccl_ifname", ""), ("sbatch_extra", []), ("env", {})):
         prof.setdefault(k, default)
@@ -109,14 +129,14 @@ class Study:
     @property
     def runs_dir(self) -> Path:
         rd = self.points[0].params.get("results_dir") if self.points else ""
-        return Path(rd) if rd else PROJECT_ROOT / "results" / "runs"
+        return Path(rd) if rd else results_home() / "runs"
 
 
 def load(path: Path) -> Study:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"study file {path} not found")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml(path, "study file")
     where = f"study file {path}"
     _check_keys(spec, STUDY_KEYS, where)
     name = str(spec.get("name") or path.stem)
@@ -193,11 +213,37 @@ def load(path: Path) -> Study:
 
 
 # -------------------------------------------------------------- submission
+def point_file(study: Study, p: Point) -> Path:
+    return study.state_dir / "points" / f"p{p.index:03d}.yaml"
+
+
+def point_yaml(p: Point) -> str:
+    """The point's 01_train parameters as a Papermill parameter file (-f FILE)."""
+    return yaml.safe_dump({**p.params, "gpus": p.gpus}, sort_keys=True)
+
+
+def write_point(study: Study, p: Point) -> Path:
+    path = point_file(study, p)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(point_yaml(p))
+    return path
+
+
+
 def cluster_options(cluster: dict) -> list[str]:
     """The sbatch options every job on this cluster gets from its profile."""
     opts = [f"--partition={cluster['partition']}"] if cluster["partition"] else []
     opts += [f"--account={cluster['account']}"] if cluster["account"] else []
+    opts += [f"--qos={cluster['qos']}"] if cluster["qos"] else []
     return opts + list(cluster["sbatch_extra"])
+
+
+def account_warning(cluster: dict) -> str | None:
+    """Most production clusters refuse jobs without an account; say so before sbatch does, less cryptically."""
+    if cluster["account"] or cluster["name"] == "local":
+        return None
+    return (f"warning: cluster profile '{cluster['name']}' has no account; most clusters refuse jobs without one. "
+            f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id).")
 
 
 def run_sbatch(cmd: list[str], what: str) -> str:
@@ -243,6 +289,9 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         groups.setdefault((p.nodes, p.tasks_per_node), []).append(p)
     subs = []
     state = study.state_dir
+    warn = account_warning(study.cluster)
+    if warn:
+        print(warn, file=sys.stderr)
     for (nodes, tasks), pts in sorted(groups.items()):
         # unique per submission: an array still running keeps reading its own list
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
@@ -252,14 +301,9 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         print(f"  array tasks 0..{len(pts) - 1} = points {', '.join(str(p.index) for p in pts)}", file=out)
         if dry_run:
             continue
-        (state / "points").mkdir(parents=True, exist_ok=True)
         (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
         list_file.parent.mkdir(parents=True, exist_ok=True)
-        lines = []
-        for p in pts:
-            pf = state / "points" / f"p{p.index:03d}.yaml"
-            pf.write_text(yaml.safe_dump({**p.params, "gpus": p.gpus}, sort_keys=True))
-            lines.append(str(pf))
+        lines = [str(write_point(study, p)) for p in pts]
         list_file.write_text("\n".join(lines) + "\n")
         job = run_sbatch(cmd, f"the array for {nodes}x{tasks}")
         print(f"  submitted job array {job}", file=out, flush=True)
@@ -341,17 +385,29 @@ def print_status(rows: list[dict], out=sys.stdout) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.study", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
     ap.add_argument("study", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     ap.add_argument("--json", action="store_true", help="status as JSON")
+    ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
+    ap.add_argument("--write", action="store_true",
+                    help="points: write every point's parameter file to results/studies/<study>/points/")
     a = ap.parse_args(argv)
-    try:
+
+    def body() -> int:
         study = load(a.study)
         if a.command == "points":
+            if a.point is not None:
+                match = [p for p in study.points if p.index == a.point]
+                if not match:
+                    raise ConfigError(f"--point: study {study.name} has points 0..{len(study.points) - 1}, "
+                                      f"not {a.point}")
+                print(point_yaml(match[0]), end="")
+                return 0
             for p in study.points:
-                print(f"p{p.index:03d} gpus={p.gpus} nodes={p.nodes}x{p.tasks_per_node} {p.params}")
+                where = f"  -> {write_point(study, p)}" if a.write else ""
+                print(f"p{p.index:03d} gpus={p.gpus} nodes={p.nodes}x{p.tasks_per_node} {p.params}{where}")
         elif a.command == "submit":
             submit(study, dry_run=a.dry_run)
         elif a.command == "status":
@@ -361,10 +417,9 @@ def main(argv=None) -> int:
             todo = [r["point"] for r in status(study) if r["state"] in ("failed", "missing")]
             print(f"resubmitting {len(todo)} point(s): {', '.join(map(str, todo)) or 'none'}")
             submit(study, only=todo, dry_run=a.dry_run)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

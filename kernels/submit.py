@@ -1,6 +1,6 @@
 """Submit a notebook run with the right sbatch geometry for `gpus`.
 
-    python -m kernels.submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 [--dry-run] [-p NAME VALUE ...]
+    lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 [--dry-run] [-p NAME VALUE ...]
 
 prints (and, without --dry-run, runs)
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.params import ConfigError
+from kernels.params import ConfigError, exit_status
 from kernels.train import sbatch_geometry_args
 
 SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
@@ -46,7 +46,12 @@ def sbatch_command(notebook: str, gpus: int, gpus_per_node: int, ranks_per_node:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.submit", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="lab submit", description=__doc__.split("\n")[0],
+        epilog="Every other argument passes through to the notebook (papermill): -p NAME VALUE sets one of its "
+               "parameters (e.g. -p epochs 5 -p precision bf16), -f FILE a YAML file of them. 'gpus' comes from "
+               "--gpus. Example: lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --dry-run "
+               "-p epochs 5")
     ap.add_argument("notebook")
     ap.add_argument("--gpus", type=int, required=True, help="world size (ranks)")
     ap.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node of the target partition (0: CPU nodes)")
@@ -60,16 +65,14 @@ def main(argv=None) -> int:
     if not Path(args.notebook).is_file():
         print(f"error: notebook {args.notebook} not found", file=sys.stderr)
         return 2
-    try:
+
+    def body() -> int:
         cmd = sbatch_command(args.notebook, args.gpus, args.gpus_per_node, args.ranks_per_node, args.partition,
                              args.account, args.time, args.sbatch_arg, papermill_args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(shlex.join(cmd), flush=True)
-    if args.dry_run:
-        return 0
-    return subprocess.run(cmd).returncode
+        print(shlex.join(cmd), flush=True)
+        return 0 if args.dry_run else subprocess.run(cmd).returncode
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

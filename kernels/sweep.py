@@ -1,7 +1,7 @@
 """A generic sweep of any executable over an argument grid, as one Slurm job array.
 
-    python -m kernels.sweep submit  sweeps/osu_allreduce.yaml [--dry-run]
-    python -m kernels.sweep collect sweeps/osu_allreduce.yaml
+    lab sweep submit  sweeps/osu_allreduce.yaml [--dry-run]
+    lab sweep collect sweeps/osu_allreduce.yaml
 
 A sweep file:
     name: allreduce_sizes
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from kernels.params import ConfigError
+from kernels.params import ConfigError, exit_status
 from kernels.study import _check_keys, cluster_options, load_cluster, results_root, run_sbatch
 
 SWEEP_KEYS = {"name": "sweep id", "cluster": "cluster profile", "command": "command template with {name} fields",
@@ -108,24 +108,23 @@ def collect(sweep: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.sweep", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lab sweep", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "collect"])
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    try:
+
+    def body() -> None:
         sweep = load(a.sweep)
         if a.command == "submit":
             submit(sweep, a.dry_run)
-        else:
-            for r in collect(sweep):
-                state = "not run" if r["exit_code"] is None else f"exit {r['exit_code']}"
-                args = " ".join(f"{k}={r[k]}" for k in sweep["combos"][0])
-                print(f"{r['index']:>4} {args:<40} {state:<8} {r['stdout'] or ''}")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+            return
+        for r in collect(sweep):
+            state = "not run" if r["exit_code"] is None else f"exit {r['exit_code']}"
+            args = " ".join(f"{k}={r[k]}" for k in sweep["combos"][0])
+            print(f"{r['index']:>4} {args:<40} {state:<8} {r['stdout'] or ''}")
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_unwritable_results_dir(tmp_path):
 def test_missing_dataset_names_fetch_command(tmp_path):
     p = run_cli("--dataset", "cifar10", "--data_dir", tmp_path / "empty", "--results_dir", tmp_path / "r")
     assert p.returncode == 2
-    assert "kernels.data.fetch cifar10" in p.stderr
+    assert "lab fetch cifar10" in p.stderr
     assert not (tmp_path / "r").exists()
 
 

@@ -44,11 +44,11 @@ def test_corrupt_batch_file_detected_before_a_run(cifar_root):
     with pytest.raises(ConfigError) as e:
         cifar10.verify(root)
     msg = str(e.value)
-    assert "data_batch_3" in msg and "checksum mismatch" in msg and "kernels.data.fetch cifar10" in msg
+    assert "data_batch_3" in msg and "checksum mismatch" in msg and "lab fetch cifar10" in msg
 
 
 def test_missing_cifar_names_the_fetch_command(tmp_path):
-    with pytest.raises(ConfigError, match=r"python -m kernels.data.fetch cifar10"):
+    with pytest.raises(ConfigError, match=r"lab fetch cifar10"):
         cifar10.verify(tmp_path)
 
 

@@ -42,6 +42,16 @@ def test_ipynb_twins_are_up_to_date_without_outputs():
             assert not c.get("outputs") and not c.get("execution_count"), f"{twin} has outputs committed"
 
 
+def test_make_notebooks_on_a_clean_checkout_changes_nothing():
+    """The committed twins are byte for byte what `make notebooks` writes (stable cell ids, no random ones)."""
+    import jupytext
+
+    for py in sorted((ROOT / "notebooks").glob("*.py")):
+        want = jupytext.writes(notebooks.twin_ipynb(py), fmt="ipynb") + "\n"  # jupytext.write ends the file with a newline
+        assert py.with_suffix(".ipynb").read_text() == want, f"{py.name}: run `make notebooks` and commit"
+        assert notebooks.twin_ipynb(py).cells[0]["id"] == notebooks.twin_ipynb(py).cells[0]["id"]
+
+
 def test_parameters_cell_is_generated_from_the_one_definition():
     src = (ROOT / "notebooks" / "01_train.py").read_text()
     assert notebooks.with_parameters_cell(src) == src, "run `make notebooks`"

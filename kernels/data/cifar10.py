@@ -46,7 +46,7 @@ OFFICIAL_MD5 = {
     "test_batch": "40351d587109b95175f43aff81a1287e",
     "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
 }
-FETCH_CMD = "python -m kernels.data.fetch cifar10"
+FETCH_CMD = "lab fetch cifar10"
 
 
 def md5sum(path: Path, chunk: int = 1 << 22) -> str:

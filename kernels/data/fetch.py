@@ -1,4 +1,4 @@
-"""Fetch and verify a data set: `python -m kernels.data.fetch cifar10 [--root data]`.
+"""Fetch and verify a data set: `lab fetch cifar10 [--root data]`.
 
 Downloads from the official URL (or --url, e.g. a mirror or a file:// path),
 checks the md5, extracts, and records MD5SUMS so later runs can detect a
@@ -17,7 +17,7 @@ from kernels.params import PROJECT_ROOT, ConfigError
 def main(argv=None) -> int:
     from kernels.data import cifar10
 
-    p = argparse.ArgumentParser(prog="python -m kernels.data.fetch", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="lab fetch", description=__doc__.split("\n")[0])
     p.add_argument("dataset", choices=["cifar10"], help="data set to fetch (digits and synthetic need none)")
     p.add_argument("--root", type=Path, default=PROJECT_ROOT / "data", help="data root (default: <project>/data)")
     p.add_argument("--url", default=cifar10.URL, help="download URL (default: the official one)")

@@ -1,0 +1,81 @@
+"""`lab`: the one command of the scaling lab (installed into .venv/bin by `make setup`).
+
+    lab train     ...   train from the command line (python -m kernels.train)
+    lab run NB    ...   run a notebook headless with Papermill, filed with its record
+    lab notebooks sync|parameters
+    lab submit    ...   sbatch a notebook run with the geometry computed from --gpus
+    lab study     submit|status|resubmit|points STUDY.yaml
+    lab sweep     submit|collect SWEEP.yaml
+    lab sysinfo   ...   describe this node (writes SYSTEM.md)
+    lab fetch     ...   download and verify a data set
+    lab paper     ...   records -> analysis -> paper, proposal and slides
+    lab jupyter   ...   JupyterLab on this repository (.py notebooks open as notebooks)
+    lab records-doc     print the record schema (results/README.md)
+
+`lab <command> --help` describes each. Every command is also `python -m kernels.<module>`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "train": ("kernels.train", "train from the command line"),
+    "run": ("kernels.notebooks", "run a notebook headless with Papermill"),
+    "notebooks": ("kernels.notebooks", "regenerate the parameters cell and the .ipynb twins"),
+    "submit": ("kernels.submit", "sbatch a notebook run with the geometry computed from --gpus"),
+    "study": ("kernels.study", "scaling studies on Slurm: submit, status, resubmit, points"),
+    "sweep": ("kernels.sweep", "sweep any executable over a grid as a job array"),
+    "sysinfo": ("kernels.sysinfo", "describe this node; writes SYSTEM.md"),
+    "fetch": ("kernels.data.fetch", "download and verify a data set"),
+    "paper": ("kernels.report.documents", "records -> analysis -> paper, proposal and slides"),
+    "jupyter": (None, "JupyterLab on this repository"),
+    "records-doc": ("kernels.records", "print the run-record schema as Markdown"),
+}
+
+
+def jupyter(argv: list[str]) -> int:
+    """JupyterLab rooted at the repository; jupytext (installed with the lab) opens notebooks/*.py as notebooks."""
+    from kernels.params import PROJECT_ROOT
+
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={PROJECT_ROOT}", "--no-browser"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    os.execv(sys.executable, cmd + argv)
+    return 0  # not reached
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    return "usage: lab COMMAND [ARGS]\n\n" + "\n".join(f"  {k:<{width}}  {doc}" for k, (_, doc) in COMMANDS.items()) \
+        + "\n\n`lab COMMAND --help` describes each command."
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(cmd, COMMANDS, n=1)
+        print(f"lab: unknown command '{cmd}'" + (f"; did you mean '{close[0]}'?" if close else "") + "\n\n" + usage(),
+              file=sys.stderr)
+        return 2
+    if cmd == "jupyter":
+        return jupyter(rest)
+    module = importlib.import_module(COMMANDS[cmd][0])
+    if cmd == "run":
+        rest = ["run", *rest]
+    if cmd == "records-doc":
+        print(module.schema_markdown(), end="")
+        return 0
+    sys.argv = [f"lab {cmd}", *rest]
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Every command in README.md and reproduce.md does what it says.
+
+Each command line in the documents' code blocks must appear in COMMANDS below:
+either it is run here, as written (with LAB_RESULTS and the PDF folders pointed at a
+temporary directory, and .venv/bin on PATH), and its outcome checked; or it is
+skipped with the reason it cannot run on this machine (a GPU, a real cluster, the
+network) and the test that covers its mechanism instead. A new command in the docs
+fails this test until it is classified, so the docs cannot drift from what works.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+DOCS = ("README.md", "reproduce.md")
+COMMAND_WORDS = ("make", "lab", ".", "sbatch", "srun", "torchrun", "git", "ls", "python")
+
+RUN = "run"
+COMMANDS: dict[str, str] = {
+    # --- the README's first two commands, and the documents
+    "make demo": RUN,
+    "make test": "skip: it is this test suite",
+    "make paper": RUN,
+    "make paper SYSTEM=leonardo-booster": RUN,
+    "make paper STUDY=strong_resnet18": RUN,
+    ". .venv/bin/activate": RUN,
+    "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
+    "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a notebook",
+    # --- training
+    "lab train --help": RUN,
+    "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3": RUN,
+    "lab fetch cifar10": "skip: needs the network (the download-and-verify code is tested on files in the real format)",
+    "lab train --gpus 8 --batch 1024 --precision bf16 --channels_last": "skip: needs 8 GPUs and CIFAR-10",
+    "torchrun --nproc-per-node 8 -m kernels.train --launcher none --gpus 8": "skip: needs 8 GPUs",
+    "srun --ntasks 16 --ntasks-per-node 4 python -m kernels.train --launcher none --gpus 16":
+        "skip: needs a 16-task allocation; srun ranks are tested on the local Slurm (test_slurm.py)",
+    # --- Slurm jobs
+    "sbatch slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8":
+        "skip: needs 8 GPUs; the same script runs on the local two-node Slurm in test_slurm.py",
+    "sbatch --gpus-per-node=0 --ntasks-per-node=4 --cpus-per-task=8 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
+    "-p gpus 4 -p dataset synthetic -p precision fp32":
+        "skip: needs a CPU node with 4 x 8 cores; the local Slurm has 2 cores per node (test_slurm.py runs the script "
+        "with --gpus-per-node and CPU ranks)",
+    "lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5": RUN,
+    "lab study submit studies/strong_resnet18.yaml --dry-run": RUN,
+    "lab study points studies/strong_resnet18.yaml --write": RUN,
+    "lab study submit studies/strong_resnet18.yaml": "skip: submits 63 GPU jobs to MareNostrum 5; studies are "
+                                                     "submitted on the local Slurm in test_study.py",
+    "lab study submit studies/weak_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
+    "lab study submit studies/sensitivity_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
+    "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's squeue (test_study.py on the local Slurm)",
+    "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster (test_study.py on the local Slurm)",
+    "lab sweep submit sweeps/mpi_hello.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the local one)",
+    "lab sweep collect sweeps/mpi_hello.yaml": "skip: collects the outputs of the submission above",
+    "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system":
+        "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
+    "lab sysinfo --merge results/system/*.json": "skip: needs the per-node files of the srun line above",
+    "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
+    "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012":
+        "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
+    "git clone <this repository> lab && cd lab": "skip: a template (<this repository>)",
+}
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(document, command) for every command line in the documents' indented code blocks."""
+    out = []
+    for doc in DOCS:
+        lines = (ROOT / doc).read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if re.match(r"^ {4,}\S", line):
+                cmd = line.strip()
+                while cmd.endswith("\\") and i + 1 < len(lines):  # continuation lines
+                    i += 1
+                    cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+                cmd = re.sub(r"\s+#\s.*$", "", cmd).strip()  # a trailing comment explains, it is not run
+                cmd = re.sub(r"\s+", " ", cmd)  # column alignment in the docs is not part of the command
+                if cmd.split(" ")[0] in COMMAND_WORDS:
+                    out.append((doc, cmd))
+            i += 1
+    return out
+
+
+def test_every_documented_command_is_classified():
+    found = documented_commands()
+    assert found, "no commands found in the docs"
+    unclassified = sorted({c for _, c in found if c not in COMMANDS})
+    assert not unclassified, "documented commands without a test classification:\n" + "\n".join(unclassified)
+    stale = sorted(set(COMMANDS) - {c for _, c in found})
+    assert not stale, "classified commands no longer in the docs:\n" + "\n".join(stale)
+    for cmd, how in COMMANDS.items():
+        assert how == RUN or (how.startswith("skip: ") and len(how) > 12), cmd
+
+
+def _sh(cmd: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"`{cmd}` failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+@pytest.mark.slow
+def test_documented_commands_run_as_written(tmp_path):
+    """The commands marked RUN, in the order a reader meets them, each checked for what the docs promise."""
+    venv_bin = ROOT / ".venv" / "bin"
+    if not (venv_bin / "lab").exists():
+        pytest.skip("run `make setup` first: .venv/bin/lab is missing")
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path), "PAPER_OUT": str(tmp_path / "pdf"),
+           "SLIDES_OUT": str(tmp_path / "pdf"), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    runs = tmp_path / "runs"
+
+    _sh("make demo", env)
+    demo = [json.loads(p.read_text()) for p in runs.glob("*-demo-*/summary.json")]
+    assert len(demo) == 2 and all(s["status"] == "complete" and s["final_eval_acc"] > 0.9 for s in demo), demo
+    for s in demo:
+        executed = list((runs / s["run_id"]).glob("01_train-local-*.ipynb"))
+        assert executed and executed[0].with_suffix(".html").exists()
+
+    _sh("make paper", env)
+    _sh("ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf"
+        .replace("paper/build", str(tmp_path / "pdf")).replace("slides/build", str(tmp_path / "pdf")), env)
+    _sh("make paper SYSTEM=leonardo-booster", env)
+    _sh("make paper STUDY=strong_resnet18", env)  # no such records here: the documents say so and still build
+    assert (tmp_path / "pdf" / "proposal.pdf").stat().st_size > 10_000
+
+    p = _sh(". .venv/bin/activate && command -v lab && command -v python", env)
+    assert str(venv_bin / "lab") in p.stdout
+
+    assert "--precision" in _sh("lab train --help", env).stdout
+    before = set(runs.iterdir())
+    _sh("lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3", env)
+    (new,) = set(runs.iterdir()) - before
+    s = json.loads((new / "summary.json").read_text())
+    assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "about 96 % test accuracy"
+
+    p = _sh("lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5",
+            env)
+    readme = (ROOT / "README.md").read_text()
+    promised = re.search(r"--dry-run -p epochs 5\n\s+# (sbatch .*)\n", readme).group(1)
+    assert p.stdout.strip() == promised
+
+    p = _sh("lab study submit studies/strong_resnet18.yaml --dry-run", env)
+    assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 7 and not (tmp_path / "studies" / "strong_resnet18" / "submissions.json").exists()
+    _sh("lab study points studies/strong_resnet18.yaml --write", env)
+    point = tmp_path / "studies" / "strong_resnet18" / "points" / "p012.yaml"
+    assert point.exists() and "run_id: strong_resnet18-p012" in point.read_text()  # what the rerun recipe reads
