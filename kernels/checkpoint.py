@@ -1,7 +1,7 @@
 """Checkpoints: everything a run needs to continue as if never interrupted.
 
 Model, optimizer, GradScaler, LR scheduler, position (epoch, step in epoch,
-global step), RNG states, the config, and the record rows so far. Global
+global step), every rank's RNG states, the config, and the record rows so far. Global
 rank 0 writes it atomically (serialise to memory, temp file, rename), so a
 crash mid-write leaves the previous checkpoint intact.
 """
@@ -34,9 +34,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(path: Path, **payload) -> None:
+def save(path: Path, rng: list[dict], **payload) -> None:
+    """rng: every rank's RNG state, by global rank (each rank resumes its own dropout stream)."""
     buf = io.BytesIO()
-    torch.save({**payload, "rng": rng_state()}, buf)
+    torch.save({**payload, "rng": rng}, buf)
     atomic_write_bytes(Path(path), buf.getvalue())
 
 

@@ -11,7 +11,6 @@ ranks; global rank 0 alone writes files.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import resource
 import secrets
@@ -30,7 +29,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kernels import checkpoint as ckpt
 from kernels import records, sysinfo
-from kernels.data.pipeline import eval_batches, make_pipeline
 from kernels.dist import all_gather_object, all_reduce, broadcast_object, process_group, rank_env, select_device
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.params import ConfigError, RunConfig, device_type
@@ -58,15 +56,6 @@ def make_run_id(cfg: RunConfig, environ=None) -> str:
         return "-".join(parts + [f"j{job}{task}"])
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return "-".join([stamp] + parts + [secrets.token_hex(2)])
-
-
-def lr_lambda(total_steps: int, warmup_steps: int):
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        span = max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
-    return f
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -127,43 +116,42 @@ class Trainer:
     def _prepare(self):
         cfg, wl, dev = self.cfg, self.wl, self.device
         seed_everything(cfg.seed)
-        train, test, num_classes = wl.load_data(cfg)
-        self.train, self.test = train.head(cfg.train_samples), test.head(cfg.test_samples)
-        if len(self.train) < cfg.batch:
+        self.train_src, self.eval_src, info = wl.make_data(cfg, self.renv.global_rank, self.world, dev)
+        if self.train_src.num_samples < cfg.batch:
             raise ConfigError(
-                f"parameter 'batch': the training set has {len(self.train)} samples, fewer than one global "
+                f"parameter 'batch': the training set has {self.train_src.num_samples} samples, fewer than one global "
                 f"batch of {cfg.batch}; lower batch or raise train_samples")
-        self.aug = wl.augment(cfg, cfg.dataset)
-        self.pipe = make_pipeline(cfg.pipeline, self.train, self.aug, cfg.batch, self.renv.global_rank,
-                                  self.world, cfg.seed, dev, cfg.channels_last, cfg.num_workers,
-                                  cfg.prefetch_factor)
-        model, self.variant = wl.build_model(cfg, num_classes)
+        model, self.variant = wl.build_model(cfg, info)
         model = model.to(dev)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
 
-        # FLOPs per sample from the model itself, on a throw-away copy so BN
-        # statistics of the real model are untouched.
-        probe_x = torch.zeros((2, *self.train.x.shape[1:]), device=dev)
-        probe_y = torch.zeros(2, dtype=torch.long, device=dev)
-        self.flops = model_flops_per_sample(copy.deepcopy(model), probe_x, wl.loss, probe_y)
+        # FLOPs per sample from the model itself on real samples, on a throw-away copy so
+        # that BatchNorm statistics of the real model are untouched.
+        probe_x, probe_y = self.train_src.probe(2)
+        self.flops = model_flops_per_sample(copy.deepcopy(model), probe_x, wl.loss, probe_y,
+                                            forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
         self.device_name = sysinfo.device_name(dev)
         self.peak = peak_tflops(self.device_name, cfg.precision) if dev.type == "cuda" else None
 
         self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                        bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+        # Weights are initialised from the common seed (and DDP broadcasts rank 0's anyway); from
+        # here on each rank draws its own random numbers (dropout), or all ranks would drop the
+        # same units of their different samples.
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.renv.global_rank + 1))
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
-        self.opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
-                                   weight_decay=cfg.weight_decay)
-        self.steps_per_epoch = self.pipe.steps_per_epoch
-        self.total_steps = cfg.epochs * self.steps_per_epoch
-        warmup = round(cfg.lr_warmup_epochs * self.steps_per_epoch)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warmup))
+        self.steps_per_epoch = self.train_src.steps_per_epoch
+        self.recipe = wl.build_optimizer(cfg, model, self.steps_per_epoch)
+        if self.recipe.schedule_unit not in ("step", "epoch"):
+            raise ValueError(f"workload {wl.name}: schedule_unit must be 'step' or 'epoch'")
+        self.opt, self.sched = self.recipe.optimizer, self.recipe.scheduler
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
         self.autocast = (torch.autocast(dev.type, dtype=DTYPES[cfg.precision])
                          if cfg.precision in DTYPES else nullcontext())
-        self.columns = records.metric_columns(self.wl.metric_names)
+        self.metric_cols = [c.removeprefix("eval_") for m in wl.metrics for c in m.columns("eval")]
+        self.columns = records.metric_columns(wl.metrics)
 
     def _open_record(self):
         """Decide run id, fresh vs resume; rank 0 creates the directory. All ranks agree."""
@@ -190,7 +178,7 @@ class Trainer:
             self.opt.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.sched.load_state_dict(state["scheduler"])
-            ckpt.set_rng_state(state["rng"])
+            ckpt.set_rng_state(state["rng"][self.renv.global_rank])
             for k in ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_utc"):
                 self.state[k] = state[k]
             self.state["resumed_from_step"] = state["global_step"]
@@ -214,8 +202,9 @@ class Trainer:
             "derived": {
                 "world_size": self.world, "per_rank_batch": cfg.per_rank_batch,
                 "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
-                "steps_per_epoch": self.steps_per_epoch, "train_samples_used": len(self.train),
-                "test_samples_used": len(self.test), "dropped_per_epoch": len(self.train) % cfg.batch,
+                "steps_per_epoch": self.steps_per_epoch, "train_samples_used": self.train_src.num_samples,
+                "test_samples_used": self.eval_src.num_samples,
+                "dropped_per_epoch": self.train_src.dropped_per_epoch, "data_source": self.train_src.describe(),
                 "backend": self.backend, "device_type": self.device.type, "launch_source": self.renv.source,
                 "model_variant": self.variant, "tf32": self.device.type == "cuda",
                 **self.flops, "peak_tflops": self.peak,
@@ -256,11 +245,11 @@ class Trainer:
         steps_this_attempt = 0  # warm-up (compilation, autotuning) recurs in every new process
         for epoch in range(st["epoch"], cfg.epochs):
             self.ddp.train()
-            sums = torch.zeros(2 + len(self.wl.metric_names), dtype=torch.float64, device=self.device)
+            sums = self._zero_sums()
             start = st["step_in_epoch"]
             synchronize(self.device)
             t_epoch = time.perf_counter()
-            batches = self.pipe.batches(epoch, start)
+            batches = self.train_src.batches(epoch, start)
             step = start
             while True:
                 timer.start()
@@ -268,7 +257,7 @@ class Trainer:
                 if batch is None:
                     break
                 timer.data_ready()
-                self._step(*batch, sums)
+                self._step(*batch, sums, st["global_step"])
                 timer.done(timed=steps_this_attempt >= cfg.timing_warmup_steps)
                 steps_this_attempt += 1
                 st["global_step"] += 1
@@ -284,6 +273,8 @@ class Trainer:
                     return "stopped"
             synchronize(self.device)
             epoch_s = time.perf_counter() - t_epoch
+            if self.recipe.schedule_unit == "epoch":
+                self.sched.step()
             wait, comp = timer.collect()
             t_eval = time.perf_counter()
             ev = self._evaluate()
@@ -304,47 +295,66 @@ class Trainer:
                 return "stopped"
         return "complete"
 
-    def _step(self, x, y, sums) -> None:
-        cfg = self.cfg
+    def _zero_sums(self) -> torch.Tensor:
+        """[loss sum, samples, metric numerators ..., metric denominators ...] on the device."""
+        return torch.zeros(2 + 2 * len(self.metric_cols), dtype=torch.float64, device=self.device)
+
+    def _add_metrics(self, sums: torch.Tensor, out, y) -> None:
+        """Add the workload's (numerator, denominator) sums for this batch, flattened in metric order."""
+        got = self.wl.metric_sums(out, y)
+        k, i = len(self.metric_cols), 0
+        for m in self.wl.metrics:
+            num, den = (torch.as_tensor(v, device=self.device, dtype=torch.float64).reshape(-1) for v in got[m.name])
+            sums[2 + i:2 + i + m.size] += num.expand(m.size)
+            sums[2 + k + i:2 + k + i + m.size] += den.expand(m.size)
+            i += m.size
+
+    def _metric_values(self, sums: torch.Tensor, prefix: str) -> dict:
+        k = len(self.metric_cols)
+        num, den = sums[2:2 + k].tolist(), sums[2 + k:].tolist()
+        return {f"{prefix}_{c}": (a / b if b else None) for c, a, b in zip(self.metric_cols, num, den)}
+
+    def _step(self, x, y, sums, global_step: int) -> None:
+        cfg, wl = self.cfg, self.wl
         self.opt.zero_grad(set_to_none=True)
         mb = cfg.micro_batches
-        for i, (xm, ym) in enumerate(zip(x.chunk(mb), y.chunk(mb))):
+        for i, (xm, ym) in enumerate(zip(_chunks(x, mb), _chunks(y, mb))):
             # Gradients are all-reduced once per step, on the last micro-batch.
             sync = self.ddp.no_sync() if i < mb - 1 else nullcontext()
             with sync:
                 with self.autocast:
-                    out = self.train_model(xm)
-                    loss = self.wl.loss(out, ym)
+                    out = wl.forward(self.train_model, xm, ym, global_step, True)
+                    loss = wl.loss(out, ym)
                 self.scaler.scale(loss / mb).backward()
             with torch.no_grad():
-                n = ym.shape[0]
+                n = _batch_len(ym)
                 sums[0] += loss.detach().double() * n
                 sums[1] += n
-                for j, v in enumerate(self.wl.metric_sums(out.detach(), ym).values()):
-                    sums[2 + j] += v.double()
+                self._add_metrics(sums, _detach(out), ym)
+        if self.recipe.clip_grad_norm:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.recipe.clip_grad_norm)
         self.scaler.step(self.opt)
         self.scaler.update()
-        self.sched.step()
+        if self.recipe.schedule_unit == "step":
+            self.sched.step()
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
         model = self.ddp.module  # no DDP hooks: shards may differ by one batch between ranks
         model.eval()
-        sums = torch.zeros(2 + len(self.wl.metric_names), dtype=torch.float64, device=self.device)
-        for x, y in eval_batches(self.test, self.aug, max(self.cfg.per_rank_batch, 1), self.renv.global_rank,
-                                 self.world, self.device, self.cfg.channels_last):
+        sums = self._zero_sums()
+        for x, y in self.eval_src.batches():
             with self.autocast:
-                out = model(x)
+                out = self.wl.forward(model, x, y, self.state["global_step"], False)
                 loss = self.wl.loss(out, y)
-            sums[0] += loss.double() * y.shape[0]
-            sums[1] += y.shape[0]
-            for j, v in enumerate(self.wl.metric_sums(out, y).values()):
-                sums[2 + j] += v.double()
+            n = _batch_len(y)
+            sums[0] += loss.double() * n
+            sums[1] += n
+            self._add_metrics(sums, out, y)
         dist.all_reduce(sums)
         n = max(float(sums[1]), 1.0)
-        out = {"eval_loss": float(sums[0]) / n}
-        out.update({f"eval_{m}": float(sums[2 + j]) / n for j, m in enumerate(self.wl.metric_names)})
-        return out
+        return {"eval_loss": float(sums[0]) / n, **self._metric_values(sums, "eval")}
 
     def _epoch_row(self, epoch, steps, wait, comp, sums, ev, epoch_s, eval_s) -> dict:
         """One metrics.csv row. Throughput is the global batch over the MEDIAN step time of the
@@ -387,13 +397,13 @@ class Trainer:
             "lr": self.sched.get_last_lr()[0], "peak_mem_gib": round(mem, 4),
             "tflops_per_device": _r(tflops, 5), "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
         }
-        for j, m in enumerate(self.wl.metric_names):
-            row[f"train_{m}"] = float(sums[2 + j]) / n
-            row[f"eval_{m}"] = ev[f"eval_{m}"]
+        row.update(self._metric_values(sums, "train"))
+        row.update({k: v for k, v in ev.items() if k != "eval_loss"})
         return row
 
     def _epoch_line(self, row: dict) -> str:
-        metrics = " ".join(f"eval_{m} {row[f'eval_{m}']:.4f}" for m in self.wl.metric_names)
+        metrics = " ".join(f"eval_{c} {row[f'eval_{c}']:.4f}" for c in self.metric_cols
+                           if row.get(f"eval_{c}") is not None)
         if row["samples_per_s"]:
             timing = (f"{row['samples_per_s']:,.1f} samples/s (median step {row['step_ms_p50']:.1f} ms, "
                       f"p10-p90 {row['step_ms_p10']:.1f}-{row['step_ms_p90']:.1f}; "
@@ -404,9 +414,10 @@ class Trainer:
                 f"eval_loss {row['eval_loss']:.4f} {metrics} | {timing} | epoch {row['epoch_s']:.1f} s")
 
     def _checkpoint(self) -> None:
+        rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
         if self.is_rank0:
             st = self.state
-            ckpt.save(self.run_dir / ckpt.FILENAME, model=self.ddp.module.state_dict(),
+            ckpt.save(self.run_dir / ckpt.FILENAME, rng=rng, model=self.ddp.module.state_dict(),
                       optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
                       scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
                       global_step=st["global_step"], rows=st["rows"], timing=st["timing"],
@@ -423,7 +434,7 @@ class Trainer:
         n = self.cfg.comm_probe_steps
         if self.world == 1 or n == 0:
             return {}
-        x, y = next(self.pipe.batches(0, 0))
+        x, y = next(self.train_src.batches(0, 0))
         self.ddp.train()
 
         def timed(sync: bool) -> float:
@@ -434,7 +445,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 with (nullcontext() if sync else self.ddp.no_sync()):
                     with self.autocast:
-                        loss = self.wl.loss(self.train_model(x), y)
+                        loss = self.wl.loss(self.wl.forward(self.train_model, x, y, 0, True), y)
                     loss.backward()
                 synchronize(self.device)
                 if i >= 2:
@@ -487,8 +498,8 @@ class Trainer:
             "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
         }
         summary.update(probe or {})
-        for m in self.wl.metric_names:
-            summary[f"final_eval_{m}"] = rows[-1][f"eval_{m}"] if rows else None
+        for c in self.metric_cols:
+            summary[f"final_eval_{c}"] = rows[-1][f"eval_{c}"] if rows else None
         records.write_json(self.run_dir / "summary.json", summary)
         return summary
 
@@ -500,6 +511,23 @@ STEP_SAMPLES_PER_EPOCH = 4096
 
 def _zero_timing() -> dict:
     return {"step_ms": [], "sum_step_ms": 0.0, "sum_wait_ms": 0.0, "timed_steps": 0}
+
+def _chunks(batch, n: int):
+    """`n` micro-batches of a tensor, or of each tensor of a tuple/list (zipped back into tuples)."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, (tuple, list)):
+        return list(zip(*(t.chunk(n) for t in batch)))
+    return list(batch.chunk(n))
+
+
+def _batch_len(y) -> int:
+    return (y[0] if isinstance(y, (tuple, list)) else y).shape[0]
+
+
+def _detach(out):
+    return tuple(o.detach() for o in out) if isinstance(out, (tuple, list)) else out.detach()
+
 
 def _r(v, nd: int = 3):
     return None if v is None else round(float(v), nd)

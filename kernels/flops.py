@@ -50,21 +50,23 @@ def count_flops(fn) -> int:
     return int(counter.get_total_flops())
 
 
-def model_flops_per_sample(model: torch.nn.Module, example: torch.Tensor, loss_fn, target) -> dict:
+def model_flops_per_sample(model: torch.nn.Module, example, loss_fn, target, forward=None) -> dict:
     """Forward and training (forward + backward) FLOPs per sample of `model` on `example`.
 
-    The model is run on a copy of its parameters' gradients state; gradients
-    produced here are cleared afterwards.
+    forward(model, x, y) runs the model as the workload does (default: model(x)).
+    Gradients produced here are cleared afterwards; pass a copy of the model so
+    that its BatchNorm statistics are untouched.
     """
-    batch = example.shape[0]
+    forward = forward or (lambda m, x, y: m(x))
+    batch = (example[0] if isinstance(example, (tuple, list)) else example).shape[0]
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        fwd = count_flops(lambda: model(example))
+        fwd = count_flops(lambda: forward(model, example, target))
     model.train(was_training)
 
     def step():
-        loss_fn(model(example), target).backward()
+        loss_fn(forward(model, example, target), target).backward()
 
     train = count_flops(step)
     model.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels.params import (PARAM_BY_NAME, PARAMS, PROJECT_ROOT, ConfigError, RunConfig, resolve, results_home,
+from kernels.params import (COMMON, PROJECT_ROOT, ConfigError, RunConfig, resolve, results_home, table,
                             unknown_name_error)
 
 HANDOFF_ENV = "LAB_HANDOFF"
@@ -39,10 +39,19 @@ def staging_dir() -> Path:
 
 # ------------------------------------------------------------ in the notebook
 def parameters_cell() -> str:
-    """The body of 01_train's `parameters` cell: literals only, one per line, each documented."""
-    width = max(len(f"{p.name} = {p.default!r}") for p in PARAMS)
-    lines = []
-    for p in PARAMS:
+    """The body of 01_train's `parameters` cell: literals only, one per line, each documented.
+
+    The common parameters come first, then a section per registered workload; a
+    per-workload common parameter is None, meaning "the workload's default".
+    """
+    params = table()
+    width = max(len(f"{p.name} = {p.default!r}") for p in params)
+    lines, group = [], None
+    for p in params:
+        if p.group != group:
+            group = p.group
+            lines.append("# --- common parameters" if group == "common" else
+                         f"# --- workload {group}: its own parameters, used only when workload is '{group}'")
         code = f"{p.name} = {p.default!r}"
         lines.append(f"{code:<{width}}  # {p.doc}")
     return "\n".join(lines)
@@ -58,16 +67,31 @@ def check_parameter_names(new_names: set, allowed, where: str = " (injected into
 def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
     """Typed RunConfig from the notebook's globals; unknown or mistyped injected names are errors.
 
-    `new_names` are the globals that appeared between the start of the
-    parameters cell and the first cell after it, i.e. what the parameters cell
-    and Papermill's injected cell defined. Each must be a known parameter.
+    `new_names` are the globals that appeared between the start of the parameters
+    cell and the first cell after it, i.e. what the parameters cell and Papermill's
+    injected cell defined. Each must be a parameter: a common one, one of a registered
+    workload, or one of the chosen plug-in workload (module:OBJECT). A parameter of
+    another workload set to anything but its default is the CLI's error naming that
+    workload.
     """
-    check_parameter_names(new_names, PARAM_BY_NAME, where=" (injected into the notebook, e.g. by papermill -p)")
-    missing = [p.name for p in PARAMS if p.name not in namespace]
+    from kernels.workloads import get_workload
+
+    workload = namespace.get("workload") or COMMON[0].default
+    params = table(workload)
+    check_parameter_names(new_names, [p.name for p in params],
+                          where=" (injected into the notebook, e.g. by papermill -p)")
+    missing = [p.name for p in table() if p.name not in namespace]
     if missing:
         raise ConfigError(f"the notebook's parameters cell lacks {', '.join(missing)}; "
                           f"regenerate it with `lab notebooks sync`")
-    return resolve({p.name: namespace[p.name] for p in PARAMS})
+    own = {p.name for p in get_workload(workload).params}
+    raw = {}
+    for p in params:
+        if p.group == "common" or p.name in own:
+            raw[p.name] = namespace[p.name]
+        elif namespace.get(p.name, p.default) != p.default:
+            raw[p.name] = namespace[p.name]  # resolve() names the workload it belongs to
+    return resolve(raw)
 
 
 def handoff(run_dir: Path) -> None:
@@ -105,7 +129,7 @@ PARAMS_MARK = '# %% tags=["parameters"]'
 
 
 def with_parameters_cell(source: str) -> str:
-    """`source` (a py:percent notebook) with its parameters cell regenerated from PARAMS."""
+    """`source` (a py:percent notebook) with its parameters cell regenerated from the parameter table."""
     head, sep, rest = source.partition(PARAMS_MARK + "\n")
     if not sep:
         raise ValueError(f"no {PARAMS_MARK} cell")

@@ -1,20 +1,25 @@
-"""The one definition of a training run's parameters.
+"""The one definition of a training run's parameters: the common ones here, each workload's with it.
 
-Every parameter has a name, a type, a default and a one-line doc. The CLI
-(`lab train`), the notebook's validation (notebooks/01_train) and
-study files read this table; nothing else declares parameters.
+Every parameter has a name, a type, a default and a one-line doc. The common
+parameters (world size, batch, precision, DDP, timing, records ...) are declared
+here; a workload declares its own next to its code (kernels/workloads/<name>.py)
+and gives the defaults of the common parameters marked "per workload" (dataset,
+precision, batch, epochs, lr). One merged table feeds the CLI (`lab train --help`,
+grouped), the notebook's generated parameters cell (a section per workload), study
+files and validation; nothing else declares parameters.
 
 `resolve(raw)` turns a mapping of user-supplied values into a `RunConfig`,
-raising `ConfigError` (naming the parameter and the fix) for unknown names,
-malformed values and impossible combinations. `check_environment(cfg)` adds the
-checks that need the machine (GPUs visible, results dir writable, data present)
-and is cheap: it runs before any process is spawned or any file is written.
+raising `ConfigError` (naming the parameter and the fix) for unknown names, a
+parameter of another workload ("'rnn_units' is a parameter of workload dcrnn, not
+cnn"), malformed values and impossible combinations. `check_environment(cfg)`
+adds the checks that need the machine (GPUs visible, results dir writable, data
+present) and is cheap: it runs before any process is spawned or any file is written.
 """
 from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,9 @@ def exit_status(body) -> int:
         return 2
 
 
+PER_WORKLOAD = None  # the default of a common parameter that each workload sets
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -49,91 +57,101 @@ class Param:
     default: Any
     doc: str
     choices: tuple = ()
+    group: str = "common"   # "common", or the name of the workload that owns it
 
 
 # Order matters: it is the order of --help, the notebook's parameters cell and config.json.
-PARAMS: tuple[Param, ...] = (
-    Param("workload", str, "resnet18", "model family; see kernels/workloads", ("resnet18",)),
-    Param("dataset", str, "cifar10", "cifar10 (fetched into data/), digits (embedded, no download) or synthetic (random, for throughput)",
-          ("cifar10", "digits", "synthetic")),
+COMMON: tuple[Param, ...] = (
+    Param("workload", str, "resnet18", "model family: a registered workload (lab train --help lists them) or "
+                                       "module:OBJECT for your own"),
+    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists the ones it takes (None: the workload's default)"),
     Param("gpus", int, 1, "world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)"),
-    Param("precision", str, "bf16", "fp32, bf16 or fp16 autocast (GradScaler only for fp16; fp16 needs a GPU)", ("fp32", "bf16", "fp16")),
-    Param("batch", int, 512, "GLOBAL batch size over all ranks; each rank takes batch / gpus"),
+    Param("precision", str, PER_WORKLOAD, "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU "
+                                          "(None: the workload's default)", ("fp32", "bf16", "fp16")),
+    Param("batch", int, PER_WORKLOAD, "GLOBAL batch size over all ranks; each rank takes batch / gpus "
+                                      "(None: the workload's default)"),
     Param("micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must divide)"),
-    Param("epochs", int, 10, "training epochs"),
-    Param("lr", float, 0.2, "peak learning rate of SGD (nesterov) for the global batch"),
-    Param("momentum", float, 0.9, "SGD momentum"),
-    Param("weight_decay", float, 5e-4, "SGD weight decay"),
-    Param("lr_warmup_epochs", float, 1.0, "linear LR warm-up length in epochs, then cosine decay to 0"),
-    Param("width", int, 64, "ResNet base width (64 is the standard model; smaller only for tests and demos)"),
-    Param("model_source", str, "native", "native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)",
-          ("native", "torchvision")),
+    Param("epochs", int, PER_WORKLOAD, "training epochs (None: the workload's default)"),
+    Param("lr", float, PER_WORKLOAD, "peak learning rate of the workload's optimizer for the global batch "
+                                     "(None: the workload's recipe)"),
     Param("bucket_cap_mb", float, 25.0, "DDP gradient bucket size in MiB"),
     Param("gradient_as_bucket_view", bool, True, "DDP: gradients are views into the all-reduce buckets (saves a copy)"),
-    Param("pipeline", str, "device", "device (uint8 data resident on the device, batched on-device augmentation) or dataloader (torch DataLoader baseline)",
-          ("device", "dataloader")),
+    Param("pipeline", str, "device", "device (data resident on the device, batched on-device transforms) or "
+                                     "dataloader (torch DataLoader baseline)", ("device", "dataloader")),
     Param("num_workers", int, 4, "dataloader pipeline: worker processes per rank"),
     Param("prefetch_factor", int, 2, "dataloader pipeline: batches prefetched per worker"),
     Param("train_samples", int, 0, "use the first N training samples (0: all); for quick runs"),
     Param("test_samples", int, 0, "use the first N test samples (0: all); for quick runs"),
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, False, "torch.compile the model"),
-    Param("channels_last", bool, False, "channels_last memory format for model and inputs"),
+    Param("channels_last", bool, False, "channels_last memory format for model and inputs (convolutional models)"),
     Param("device", str, "auto", "auto (cuda when visible, else cpu), cuda or cpu", ("auto", "cuda", "cpu")),
     Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
-    Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to expose communication (0: off; needs gpus > 1)"),
+    Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to "
+                                       "expose communication (0: off; needs gpus > 1)"),
     Param("log_every", int, 50, "print a progress line every N steps (0: per epoch only)"),
     Param("checkpoint_every", int, 1, "checkpoint every N epochs (0: never; a run then cannot resume)"),
-    Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); resume by re-running"),
+    Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); "
+                                      "resume by re-running"),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
     Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),
     Param("label", str, "", "free-form label added to the run id"),
     Param("run_id", str, "", "run directory name (empty: generated; an existing run with a checkpoint resumes)"),
-    Param("launcher", str, "auto", "auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)",
-          ("auto", "local", "srun", "none")),
+    Param("launcher", str, "auto", "auto, local (spawn gpus processes here), srun (inside an allocation) or none "
+                                   "(this process is one rank)", ("auto", "local", "srun", "none")),
 )
+COMMON_BY_NAME = {p.name: p for p in COMMON}
+OVERRIDABLE = tuple(p.name for p in COMMON if p.default is PER_WORKLOAD)
 
-PARAM_BY_NAME = {p.name: p for p in PARAMS}
+
+def table(workload: str | None = None) -> list[Param]:
+    """The merged table: the common parameters, then every registered workload's (and `workload`'s, if a plug-in)."""
+    from kernels.workloads import get_workload, registered
+
+    params = list(COMMON)
+    wls = registered()
+    if workload and workload not in {w.name for w in wls}:
+        wls = [*wls, get_workload(workload)]
+    for wl in wls:
+        params += list(wl.params)
+    return params
 
 
-@dataclass(frozen=True)
 class RunConfig:
-    workload: str
-    dataset: str
-    gpus: int
-    precision: str
-    batch: int
-    micro_batches: int
-    epochs: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    lr_warmup_epochs: float
-    width: int
-    model_source: str
-    bucket_cap_mb: float
-    gradient_as_bucket_view: bool
-    pipeline: str
-    num_workers: int
-    prefetch_factor: int
-    train_samples: int
-    test_samples: int
-    seed: int
-    compile: bool
-    channels_last: bool
-    device: str
-    timing_warmup_steps: int
-    comm_probe_steps: int
-    log_every: int
-    checkpoint_every: int
-    stop_after_steps: int
-    timeout_min: float
-    data_dir: str
-    results_dir: str
-    label: str
-    run_id: str
-    launcher: str
+    """The resolved parameters of one run: the common ones and those of its workload, as attributes.
+
+    Immutable; `replace(**changes)` resolves a new one. The order of `to_dict()` is
+    the table's: common parameters first, then the workload's.
+    """
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"RunConfig has no parameter '{name}' (workload {self._values.get('workload')})") \
+                from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("RunConfig is immutable; use replace()")
+
+    def __reduce__(self):
+        return (RunConfig, (self._values,))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RunConfig) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"RunConfig({self._values!r})"
 
     @property
     def per_rank_batch(self) -> int:
@@ -148,7 +166,7 @@ class RunConfig:
         return Path(self.results_dir) if self.results_dir else results_home() / "runs"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(self._values)
 
     def replace(self, **changes) -> "RunConfig":
         return resolve({**self.to_dict(), **changes})
@@ -156,12 +174,9 @@ class RunConfig:
     def cli_args(self) -> list[str]:
         """The command-line arguments that reproduce this config."""
         out = []
-        for p in PARAMS:
-            out += [f"--{p.name}", _format(getattr(self, p.name))]
+        for name, value in self._values.items():
+            out += [f"--{name}", _format(value)]
         return out
-
-
-assert [f.name for f in fields(RunConfig)] == [p.name for p in PARAMS], "RunConfig and PARAMS disagree"
 
 
 def _format(value) -> str:
@@ -219,7 +234,7 @@ def coerce(param: Param, value):
 
 def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
     """`name` is not a parameter (of 01_train, or of `known`): say so, with the closest known name."""
-    known = list(PARAM_BY_NAME if known is None else known)
+    known = list(COMMON_BY_NAME if known is None else known)
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(
@@ -228,26 +243,47 @@ def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
 
 
 def resolve(raw: dict) -> RunConfig:
-    """Defaults + `raw`, typed and checked. Raises ConfigError before any work."""
+    """Defaults + `raw`, typed and checked. Raises ConfigError before any work.
+
+    A common parameter marked per-workload takes the workload's default when it is
+    absent or None; a parameter of another workload is an error naming that workload.
+    """
+    from kernels.workloads import get_workload, owner_of  # late: workloads import torch
+
+    wname = coerce(COMMON_BY_NAME["workload"], raw.get("workload") or COMMON_BY_NAME["workload"].default)
+    wl = get_workload(wname)
+    own = {p.name: p for p in wl.params}
     for name in raw:
-        if name not in PARAM_BY_NAME:
-            raise unknown_name_error(name)
+        if name in COMMON_BY_NAME or name in own:
+            continue
+        owner = owner_of(name)
+        if owner:
+            raise ConfigError(f"'{name}' is a parameter of workload {owner}, not {wl.name}; remove it, or set "
+                              f"workload={owner}")
+        raise unknown_name_error(name, known=[*COMMON_BY_NAME, *own])
     values = {}
-    for p in PARAMS:
-        v = coerce(p, raw[p.name]) if p.name in raw else p.default
+    for p in (*COMMON, *wl.params):
+        given = raw.get(p.name)
+        if given is not None:
+            v = coerce(p, given)
+        elif p.default is PER_WORKLOAD:
+            v = wl.defaults[p.name]
+        elif p.name in raw:  # None given for a parameter that has a value of its own
+            v = coerce(p, None)
+        else:
+            v = p.default
         if p.choices and v not in p.choices:
             raise ConfigError(
-                f"parameter '{p.name}': unknown value {v!r}; choose one of {', '.join(p.choices)}"
+                f"parameter '{p.name}': unknown value {v!r}; choose one of {', '.join(map(str, p.choices))}"
             )
         values[p.name] = v
-    cfg = RunConfig(**values)
-    _check_combinations(cfg)
+    values["workload"] = wl.name if ":" not in wname else wname
+    cfg = RunConfig(values)
+    _check_combinations(cfg, wl)
     return cfg
 
 
-def _check_combinations(cfg: RunConfig) -> None:
-    from kernels.workloads import get_workload  # late: workloads import torch
-
+def _check_combinations(cfg: RunConfig, wl) -> None:
     def need(cond: bool, msg: str):
         if not cond:
             raise ConfigError(msg)
@@ -263,10 +299,7 @@ def _check_combinations(cfg: RunConfig) -> None:
          f"divisible by micro_batches={cfg.micro_batches}")
     need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
     need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
-    need(0 <= cfg.momentum < 1, f"parameter 'momentum': must be in [0, 1), got {cfg.momentum}")
-    need(cfg.width >= 1, f"parameter 'width': must be >= 1, got {cfg.width}")
     need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
-    need(cfg.lr_warmup_epochs >= 0, "parameter 'lr_warmup_epochs': must be >= 0")
     for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps",
                  "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps"):
         need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
@@ -279,9 +312,10 @@ def _check_combinations(cfg: RunConfig) -> None:
          f"parameter 'run_id': {cfg.run_id!r} must be a plain directory name")
     need(all(c.isalnum() or c in "-_." for c in cfg.label),
          f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
-    wl = get_workload(cfg.workload)
     need(cfg.dataset in wl.datasets,
          f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
+    if wl.check is not None:
+        wl.check(cfg)
 
 
 def visible_gpus() -> int:
@@ -333,8 +367,9 @@ def _check_writable(path: Path) -> None:
 
 
 def describe_markdown() -> str:
-    """The parameter table for docs (README, notebooks)."""
+    """The parameter table for docs: common parameters, then each workload's."""
     rows = ["| parameter | type | default | meaning |", "|---|---|---|---|"]
-    for p in PARAMS:
-        rows.append(f"| `{p.name}` | {p.type.__name__} | `{_format(p.default)!s}` | {p.doc} |")
+    for p in table():
+        owner = "" if p.group == "common" else f" (workload {p.group})"
+        rows.append(f"| `{p.name}` | {p.type.__name__} | `{_format(p.default)!s}` | {p.doc}{owner} |")
     return "\n".join(rows)

@@ -102,10 +102,11 @@ SUMMARY_FIELDS: dict[str, str] = {
 }
 
 
-def metric_columns(metric_names: tuple[str, ...]) -> list[str]:
+def metric_columns(metrics) -> list[str]:
+    """metrics.csv's columns for a workload's metrics (kernels.workloads.Metric): train_<col>, eval_<col> pairs."""
     cols = list(METRICS_COLUMNS)
     i = cols.index("eval_loss") + 1
-    extra = [f"{split}_{m}" for m in metric_names for split in ("train", "eval")]
+    extra = [c for m in metrics for tr, ev in zip(m.columns("train"), m.columns("eval")) for c in (tr, ev)]
     return cols[:i] + extra + cols[i:]
 
 
@@ -197,7 +198,8 @@ def schema_markdown() -> str:
         "|---|---|",
     ]
     lines += [f"| `{k}` | {v} |" for k, v in METRICS_COLUMNS.items()]
-    lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction) |", ""]
+    lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
+              "with labels has one column per label, e.g. `eval_mae_h3`) |", ""]
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]

@@ -21,6 +21,7 @@ duplicate points, unknown parameters) before anything is submitted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import json
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from kernels.params import PARAM_BY_NAME, PROJECT_ROOT, ConfigError, exit_status, resolve, results_home
+from kernels.params import PROJECT_ROOT, ConfigError, exit_status, resolve, results_home, table
 from kernels.train import geometry
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
@@ -170,9 +171,12 @@ def load(path: Path) -> Study:
                           f"(and not 'batch', which becomes batch_per_gpu x gpus)")
     if mode != "weak" and per_gpu is not None:
         raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
+    known = [p.name for p in table(str(fixed.get("workload") or ""))]
     for k in (*fixed, *sweep):
-        if k not in PARAM_BY_NAME:
-            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of 01_train")
+        if k not in known:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of 01_train"
+                              + (f"; did you mean '{close[0]}'?" if close else ""))
         if k in ("gpus", "run_id", "label", "launcher"):
             raise ConfigError(f"{where}: key '{k}' is set by the study itself; remove it")
     cluster = load_cluster(str(spec.get("cluster", "local")))

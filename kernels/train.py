@@ -18,31 +18,54 @@ import subprocess
 import sys
 import threading
 import traceback
-from pathlib import Path
 
 from kernels.records import ensure_not_complete
-from kernels.params import PARAMS, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve, unknown_name_error
+from kernels.params import (PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve,
+                            table, unknown_name_error)
 
 
 LAUNCHER_ENV = "LAB_LAUNCHER"  # set by this module's local launcher, so the record names it
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _default_text(p, workloads) -> str:
+    if p.default is PER_WORKLOAD:
+        return "per workload: " + ", ".join(f"{w.name} {w.defaults[p.name]!r}" for w in workloads)
+    return repr(p.default)
+
+
+def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
+    """The CLI: common parameters, then one group per workload (and `workload`'s, for a plug-in)."""
+    from kernels.workloads import get_workload, registered
+
+    wls = registered()
+    if workload and workload not in {w.name for w in wls}:
+        wls.append(get_workload(workload))
     p = argparse.ArgumentParser(prog="lab train", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    for prm in PARAMS:
+    groups = {"common": p.add_argument_group("common parameters")}
+    for wl in wls:
+        groups[wl.name] = p.add_argument_group(
+            f"workload {wl.name}: {wl.title}", f"data sets: {', '.join(wl.datasets)}; used with --workload {wl.name}")
+    for prm in table(workload):
         kw = {"nargs": "?", "const": "true"} if prm.type is bool else {}
         choices = f" {{{','.join(prm.choices)}}}" if prm.choices else ""
-        p.add_argument(f"--{prm.name}", dest=prm.name, default=argparse.SUPPRESS, metavar=prm.type.__name__.upper(),
-                       help=f"{prm.doc}{choices} (default: {prm.default!r})", **kw)
+        groups[prm.group].add_argument(f"--{prm.name}", dest=prm.name, default=argparse.SUPPRESS,
+                                       metavar=prm.type.__name__.upper(),
+                                       help=f"{prm.doc}{choices} (default: {_default_text(prm, wls)})", **kw)
     return p
 
 
 def parse_args(argv: list[str]) -> dict:
-    known, rest = build_parser().parse_known_args(argv)
+    workload = None
+    for i, a in enumerate(argv):  # a plug-in workload's parameters join the parser
+        if a == "--workload" and i + 1 < len(argv):
+            workload = argv[i + 1]
+        elif a.startswith("--workload="):
+            workload = a.split("=", 1)[1]
+    known, rest = build_parser(workload if workload and ":" in workload else None).parse_known_args(argv)
     if rest:
         name = rest[0].lstrip("-").split("=")[0].replace("-", "_")
-        raise unknown_name_error(name, where=f" on the command line ({rest[0]})")
+        raise unknown_name_error(name, where=f" on the command line ({rest[0]})", known=[p.name for p in table()])
     return vars(known)
 
 

@@ -21,42 +21,40 @@
 #   The ranks start with `srun` over the allocation, one task per GPU.
 # - On a laptop, in JupyterLab or in CI: the ranks start as local processes (gloo on CPU).
 #
-# The ranks run `kernels/ddp_core.py`. The record goes to `results/runs/<run_id>/`
-# (`config.json`, `metrics.csv`, `summary.json`). When the notebook runs through
-# `python -m kernels.notebooks run` (which the sbatch script uses), the executed notebook
-# and its HTML rendering are filed beside the record.
+# The ranks run `kernels/ddp_core.py` on the chosen workload (`resnet18`, `cnn`, or your own as
+# `module:OBJECT`). The record goes to `results/runs/<run_id>/` (`config.json`, `metrics.csv`,
+# `summary.json`). When the notebook runs through `lab run` (which the sbatch script uses),
+# the executed notebook and its HTML rendering are filed beside the record.
 #
-# The parameters cell below holds literals only. It is generated from `kernels/params.py`
-# by `python -m kernels.notebooks parameters`, and a test keeps the two equal. Papermill
-# injects overrides after it. A name that is not a parameter is an error here, not a warning.
+# The parameters cell below holds literals only: the common parameters, then a section per
+# workload. `None` means "the workload's default" (its recipe's lr, batch, epochs, precision,
+# data set). It is generated from `kernels/params.py` and the workloads by `lab notebooks sync`,
+# and a test keeps them equal. Papermill injects overrides after it. A name that is not a
+# parameter, or a parameter of another workload, is an error here, not a warning.
 
 # %%
 _names_before_parameters = set(globals())
 
 # %% tags=["parameters"]
-workload = 'resnet18'           # model family; see kernels/workloads
-dataset = 'cifar10'             # cifar10 (fetched into data/), digits (embedded, no download) or synthetic (random, for throughput)
+# --- common parameters
+workload = 'resnet18'           # model family: a registered workload (lab train --help lists them) or module:OBJECT for your own
+dataset = None                  # data set; each workload lists the ones it takes (None: the workload's default)
 gpus = 1                        # world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)
-precision = 'bf16'              # fp32, bf16 or fp16 autocast (GradScaler only for fp16; fp16 needs a GPU)
-batch = 512                     # GLOBAL batch size over all ranks; each rank takes batch / gpus
+precision = None                # fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU (None: the workload's default)
+batch = None                    # GLOBAL batch size over all ranks; each rank takes batch / gpus (None: the workload's default)
 micro_batches = 1               # gradient-accumulation micro-batches per rank and step (per-rank batch must divide)
-epochs = 10                     # training epochs
-lr = 0.2                        # peak learning rate of SGD (nesterov) for the global batch
-momentum = 0.9                  # SGD momentum
-weight_decay = 0.0005           # SGD weight decay
-lr_warmup_epochs = 1.0          # linear LR warm-up length in epochs, then cosine decay to 0
-width = 64                      # ResNet base width (64 is the standard model; smaller only for tests and demos)
-model_source = 'native'         # native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)
+epochs = None                   # training epochs (None: the workload's default)
+lr = None                       # peak learning rate of the workload's optimizer for the global batch (None: the workload's recipe)
 bucket_cap_mb = 25.0            # DDP gradient bucket size in MiB
 gradient_as_bucket_view = True  # DDP: gradients are views into the all-reduce buckets (saves a copy)
-pipeline = 'device'             # device (uint8 data resident on the device, batched on-device augmentation) or dataloader (torch DataLoader baseline)
+pipeline = 'device'             # device (data resident on the device, batched on-device transforms) or dataloader (torch DataLoader baseline)
 num_workers = 4                 # dataloader pipeline: worker processes per rank
 prefetch_factor = 2             # dataloader pipeline: batches prefetched per worker
 train_samples = 0               # use the first N training samples (0: all); for quick runs
 test_samples = 0                # use the first N test samples (0: all); for quick runs
 seed = 0                        # seed of model init, data order and augmentation; same seed, same run
 compile = False                 # torch.compile the model
-channels_last = False           # channels_last memory format for model and inputs
+channels_last = False           # channels_last memory format for model and inputs (convolutional models)
 device = 'auto'                 # auto (cuda when visible, else cpu), cuda or cpu
 timing_warmup_steps = 5         # first steps of the run excluded from throughput (compilation, autotuning)
 comm_probe_steps = 10           # after training, time this many fwd+bwd with and without gradient sync to expose communication (0: off; needs gpus > 1)
@@ -69,6 +67,15 @@ results_dir = ''                # where run records go (empty: $LAB_RESULTS/runs
 label = ''                      # free-form label added to the run id
 run_id = ''                     # run directory name (empty: generated; an existing run with a checkpoint resumes)
 launcher = 'auto'               # auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)
+# --- workload resnet18: its own parameters, used only when workload is 'resnet18'
+width = 64                      # ResNet base width (64 is the standard model; smaller only for tests and demos)
+model_source = 'native'         # native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)
+momentum = 0.9                  # SGD momentum (nesterov when > 0)
+weight_decay = 0.0005           # SGD weight decay
+lr_warmup_epochs = 1.0          # linear LR warm-up length in epochs, then cosine decay to 0
+# --- workload cnn: its own parameters, used only when workload is 'cnn'
+lr_gamma = 0.7                  # StepLR: the learning rate is multiplied by this after every epoch
+dropout = True                  # the example's dropout layers (0.25 and 0.5); false makes runs on different rank counts comparable step by step
 
 # %% [markdown]
 # ## Resolve and validate

@@ -16,9 +16,9 @@ DIGITS = ["--dataset", "digits"]
     (["--gpus", "0"], "parameter 'gpus': world size must be >= 1"),
     (["--gpus", "3", "--batch", "64"], "parameter 'batch': the global batch 64 is not divisible by gpus=3"),
     (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
-    (["--workload", "gpt2"], "parameter 'workload': unknown value 'gpt2'"),
+    (["--workload", "gpt2"], "parameter 'workload': unknown workload 'gpt2'; choose one of resnet18, cnn"),
     (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
-    (["--dataset", "imagenet"], "parameter 'dataset': unknown value 'imagenet'"),
+    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' takes cifar10, digits, synthetic, not 'imagenet'"),
     (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
     (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
     (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
@@ -99,5 +99,5 @@ def test_notebook_style_values_are_typed_strictly():
 def test_help_lists_every_parameter():
     p = run_cli("--help")
     assert p.returncode == 0
-    for prm in params.PARAMS:
+    for prm in params.table():
         assert f"--{prm.name}" in p.stdout

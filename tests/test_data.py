@@ -7,10 +7,9 @@ import torch
 
 from kernels.data import cifar10, load_image_dataset
 from kernels.data.embedded import load_digits
-from kernels.data.pipeline import (DevicePipeline, LoaderPipeline, epoch_permutation, eval_batches,
+from kernels.data.pipeline import (EvalSource, ImageTransform, LoaderSource, Split, TensorSource, epoch_permutation,
                                    rank_slice, steps_per_epoch)
 from kernels.params import ConfigError
-from kernels.workloads.base import Augment, Split
 
 from conftest import write_cifar_tarball
 
@@ -98,15 +97,15 @@ def _tiny_split(n=48):
     return Split(torch.randint(0, 256, (n, 3, 8, 8), generator=g, dtype=torch.uint8), torch.arange(n))
 
 
-AUG = Augment(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), pad=2, flip=True)
+AUG = ImageTransform(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), pad=2, flip=True)
 
 
 def test_pipeline_batches_independent_of_world_size_and_of_pipeline():
     """The global batch (samples and augmentation) is the same for 1 or 2 ranks and for both pipelines."""
     split, dev = _tiny_split(), torch.device("cpu")
-    one = DevicePipeline(split, AUG, 16, 0, 1, 3, dev, False)
-    two = [DevicePipeline(split, AUG, 16, r, 2, 3, dev, False) for r in range(2)]
-    loader = [LoaderPipeline(split, AUG, 16, r, 2, 3, dev, False, num_workers=w) for r, w in ((0, 0), (1, 2))]
+    one = TensorSource(split, AUG, 16, 0, 1, 3, dev, False)
+    two = [TensorSource(split, AUG, 16, r, 2, 3, dev, False) for r in range(2)]
+    loader = [LoaderSource(split, AUG, 16, r, 2, 3, dev, False, num_workers=w) for r, w in ((0, 0), (1, 2))]
     for epoch in (0, 1):
         ref = list(one.batches(epoch))
         halves = [list(p.batches(epoch)) for p in two]
@@ -119,6 +118,44 @@ def test_pipeline_batches_independent_of_world_size_and_of_pipeline():
     # resuming mid-epoch yields exactly the remaining batches
     tail = list(one.batches(1, start_step=1))
     torch.testing.assert_close(tail[0][0], list(one.batches(1))[1][0])
+    # the augmentation really varies: between epochs, and within a batch (not one draw per batch)
+    assert not torch.equal(list(one.batches(0))[0][0], list(one.batches(1))[0][0])
+    draws = AUG.epoch_draws(3, 16, 3, 0, dev)
+    assert all(d.shape == (3, 16) for d in draws) and draws[2].any() and not draws[2].all()
+
+
+def test_device_source_step_has_no_host_sync():
+    """The per-step work of the resident source (indexing, crop, flip, normalise) never asks the device for data.
+
+    Run on the meta device, where tensors have shapes and no data: any data-dependent
+    branch (`bool(flip.any())`, `.item()`, a copy to the host) raises there. Host syncs
+    cannot be counted on a CPU otherwise (torch.cuda.set_sync_debug_mode is CUDA-only;
+    the GPU validation counts them on a GPU).
+    """
+    meta = torch.device("meta")
+    src = TensorSource(_tiny_split(), AUG, 16, 1, 2, 3, torch.device("cpu"), False)
+    x = torch.empty(48, 3, 8, 8, dtype=torch.uint8, device=meta)
+    y = torch.empty(48, dtype=torch.long, device=meta)
+    perm = torch.empty(48, dtype=torch.long, device=meta)
+    draws = tuple(torch.empty(3, 16, dtype=t, device=meta) for t in (torch.long, torch.long, torch.bool))
+    xb, yb = src.rank_batch(x, y, perm, draws, 2, AUG.constants(meta))
+    assert xb.shape == (8, 3, 8, 8) and xb.device == meta and xb.dtype == torch.float32 and yb.shape == (8,)
+    with pytest.raises(RuntimeError, match="meta"):  # the check is real: a sync does fail on meta tensors
+        bool(draws[2].any())
+
+
+def test_random_transforms_are_drawn_once_per_epoch():
+    calls = []
+
+    class Counting(ImageTransform):
+        def epoch_draws(self, *args):
+            calls.append(args)
+            return super().epoch_draws(*args)
+
+    src = TensorSource(_tiny_split(), Counting(**AUG.__dict__), 16, 0, 1, 3, torch.device("cpu"), False)
+    assert len(list(src.batches(0))) == 3 and len(calls) == 1
+    list(src.batches(1, start_step=1))
+    assert len(calls) == 2 and calls[1][3] == 1  # (steps, global batch, seed, epoch, device)
 
 
 def test_augmentation_crops_within_padding_and_flips():
@@ -136,7 +173,7 @@ def test_eval_shards_cover_the_test_set_exactly_once():
     split = _tiny_split(23)
     seen = []
     for r in range(3):
-        for _, y in eval_batches(split, AUG, 4, r, 3, torch.device("cpu"), False):
+        for _, y in EvalSource(split, AUG, 4, r, 3, torch.device("cpu"), False).batches():
             seen += y.tolist()
     assert sorted(seen) == list(range(23))
 

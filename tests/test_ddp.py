@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels import records
+from kernels.workloads import Metric
 
 from conftest import TINY, run_cli
 
@@ -131,7 +132,7 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     assert summary["exposed_comm_ms"] is not None
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 1 and list(rows[0]) == records.metric_columns(("acc",))
+    assert len(rows) == 1 and list(rows[0]) == records.metric_columns((Metric("acc"),))
     assert int(rows[0]["epoch"]) == 1 and int(rows[0]["steps"]) == 4 and int(rows[0]["timed_steps"]) == 3
     # one epoch: the run's headline is the epoch's median-step throughput, and says so
     assert abs(summary["samples_per_s"] - float(rows[0]["samples_per_s"])) < 0.01

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kernels import notebooks
-from kernels.params import PARAMS
+from kernels.params import table
 
 from conftest import ROOT
 
@@ -55,11 +55,16 @@ def test_make_notebooks_on_a_clean_checkout_changes_nothing():
 def test_parameters_cell_is_generated_from_the_one_definition():
     src = (ROOT / "notebooks" / "01_train.py").read_text()
     assert notebooks.with_parameters_cell(src) == src, "run `make notebooks`"
-    cell = notebooks.parameters_cell().splitlines()
-    assert [line.split(" = ")[0] for line in cell] == [p.name for p in PARAMS]
+    cell = [line for line in notebooks.parameters_cell().splitlines() if not line.startswith("#")]
+    assert [line.split(" = ")[0] for line in cell] == [p.name for p in table()]
     assert all("#" in line for line in cell)
     # papermill's parameter inference cannot parse a comment that holds '='
-    assert all("=" not in p.doc for p in PARAMS)
+    assert all("=" not in p.doc for p in table())
+    # a section per registered workload, after the common parameters
+    sections = [line for line in notebooks.parameters_cell().splitlines() if line.startswith("# ---")]
+    assert sections == ["# --- common parameters",
+                        "# --- workload resnet18: its own parameters, used only when workload is 'resnet18'",
+                        "# --- workload cnn: its own parameters, used only when workload is 'cnn'"]
 
 
 def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):

@@ -16,6 +16,7 @@ import yaml
 from kernels import records, report
 from kernels.params import resolve
 from kernels.report.tex import num
+from kernels.workloads import Metric
 
 from conftest import ROOT
 
@@ -30,7 +31,7 @@ def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, ac
     cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": label, "precision": "fp32",
                    **params})
     d = runs / run_id
-    cols = records.metric_columns(("acc",))
+    cols = records.metric_columns((Metric("acc"),))
     nodes = max(1, gpus // 4)
     host_names = [f"h{i}" for i in range(hosts or nodes)]
     records.write_json(d / "config.json", {

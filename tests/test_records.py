@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kernels import records
+from kernels.workloads import Metric
 from conftest import ROOT
 
 
@@ -12,7 +13,7 @@ def test_results_readme_is_generated_from_the_schema():
 
 def test_atomic_writes_leave_no_temp_files_and_roundtrip(tmp_path):
     records.write_json(tmp_path / "summary.json", {"status": "complete", "x": 1.5})
-    cols = records.metric_columns(("acc",))
+    cols = records.metric_columns((Metric("acc"),))
     records.write_metrics(tmp_path / "metrics.csv", [{c: 1 for c in cols} | {"mfu": None}], cols)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv", "summary.json"]
     run = records.read_run(tmp_path)

@@ -1,65 +1,100 @@
-"""Data: readers for the real formats, embedded and synthetic sets, and the pipelines."""
+"""Data: readers for the real formats, fetch and verification, embedded and synthetic sets, the sources.
+
+DATASETS is the registry of every data set a workload can name: how the
+documents call it, how its files are verified before a run, and the command that
+fetches it. A workload lists the ones it takes; `check_dataset` runs their check
+before any process starts.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from kernels.params import ConfigError
 
 
+def _check_cifar10(root: Path) -> None:
+    from kernels.data import cifar10
+
+    cifar10.verify(root)
+
+
+def _check_mnist(name: str) -> Callable[[Path], None]:
+    def check(root: Path) -> None:
+        from kernels.data import mnist
+
+        mnist.verify(name, root)
+    return check
+
+
+def _check_digits(root: Path) -> None:
+    from kernels.data.embedded import digits_csv
+
+    digits_csv()
+
+
 @dataclass(frozen=True)
 class DataSet:
-    title: str       # how the documents name it
-    verified: str    # how its files are checked before a run ("" when there are no files to check)
+    title: str                                  # how the documents name it
+    verified: str                               # how its files are checked before a run ("" when no files)
+    check: Callable[[Path], None] | None = None  # cheap presence/integrity check before any work
+    fetch: str = ""                             # the command that fetches it ("" when it needs none)
+    num_classes: int = 10
 
 
 # Every data set the lab reads; the documents list them from here, never by hand.
 DATASETS: dict[str, DataSet] = {
-    "cifar10": DataSet("CIFAR-10", "fetched from the official URL, md5 of the tarball and of every batch file"),
-    "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", ""),
+    "cifar10": DataSet("CIFAR-10", "md5 of the official tarball and of every batch file", _check_cifar10,
+                       "lab fetch cifar10"),
+    "mnist": DataSet("MNIST", "sha256 of the four decompressed IDX files, md5 of the official .gz",
+                     _check_mnist("mnist"), "lab fetch mnist"),
+    "fashion-mnist": DataSet("Fashion-MNIST", "sha256 of the four decompressed IDX files",
+                             _check_mnist("fashion-mnist"), "lab fetch fashion-mnist"),
+    "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", "", _check_digits),
     "synthetic": DataSet("synthetic images", ""),
 }
-NUM_CLASSES = {"cifar10": 10, "digits": 10, "synthetic": 10}
 
 
 def check_dataset(name: str, root: Path) -> None:
-    """Cheap presence/integrity check before any work; raises ConfigError with the fix."""
-    if name == "cifar10":
-        from kernels.data import cifar10
+    """Cheap presence/integrity check before any work; raises ConfigError with the fix.
 
-        cifar10.verify(root)
-    elif name == "digits":
-        from kernels.data.embedded import digits_csv
-
-        digits_csv()
-    elif name != "synthetic":
-        raise ConfigError(f"parameter 'dataset': unknown dataset '{name}'")
-
-
-def load_image_dataset(name: str, root: Path, samples: int = 0):
-    """(train Split, test Split, num_classes) as uint8 NCHW tensors on the CPU.
-
-    `samples` bounds the synthetic set's train size so small runs do not
-    generate 150 MB of noise; the real sets are always read whole.
+    A data set that is not in the registry belongs to a plug-in workload, which makes it itself.
     """
-    from kernels.workloads.base import Split
+    if name in DATASETS and DATASETS[name].check is not None:
+        DATASETS[name].check(Path(root))
+
+
+def load_image_dataset(name: str, root: Path, samples: int = 0, size: int = 32, channels: int = 3):
+    """(train Split, test Split, num_classes) as uint8 N,C,H,W tensors on the CPU.
+
+    size/channels shape the data sets that have no native shape (digits, synthetic);
+    CIFAR-10 is 3x32x32 and (Fashion-)MNIST 1x28x28 as distributed. `samples` bounds
+    the synthetic set's train size so small runs do not generate 150 MB of noise; the
+    real sets are always read whole.
+    """
+    from kernels.data.pipeline import Split
 
     if name == "cifar10":
         from kernels.data import cifar10
 
         arrays = cifar10.read(root, check=False)  # verified by check_dataset before the run
+    elif name in ("mnist", "fashion-mnist"):
+        from kernels.data import mnist
+
+        arrays = mnist.read(name, root)
     elif name == "digits":
         from kernels.data.embedded import load_digits
 
-        arrays = load_digits()
+        arrays = load_digits(size, channels)
     elif name == "synthetic":
         from kernels.data.embedded import make_synthetic
 
         n = 50_000 if not samples else min(samples, 50_000)
-        arrays = make_synthetic(n_train=n, n_test=min(10_000, max(n // 5, 1)))
+        arrays = make_synthetic(n_train=n, n_test=min(10_000, max(n // 5, 1)), shape=(channels, size, size))
     else:
-        raise ConfigError(f"parameter 'dataset': unknown dataset '{name}'")
+        raise ConfigError(f"parameter 'dataset': {name} is not an image data set")
     splits = [Split(torch.from_numpy(x), torch.from_numpy(y)) for x, y in (arrays["train"], arrays["test"])]
-    return splits[0], splits[1], NUM_CLASSES[name]
+    return splits[0], splits[1], DATASETS[name].num_classes

@@ -17,17 +17,15 @@ error naming the file and the command that repairs it.
 """
 from __future__ import annotations
 
-import hashlib
 import pickle
 import shutil
-import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from kernels.data.download import download, md5sum
 from kernels.params import ConfigError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -47,14 +45,6 @@ OFFICIAL_MD5 = {
     "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
 }
 FETCH_CMD = "lab fetch cifar10"
-
-
-def md5sum(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def batch_dir(root: Path) -> Path:
@@ -114,28 +104,6 @@ def read(root: Path, check: bool = True) -> dict[str, tuple[np.ndarray, np.ndarr
     return out
 
 
-def _download(url: str, dest: Path) -> None:
-    print(f"downloading {url} -> {dest}", file=sys.stderr, flush=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-            total = int(r.headers.get("Content-Length") or 0)
-            done, last = 0, -1
-            while block := r.read(1 << 20):
-                f.write(block)
-                done += len(block)
-                pct = int(100 * done / total) if total else -1
-                if pct // 10 != last // 10:
-                    print(f"  {done / 1e6:.0f} MB" + (f" ({pct}%)" if total else ""), file=sys.stderr, flush=True)
-                    last = pct
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(
-            f"dataset 'cifar10': cannot download {url} ({e}). Offline? Copy {TARBALL} "
-            f"(md5 {TARBALL_MD5}) into {dest.parent} and run `{FETCH_CMD}` again") from None
-    tmp.replace(dest)
-
-
 def fetch(root: Path, url: str = URL, md5: str = TARBALL_MD5, force: bool = False) -> Path:
     """Download (unless the tarball is present), verify, extract, record MD5SUMS."""
     root = Path(root)
@@ -147,7 +115,8 @@ def fetch(root: Path, url: str = URL, md5: str = TARBALL_MD5, force: bool = Fals
     if not force and (base / BATCH_DIR / "MD5SUMS").exists():
         return verify(root)
     if not tarball.exists():
-        _download(url, tarball)
+        download(url, tarball, what="dataset 'cifar10'",
+                 offline_hint=f"copy {TARBALL} (md5 {TARBALL_MD5}) into {base} and run `{FETCH_CMD}` again")
     got = md5sum(tarball)
     if got != md5:
         raise ConfigError(

@@ -3,12 +3,13 @@
 digits: the 1,797 handwritten 8x8 digits (UCI, 0-16 grey levels) that ship
 inside scikit-learn's wheel. They are read straight from the package's
 digits.csv.gz (so the core does not import scikit-learn), upsampled
-bilinearly to 32x32, scaled to 0-255 and replicated to 3 channels, giving
-CIFAR-shaped uint8 images for the same model and pipeline. A fixed split
-(seed 0, independent of the run's seed): 1,437 train, 360 test.
+bilinearly to the workload's size (32x32 for ResNet-18, 28x28 for the MNIST
+CNN), scaled to 0-255 and replicated to its channels, giving uint8 images of the
+shape the model expects. A fixed split (seed 0, independent of the run's seed):
+1,437 train, 360 test.
 
-synthetic: uniform random uint8 images and labels of CIFAR-10's shape and size
-(50,000 train, 10,000 test), generated from a fixed seed; for throughput runs.
+synthetic: uniform random uint8 images and labels of the workload's shape
+(50,000 train, 10,000 test at most), generated from a fixed seed; for throughput runs.
 """
 from __future__ import annotations
 
@@ -37,13 +38,14 @@ def digits_csv() -> Path:
     return path
 
 
-def load_digits(size: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_digits(size: int = 32, channels: int = 3) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The digits, bilinearly upsampled to size x size and replicated to `channels` channels."""
     with gzip.open(digits_csv(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)
     pixels, labels = table[:, :64], table[:, 64].astype(np.int64)
     img = torch.from_numpy(pixels).reshape(-1, 1, 8, 8)
     img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)
-    img = (img * (255.0 / 16.0)).round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1)
+    img = (img * (255.0 / 16.0)).round().clamp(0, 255).to(torch.uint8).expand(-1, channels, -1, -1)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
     x, y = img.numpy()[order], labels[order]
     n_train = len(y) - DIGITS_TEST

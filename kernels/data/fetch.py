@@ -1,9 +1,11 @@
-"""Fetch and verify a data set: `lab fetch cifar10 [--root data]`.
+"""Fetch and verify a data set: `lab fetch cifar10|mnist|fashion-mnist [--root data] [--from DIR]`.
 
-Downloads from the official URL (or --url, e.g. a mirror or a file:// path),
-checks the md5, extracts, and records MD5SUMS so later runs can detect a
-corrupt file before any work. An existing tarball is reused (copy it into
-<root>/cifar10/ on a machine without network).
+Downloads from the official URLs (or, for CIFAR-10, --url: a mirror or a file://
+path), checks the checksums, and leaves the files where runs look for them; a run
+re-verifies them before any work. On a machine without network: --from DIR copies
+the official files from a directory (MNIST, Fashion-MNIST; e.g. Debian's
+dataset-fashion-mnist package installs them in /usr/share/datasets/fashion-mnist),
+or copy the CIFAR-10 tarball into <root>/cifar10/ and run the same command.
 """
 from __future__ import annotations
 
@@ -11,26 +13,35 @@ import argparse
 import sys
 from pathlib import Path
 
-from kernels.params import PROJECT_ROOT, ConfigError
+from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+
+FETCHABLE = ("cifar10", "mnist", "fashion-mnist")
 
 
 def main(argv=None) -> int:
-    from kernels.data import cifar10
+    from kernels.data import cifar10, mnist
 
     p = argparse.ArgumentParser(prog="lab fetch", description=__doc__.split("\n")[0])
-    p.add_argument("dataset", choices=["cifar10"], help="data set to fetch (digits and synthetic need none)")
+    p.add_argument("dataset", choices=FETCHABLE, help="data set to fetch (digits and synthetic need none)")
     p.add_argument("--root", type=Path, default=PROJECT_ROOT / "data", help="data root (default: <project>/data)")
-    p.add_argument("--url", default=cifar10.URL, help="download URL (default: the official one)")
-    p.add_argument("--md5", default=cifar10.TARBALL_MD5, help="expected md5 of the tarball")
-    p.add_argument("--force", action="store_true", help="re-extract and re-verify even if present")
+    p.add_argument("--from", dest="from_dir", type=Path, default=None,
+                   help="MNIST, Fashion-MNIST: copy the four official files from this directory instead of "
+                        "downloading (verified before they are copied)")
+    p.add_argument("--url", default=cifar10.URL, help="CIFAR-10: download URL (default: the official one)")
+    p.add_argument("--md5", default=cifar10.TARBALL_MD5, help="CIFAR-10: expected md5 of the tarball")
+    p.add_argument("--force", action="store_true", help="fetch and verify again even if present")
     a = p.parse_args(argv)
-    try:
-        d = cifar10.fetch(a.root, url=a.url, md5=a.md5, force=a.force)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"cifar10 ready and verified: {d}")
-    return 0
+
+    def body() -> None:
+        if a.dataset == "cifar10":
+            if a.from_dir is not None:
+                raise ConfigError("--from: for CIFAR-10 copy the official tarball into <root>/cifar10/ instead")
+            d = cifar10.fetch(a.root, url=a.url, md5=a.md5, force=a.force)
+        else:
+            d = mnist.fetch(a.dataset, a.root, from_dir=a.from_dir, force=a.force)
+        print(f"{a.dataset} ready and verified: {d}")
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

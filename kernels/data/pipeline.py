@@ -1,34 +1,57 @@
-"""Input pipelines and the sharding contract they share.
+"""The sharding contract, and the data sources that honour it.
 
 Sharding (the DistributedSampler contract, made exact):
-- every epoch has one permutation of the N training samples, drawn from the
-  run's seed and the epoch number, identical on all ranks;
+- every epoch has one permutation of the N training samples, drawn on the CPU from
+  the run's seed and the epoch number, identical on all ranks and device types;
 - an epoch has floor(N / B) steps for global batch B; the last N mod B samples
   of that epoch's permutation are dropped (a different remainder each epoch);
 - at step s, global batch = perm[s*B : (s+1)*B], and rank r of W takes the
   contiguous slice [r*B/W, (r+1)*B/W) of it.
 So the ranks together see every one of the epoch's floor(N/B)*B samples exactly
-once, and a run on W ranks sees the same global batches as a run on one.
+once, and a run on W ranks sees the same global batches as a run on one. A source
+that cannot follow this exactly (streamed shards) documents its variant.
 
-Augmentation draws (crop offsets, flips) are made for the whole global batch
-from a generator seeded by (seed, epoch, step) and sliced per rank, so they
-too do not depend on the world size, and a resumed run draws the same ones.
+Random transforms (crop offsets, flips) are drawn once per epoch for the whole
+epoch's global batches, on the device, from a generator seeded by (seed, epoch);
+each rank slices its positions. They do not depend on the world size (for a given
+device type: CPU and CUDA generators differ), and a resumed run draws the same.
 
-Two pipelines with one interface (`steps_per_epoch`, `batches(epoch, start)`):
-- DevicePipeline: the uint8 data set lives on the device; indexing, crop,
-  flip and normalisation run there in batches. Nothing crosses PCIe per step.
-- LoaderPipeline: the baseline: a torch DataLoader whose worker processes
-  build each rank batch on the host (same functions, so identical values),
-  pinned memory, persistent workers, prefetching, then a copy to the device.
+A training source gives this rank's batches on the device:
+    steps_per_epoch, num_samples, dropped_per_epoch
+    batches(epoch, start_step=0)  -> (x, y) for steps start_step .. steps_per_epoch-1
+    probe(n)                      -> (x, y): n transformed samples, for counting FLOPs
+    describe()                    -> dict for the record; stats() -> I/O counters (may be empty)
+An evaluation source gives this rank's shard (samples r, r+W, ...; nothing dropped)
+with batches(), so that sums over ranks cover the test set exactly once.
+
+Sources here:
+- TensorSource: the data set is resident on the device; indexing and transforms run
+  there in batches. Host syncs per step: 0 (the permutation and the transform draws
+  cross to the device once per epoch); nothing crosses PCIe per step.
+- LoaderSource: the baseline: a torch DataLoader whose worker processes build each
+  rank batch on the host with the same functions (identical values on a CPU),
+  pinned memory, persistent workers, prefetching, then a non_blocking copy.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from kernels.workloads.base import Augment, Split
+
+@dataclass
+class Split:
+    """One split of a data set: inputs (uint8 images N,C,H,W, or float features) and targets."""
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def head(self, n: int) -> "Split":
+        return self if n <= 0 or n >= len(self) else Split(self.x[:n], self.y[:n])
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -46,17 +69,17 @@ def rank_slice(step: int, global_batch: int, rank: int, world: int) -> slice:
     return slice(start, start + b)
 
 
-def augment_draws(aug: Augment, global_batch: int, seed: int, epoch: int, step: int):
-    """(dy, dx, flip) for every position of the global batch; CPU tensors."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_033 + step)
-    dy = torch.randint(0, 2 * aug.pad + 1, (global_batch,), generator=g)
-    dx = torch.randint(0, 2 * aug.pad + 1, (global_batch,), generator=g)
-    flip = torch.rand(global_batch, generator=g) < 0.5 if aug.flip else torch.zeros(global_batch, dtype=torch.bool)
-    return dy, dx, flip
+def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 1_000_033 + 17)
 
 
-def crop_flip(x: torch.Tensor, pad: int, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
-    """Random crop with zero padding and horizontal flip of a uint8 batch (B,C,H,W), on x's device."""
+def crop_flip(x: torch.Tensor, pad: int, dy: torch.Tensor | None, dx: torch.Tensor | None,
+              flip: torch.Tensor | None) -> torch.Tensor:
+    """Random crop with zero padding and horizontal flip of a uint8 batch (B,C,H,W), on x's device.
+
+    No data-dependent branch: a flip mask is applied with torch.where whatever it holds,
+    so nothing here waits for the device.
+    """
     b, c, h, w = x.shape
     if pad:
         padded = F.pad(x, (pad, pad, pad, pad))
@@ -64,69 +87,129 @@ def crop_flip(x: torch.Tensor, pad: int, dy: torch.Tensor, dx: torch.Tensor, fli
         cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
         x = padded[torch.arange(b, device=x.device)[:, None, None, None],
                    torch.arange(c, device=x.device)[None, :, None, None], rows, cols]
-    if flip.any():
+    if flip is not None:
         x = torch.where(flip[:, None, None, None], x.flip(3), x)
     return x
 
 
-def normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    return (x.float().div_(255.0) - mean) / std
+@dataclass(frozen=True)
+class ImageTransform:
+    """Augmentation and normalisation of uint8 image batches, owned by the workload.
+
+    pad/flip: the training-time random crop (with zero padding) and horizontal flip;
+    mean/std normalise [0, 255] images channel-wise. Without pad and flip it only normalises.
+    """
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    pad: int = 0
+    flip: bool = False
+
+    @property
+    def random(self) -> bool:
+        return bool(self.pad or self.flip)
+
+    def epoch_draws(self, steps: int, global_batch: int, seed: int, epoch: int, device: torch.device):
+        """(dy, dx, flip), each (steps, global_batch) on `device`, or None without random transforms."""
+        if not self.random:
+            return None
+        g = _epoch_generator(seed, epoch, device)
+        shape = (steps, global_batch)
+        dy = torch.randint(0, 2 * self.pad + 1, shape, generator=g, device=device) if self.pad else None
+        dx = torch.randint(0, 2 * self.pad + 1, shape, generator=g, device=device) if self.pad else None
+        flip = torch.rand(shape, generator=g, device=device) < 0.5 if self.flip else None
+        return dy, dx, flip
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor(self.mean, device=device).view(1, -1, 1, 1),
+                torch.tensor(self.std, device=device).view(1, -1, 1, 1))
+
+    def apply(self, x: torch.Tensor, draws, consts) -> torch.Tensor:
+        """Transform a uint8 batch: crop/flip with this batch's draws (or none), then normalise to float."""
+        if draws is not None:
+            dy, dx, flip = draws
+            x = crop_flip(x, self.pad, dy, dx, flip)
+        mean, std = consts
+        return (x.float().div_(255.0) - mean) / std
+
+
+def _slice_draws(draws, step: int, pos: slice):
+    return None if draws is None else tuple(None if d is None else d[step, pos] for d in draws)
 
 
 class _Base:
-    def __init__(self, train: Split, aug: Augment, global_batch: int, rank: int, world: int,
+    def __init__(self, train: Split, transform: ImageTransform | None, global_batch: int, rank: int, world: int,
                  seed: int, device: torch.device, channels_last: bool):
-        self.n = len(train)
-        self.aug, self.global_batch, self.rank, self.world = aug, global_batch, rank, world
+        self.num_samples = len(train)
+        self.transform, self.global_batch, self.rank, self.world = transform, global_batch, rank, world
         self.seed, self.device, self.channels_last = seed, device, channels_last
-        self.steps_per_epoch = steps_per_epoch(self.n, global_batch)
+        self.steps_per_epoch = steps_per_epoch(self.num_samples, global_batch)
+        self.dropped_per_epoch = self.num_samples % global_batch
+        self.positions = rank_slice(0, global_batch, rank, world)  # this rank's positions in a global batch
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
 
-    def rank_batch(self, src_x, src_y, perm, epoch: int, step: int, mean, std):
-        """This rank's augmented, normalised batch at (epoch, step), computed where src_x lives."""
-        sl = rank_slice(step, self.global_batch, self.rank, self.world)
-        idx = perm[sl].to(src_x.device)
-        pos = rank_slice(0, self.global_batch, self.rank, self.world)  # positions within the global batch
-        dy, dx, flip = (t[pos].to(src_x.device) for t in augment_draws(self.aug, self.global_batch,
-                                                                       self.seed, epoch, step))
-        x = crop_flip(src_x[idx], self.aug.pad, dy, dx, flip)
-        return normalize(x, mean, std), src_y[idx]
+    def rank_batch(self, src_x, src_y, perm, draws, step: int, consts):
+        """This rank's batch at `step`, computed where src_x lives."""
+        idx = perm[rank_slice(step, self.global_batch, self.rank, self.world)]
+        x = src_x[idx]
+        if self.transform is not None:
+            x = self.transform.apply(x, _slice_draws(draws, step, self.positions), consts)
+        return x, src_y[idx]
+
+    def describe(self) -> dict:
+        return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
+                "dropped_per_epoch": self.dropped_per_epoch, "transform": repr(self.transform)}
+
+    def stats(self) -> dict:
+        return {}
 
 
-class DevicePipeline(_Base):
-    def __init__(self, train: Split, aug: Augment, global_batch, rank, world, seed, device, channels_last):
-        super().__init__(train, aug, global_batch, rank, world, seed, device, channels_last)
+class TensorSource(_Base):
+    """The training set resident on the device (see the module doc: 0 host syncs per step)."""
+    kind = "device-resident"
+
+    def __init__(self, train: Split, transform, global_batch, rank, world, seed, device, channels_last):
+        super().__init__(train, transform, global_batch, rank, world, seed, device, channels_last)
         self.x = train.x.to(device)
         self.y = train.y.to(device)
-        self.mean = torch.tensor(aug.mean, device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(aug.std, device=device).view(1, -1, 1, 1)
+        self.consts = transform.constants(device) if transform is not None else None
 
     def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        perm = epoch_permutation(self.n, self.seed, epoch).to(self.device)
+        perm = epoch_permutation(self.num_samples, self.seed, epoch).to(self.device)
+        draws = (self.transform.epoch_draws(self.steps_per_epoch, self.global_batch, self.seed, epoch, self.device)
+                 if self.transform is not None else None)
         for step in range(start_step, self.steps_per_epoch):
-            x, y = self.rank_batch(self.x, self.y, perm, epoch, step, self.mean, self.std)
+            x, y = self.rank_batch(self.x, self.y, perm, draws, step, self.consts)
             yield self._finish(x), y
+
+    def probe(self, n: int = 2):
+        x = self.x[:n]
+        if self.transform is not None:
+            x = self.transform.apply(x, None, self.consts)
+        return self._finish(x), self.y[:n]
 
 
 class _StepDataset(torch.utils.data.Dataset):
     """Item (epoch, step) = this rank's whole host-side batch; built in a worker process."""
 
-    def __init__(self, pipe: "LoaderPipeline", train: Split):
-        self.pipe, self.x, self.y = pipe, train.x, train.y
-        self.mean = torch.tensor(pipe.aug.mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(pipe.aug.std).view(1, -1, 1, 1)
-        self._perm_epoch, self._perm = None, None
+    def __init__(self, source: "LoaderSource", train: Split):
+        self.src, self.x, self.y = source, train.x, train.y
+        self.consts = source.transform.constants(torch.device("cpu")) if source.transform is not None else None
+        self._epoch, self._perm, self._draws = None, None, None
 
     def __len__(self):
-        return self.pipe.steps_per_epoch
+        return self.src.steps_per_epoch
 
     def __getitem__(self, key):
         epoch, step = key
-        if self._perm_epoch != epoch:
-            self._perm, self._perm_epoch = epoch_permutation(self.pipe.n, self.pipe.seed, epoch), epoch
-        return self.pipe.rank_batch(self.x, self.y, self._perm, epoch, step, self.mean, self.std)
+        if self._epoch != epoch:
+            src = self.src
+            self._perm = epoch_permutation(src.num_samples, src.seed, epoch)
+            self._draws = (src.transform.epoch_draws(src.steps_per_epoch, src.global_batch, src.seed, epoch,
+                                                     torch.device("cpu")) if src.transform is not None else None)
+            self._epoch = epoch
+        return self.src.rank_batch(self.x, self.y, self._perm, self._draws, step, self.consts)
 
 
 class _StepSampler(torch.utils.data.Sampler):
@@ -140,15 +223,20 @@ class _StepSampler(torch.utils.data.Sampler):
         return self.steps - self.start
 
 
-class LoaderPipeline(_Base):
-    def __init__(self, train: Split, aug: Augment, global_batch, rank, world, seed, device, channels_last,
+class LoaderSource(_Base):
+    """The DataLoader baseline: batches built by worker processes on the host, then copied."""
+    kind = "dataloader"
+
+    def __init__(self, train: Split, transform, global_batch, rank, world, seed, device, channels_last,
                  num_workers: int = 4, prefetch_factor: int = 2):
-        super().__init__(train, aug, global_batch, rank, world, seed, device, channels_last)
+        super().__init__(train, transform, global_batch, rank, world, seed, device, channels_last)
+        self.train = train
         self.sampler = _StepSampler(self.steps_per_epoch)
         extra = {"persistent_workers": True, "prefetch_factor": prefetch_factor} if num_workers > 0 else {}
         self.loader = torch.utils.data.DataLoader(
             _StepDataset(self, train), batch_size=None, sampler=self.sampler, num_workers=num_workers,
             pin_memory=device.type == "cuda", **extra)
+        self.num_workers = num_workers
 
     def batches(self, epoch: int, start_step: int = 0):
         self.sampler.epoch, self.sampler.start = epoch, start_step
@@ -156,26 +244,44 @@ class LoaderPipeline(_Base):
             x = x.to(self.device, non_blocking=True)
             yield self._finish(x), y.to(self.device, non_blocking=True)
 
+    def probe(self, n: int = 2):
+        x = self.train.x[:n]
+        if self.transform is not None:
+            x = self.transform.apply(x, None, self.transform.constants(torch.device("cpu")))
+        return self._finish(x.to(self.device)), self.train.y[:n].to(self.device)
 
-def make_pipeline(kind: str, train: Split, aug: Augment, global_batch: int, rank: int, world: int, seed: int,
-                  device: torch.device, channels_last: bool, num_workers: int = 4, prefetch_factor: int = 2):
-    if kind == "device":
-        return DevicePipeline(train, aug, global_batch, rank, world, seed, device, channels_last)
-    return LoaderPipeline(train, aug, global_batch, rank, world, seed, device, channels_last,
-                          num_workers, prefetch_factor)
+    def describe(self) -> dict:
+        return {**super().describe(), "num_workers": self.num_workers}
 
 
-def eval_batches(test: Split, aug: Augment, batch: int, rank: int, world: int, device: torch.device,
-                 channels_last: bool):
-    """This rank's shard (samples rank, rank+W, ...) of the test set, normalised, no augmentation.
+class EvalSource:
+    """This rank's shard of the test set (samples rank, rank+W, ...), resident on the device, transformed."""
 
-    Nothing is dropped: summed over ranks, every test sample is counted once.
-    """
-    x, y = test.x[rank::world], test.y[rank::world]
-    mean = torch.tensor(aug.mean, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(aug.std, device=device).view(1, -1, 1, 1)
-    for i in range(0, len(y), batch):
-        xb = normalize(x[i:i + batch].to(device, non_blocking=True), mean, std)
-        if channels_last:
-            xb = xb.contiguous(memory_format=torch.channels_last)
-        yield xb, y[i:i + batch].to(device, non_blocking=True)
+    def __init__(self, test: Split, transform: ImageTransform | None, batch: int, rank: int, world: int,
+                 device: torch.device, channels_last: bool):
+        self.x = test.x[rank::world].to(device)
+        self.y = test.y[rank::world].to(device)
+        self.num_samples = len(test)
+        self.transform, self.batch, self.channels_last = transform, max(1, batch), channels_last
+        self.consts = transform.constants(device) if transform is not None else None
+
+    def batches(self):
+        for i in range(0, len(self.y), self.batch):
+            x = self.x[i:i + self.batch]
+            if self.transform is not None:
+                x = self.transform.apply(x, None, self.consts)
+            if self.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.y[i:i + self.batch]
+
+
+def tensor_sources(cfg, train: Split, test: Split, transform: ImageTransform | None, rank: int, world: int,
+                   device: torch.device):
+    """(training source, eval source) for data held in memory, as cfg.pipeline asks."""
+    train, test = train.head(cfg.train_samples), test.head(cfg.test_samples)
+    if cfg.pipeline == "device":
+        src = TensorSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last)
+    else:
+        src = LoaderSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
+                           cfg.num_workers, cfg.prefetch_factor)
+    return src, EvalSource(test, transform, cfg.per_rank_batch, rank, world, device, cfg.channels_last)

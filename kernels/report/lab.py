@@ -40,8 +40,9 @@ def contents_text() -> tuple[str, str]:
     from kernels.workloads import WORKLOADS, get_workload
 
     wls = [get_workload(name) for name in WORKLOADS]
-    work = listing([f"{tex_escape(w.title)} on {listing([tex_escape(DATASETS[d].title) for d in w.datasets])}"
-                    for w in wls])
+    items = [f"{tex_escape(w.title)} (data: {', '.join(tex_escape(DATASETS[d].title) for d in w.datasets)})"
+             for w in wls]
+    work = "; ".join(items[:-1]) + ("; and " if len(items) > 1 else "") + items[-1]
     n = len(wls)
     workloads = f"The lab currently provides {'one workload' if n == 1 else f'{n} workloads'}: {work}."
     public = [d for d in DATASETS.values() if d.verified]

@@ -1,46 +1,103 @@
-"""The workload interface."""
+"""The workload interface: what a model family brings, so that the loop needs nothing else.
+
+A workload is one `Workload` value. It owns:
+- its parameters (`params`, group = its name) and the defaults of the common
+  parameters marked per-workload (`defaults`: dataset, precision, batch, epochs, lr);
+- its data: `make_data(cfg, rank, world, device)` returns this rank's training
+  source, its evaluation source and a `DataInfo` (kernels/data/pipeline.py has the
+  sharding contract and the sources that honour it);
+- its model: `build_model(cfg, info)` returns (module, variant name for the record);
+- its recipe: `build_optimizer(cfg, model, steps_per_epoch)` returns a `Recipe`
+  (optimizer, LR scheduler and whether it steps per step or per epoch, gradient
+  clipping);
+- its loss and metrics: `loss(outputs, targets)`, and `metric_sums(outputs, targets)`
+  returning, per `Metric`, a (numerator, denominator) pair of sums over the batch, of
+  any shape (a scalar, or one value per label, e.g. per forecast horizon), so that
+  sums over ranks and batches give exact means;
+- optionally `forward(model, x, y, step, train)` when the model needs more than x
+  (targets for teacher forcing, the step for scheduled sampling), and `check(cfg)`
+  for its own combinations of parameters.
+
+kernels/ddp_core.py calls only these; it never branches on a workload or data set
+name. README ("Your own model") shows a complete workload in a few dozen lines.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 
-@dataclass
-class Split:
-    """One split of a dataset: inputs (uint8 images NCHW, or float features) and integer targets."""
-    x: torch.Tensor
-    y: torch.Tensor
+@dataclass(frozen=True)
+class Metric:
+    """One metric: `name` for a scalar, or one value per label (columns <split>_<name>_<label>)."""
+    name: str
+    labels: tuple[str, ...] = ()
+    higher_is_better: bool = True
 
-    def __len__(self) -> int:
-        return self.x.shape[0]
+    @property
+    def size(self) -> int:
+        return max(1, len(self.labels))
 
-    def head(self, n: int) -> "Split":
-        return self if n <= 0 or n >= len(self) else Split(self.x[:n], self.y[:n])
+    def columns(self, split: str) -> list[str]:
+        if not self.labels:
+            return [f"{split}_{self.name}"]
+        return [f"{split}_{self.name}_{label}" for label in self.labels]
 
 
 @dataclass(frozen=True)
-class Augment:
-    """Per-sample image augmentation and normalisation, applied by the data pipeline.
+class DataInfo:
+    """What the model builder needs to know about the data."""
+    input_shape: tuple[int, ...]     # one sample's shape
+    num_classes: int = 0             # classification: number of classes (0 otherwise)
+    extra: dict = field(default_factory=dict)
 
-    pad/flip are the training-time random crop (with zero padding) and horizontal
-    flip; mean/std normalise uint8 [0, 255] images channel-wise.
-    """
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    pad: int = 0
-    flip: bool = False
+
+@dataclass
+class Recipe:
+    """The optimizer and its schedule. `schedule_unit`: 'step' or 'epoch' (when scheduler.step() is called)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    schedule_unit: str = "step"
+    clip_grad_norm: float | None = None
+
+
+def default_forward(model, x, y, step: int, train: bool):
+    return model(x)
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
     title: str                              # how the documents name the model, e.g. "ResNet-18 (CIFAR form)"
-    datasets: tuple[str, ...]
-    metric_names: tuple[str, ...]          # e.g. ("acc",): columns train_acc / eval_acc
-    build_model: Callable                   # (cfg, num_classes) -> (nn.Module, variant: str)
-    load_data: Callable                     # (cfg) -> (train: Split, test: Split, num_classes: int)
-    augment: Callable                       # (cfg, dataset) -> Augment | None
+    datasets: tuple[str, ...]               # the data sets it takes; the first is its default
+    params: tuple                           # its own Param()s (group = name)
+    defaults: dict                          # defaults of the per-workload common parameters
+    metrics: tuple[Metric, ...]
+    make_data: Callable                     # (cfg, rank, world, device) -> (train source, eval source, DataInfo)
+    build_model: Callable                   # (cfg, info) -> (nn.Module, variant: str)
+    build_optimizer: Callable               # (cfg, model, steps_per_epoch) -> Recipe
     loss: Callable                          # (outputs, targets) -> scalar mean loss
-    metric_sums: Callable                   # (outputs, targets) -> {metric: summed value over batch}
+    metric_sums: Callable                   # (outputs, targets) -> {metric: (numerator, denominator)}
+    forward: Callable = default_forward     # (model, x, y, step, train) -> outputs
+    check: Callable | None = None           # (cfg) -> None, raises ConfigError
+    primary_metric: str = ""                # the metric the documents compare across rank counts
+
+    def __post_init__(self):
+        from kernels.params import COMMON_BY_NAME, OVERRIDABLE
+
+        missing = [k for k in OVERRIDABLE if k not in self.defaults and k != "dataset"]
+        if missing:
+            raise TypeError(f"workload {self.name}: defaults lack {', '.join(missing)}")
+        if not self.datasets:
+            raise TypeError(f"workload {self.name}: no data sets")
+        for p in self.params:
+            if p.name in COMMON_BY_NAME:
+                raise TypeError(f"workload {self.name}: parameter '{p.name}' is a common parameter; set its "
+                                f"default in `defaults` instead")
+            if p.group != self.name:
+                raise TypeError(f"workload {self.name}: parameter '{p.name}' must have group={self.name!r}")
+        self.defaults.setdefault("dataset", self.datasets[0])
+        if self.primary_metric and self.primary_metric not in {m.name for m in self.metrics}:
+            raise TypeError(f"workload {self.name}: primary_metric {self.primary_metric!r} is not one of its metrics")

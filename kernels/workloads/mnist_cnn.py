@@ -1,0 +1,92 @@
+"""The CNN of the PyTorch MNIST example, on MNIST, Fashion-MNIST, the embedded digits or synthetic data.
+
+Model (pytorch/examples, mnist/main.py): conv 1->32 3x3, ReLU, conv 32->64 3x3,
+ReLU, max-pool 2, dropout 0.25, flatten (9216), fc 9216->128, ReLU, dropout 0.5,
+fc 128->10. The example ends in log_softmax + NLL; here the model returns logits
+and the loss is cross-entropy, the same function. About 12 M multiply-adds (24 MFLOPs)
+per 28x28 image forward, counted from the model, not typed.
+
+Recipe, as the example's defaults: Adadelta at lr 1.0, StepLR decaying the rate by
+gamma 0.7 after every epoch, batch 64. The images are normalised with each data
+set's mean and standard deviation and not augmented.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels.data import load_image_dataset
+from kernels.data.pipeline import ImageTransform, tensor_sources
+from kernels.params import ConfigError, Param
+from kernels.workloads import classification
+from kernels.workloads.base import DataInfo, Recipe, Workload
+
+# per data set: (mean, std) of the training images in [0, 1]
+NORMALISE = {"mnist": ((0.1307,), (0.3081,)), "fashion-mnist": ((0.2860,), (0.3530,)),
+             "digits": ((0.1307,), (0.3081,)), "synthetic": ((0.5,), (0.2887,))}
+
+
+class MnistCNN(nn.Module):
+    def __init__(self, num_classes: int = 10, dropout: bool = True):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25 if dropout else 0.0)
+        self.dropout2 = nn.Dropout(0.5 if dropout else 0.0)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        x = self.dropout1(F.max_pool2d(x, 2))
+        x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))))
+        return self.fc2(x)
+
+
+PARAMS = (
+    Param("lr_gamma", float, 0.7, "StepLR: the learning rate is multiplied by this after every epoch", group="cnn"),
+    Param("dropout", bool, True, "the example's dropout layers (0.25 and 0.5); false makes runs on different rank "
+                                 "counts comparable step by step", group="cnn"),
+)
+
+
+def check(cfg) -> None:
+    if not 0 < cfg.lr_gamma <= 1:
+        raise ConfigError(f"parameter 'lr_gamma': must be in (0, 1], got {cfg.lr_gamma}")
+
+
+def make_data(cfg, rank: int, world: int, device: torch.device):
+    train, test, classes = load_image_dataset(cfg.dataset, cfg.data_root, samples=cfg.train_samples, size=28,
+                                              channels=1)
+    mean, std = NORMALISE[cfg.dataset]
+    src, ev = tensor_sources(cfg, train, test, ImageTransform(mean=mean, std=std), rank, world, device)
+    return src, ev, DataInfo(input_shape=tuple(train.x.shape[1:]), num_classes=classes)
+
+
+def build_model(cfg, info: DataInfo):
+    if tuple(info.input_shape) != (1, 28, 28):
+        raise ConfigError(f"workload 'cnn': needs 1x28x28 images, data set '{cfg.dataset}' gives {info.input_shape}")
+    return MnistCNN(info.num_classes, cfg.dropout), "mnist-cnn-pytorch-examples" + ("" if cfg.dropout else "-nodropout")
+
+
+def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
+    opt = torch.optim.Adadelta(model.parameters(), lr=cfg.lr)
+    return Recipe(opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=cfg.lr_gamma), "epoch")
+
+
+WORKLOAD = Workload(
+    name="cnn",
+    title="the CNN of the PyTorch MNIST example",
+    datasets=("mnist", "fashion-mnist", "digits", "synthetic"),
+    params=PARAMS,
+    defaults={"precision": "fp32", "batch": 64, "epochs": 5, "lr": 1.0},
+    metrics=(classification.ACCURACY,),
+    make_data=make_data,
+    build_model=build_model,
+    build_optimizer=build_optimizer,
+    loss=classification.loss,
+    metric_sums=classification.metric_sums,
+    check=check,
+    primary_metric="acc",
+)
