@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-quick bench demo notebooks paper lab clean-venv records-doc help
+.PHONY: setup test test-quick reliability bench demo notebooks paper lab clean-venv records-doc help
 
 help:
 	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, embedded digits (no network, no GPU)"
@@ -15,6 +15,7 @@ help:
 	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0)"
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
+	@echo "make reliability the fault-injection suite, and its measured table into README.md"
 	@echo "make bench   print throughput tables (pipelines; 1 vs 2 processes)"
 	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
 
@@ -35,6 +36,11 @@ test: setup
 
 test-quick: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The fault-injection suite (needs root and the local Slurm, as make test), then its table into README.md.
+reliability: setup
+	$(BIN)/python -m pytest -q -m faults
+	$(BIN)/python tests/reliability_table.py
 
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py

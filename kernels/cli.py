@@ -8,6 +8,7 @@
     lab sweep     submit|collect SWEEP.yaml
     lab sysinfo   ...   describe this node (writes SYSTEM.md)
     lab fetch     ...   download and verify a data set
+    lab bigmnist  build|submit|verify|info   the 72 M-sample bigMNIST in shards
     lab paper     ...   records -> analysis -> paper, proposal and slides
     lab jupyter   ...   JupyterLab on this repository (.py notebooks open as notebooks)
     lab records-doc     print the record schema (results/README.md)
@@ -29,6 +30,7 @@ COMMANDS = {
     "sweep": ("kernels.sweep", "sweep any executable over a grid as a job array"),
     "sysinfo": ("kernels.sysinfo", "describe this node; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),
+    "bigmnist": ("kernels.data.bigmnist", "build (here or as a job array), verify and describe bigMNIST"),
     "paper": ("kernels.report.documents", "records -> analysis -> paper, proposal and slides"),
     "jupyter": (None, "JupyterLab on this repository"),
     "records-doc": ("kernels.records", "print the run-record schema as Markdown"),

@@ -11,11 +11,14 @@ ranks; global rank 0 alone writes files.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import os
 import resource
 import secrets
+import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from contextlib import nullcontext
@@ -49,7 +52,8 @@ def make_run_id(cfg: RunConfig, environ=None) -> str:
     env = os.environ if environ is None else environ
     if cfg.run_id:
         return cfg.run_id
-    parts = [cfg.workload, cfg.dataset, f"g{cfg.gpus}"] + ([cfg.label] if cfg.label else [])
+    workload = get_workload(cfg.workload).name  # a plug-in's own name, not its module:OBJECT spec
+    parts = [workload, cfg.dataset, f"g{cfg.gpus}"] + ([cfg.label] if cfg.label else [])
     if "SLURM_JOB_ID" in env:
         job = env.get("SLURM_ARRAY_JOB_ID", env["SLURM_JOB_ID"])
         task = f"_{env['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_TASK_ID" in env else ""
@@ -75,17 +79,78 @@ def seed_everything(seed: int) -> None:
 
 
 class Terminated(Exception):
-    """SIGTERM arrived: Slurm's time limit, scancel, or the launcher stopping the ranks."""
+    """SIGTERM arrived and no step boundary came within term_grace_s: stopped without a checkpoint."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated(f"terminated by signal {signum} (time limit, scancel or a stopped launcher)")
+class NonFiniteLoss(Exception):
+    """The training loss became NaN or infinite."""
 
 
-def run(cfg: RunConfig) -> dict | None:
-    """Run this process's rank of `cfg`. Returns the summary on global rank 0."""
-    # An exception, not a silent death, so rank 0 records `failed` instead of leaving `running`.
-    signal.signal(signal.SIGTERM, _on_sigterm)
+class StopSignals:
+    """USR1 (Slurm's warning before a time limit or preemption) and TERM (scancel, a time limit) ask the
+    run to stop; the ranks agree at the next check (every sync_check_steps steps), checkpoint, and record
+    'preempted'. TERM also arms an alarm: if no boundary comes within term_grace_s (a rank is stuck), the
+    rank stops anyway and records 'failed'."""
+
+    def __init__(self, term_grace_s: float):
+        self.request: str | None = None
+        self.grace = max(1, int(term_grace_s))
+        # the batch script leaves this file when its warning came before the ranks could be signalled
+        self.stop_file = os.environ.get("LAB_STOP_FILE")
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def _on_usr1(self, signum, frame):
+        self.request = self.request or "SIGUSR1 (the scheduler's warning before the time limit or a preemption)"
+
+    def _on_term(self, signum, frame):
+        if self.request is None or "SIGTERM" not in self.request:
+            self.request = "SIGTERM (a time limit, scancel, or the launcher stopping the ranks)"
+            signal.alarm(self.grace)
+
+    def pending(self) -> str | None:
+        if self.request is None and self.stop_file and os.path.exists(self.stop_file):
+            self.request = "the batch script's stop file (SIGUSR1 came before the ranks could get it)"
+        return self.request
+
+    def _on_alarm(self, signum, frame):
+        raise Terminated(f"terminated by signal {signal.SIGTERM.value} and no step boundary within "
+                         f"term_grace_s={self.grace} s: stopped without a checkpoint")
+
+
+class Watchdog(threading.Thread):
+    """A rank that makes no progress (no step, evaluation batch or checkpoint) for too long is hung:
+    dump every thread's Python stack to stderr, record the failure (rank 0) and end the process,
+    so that its launcher or srun ends the run. Before the first step the startup limit applies."""
+
+    def __init__(self, startup_s: float, hang_s: float, on_hang):
+        super().__init__(daemon=True, name="lab-watchdog")
+        self.startup_s, self.hang_s, self.on_hang = startup_s, hang_s, on_hang
+        self.last, self.started, self.stopped = time.monotonic(), False, False
+
+    def beat(self, step: bool = False) -> None:
+        self.last = time.monotonic()
+        self.started = self.started or step
+
+    def run(self) -> None:
+        while not self.stopped:
+            limit = self.hang_s if self.started else self.startup_s
+            idle = time.monotonic() - self.last
+            if idle > limit:
+                what = "no step, evaluation batch or checkpoint" if self.started else "no first step"
+                self.on_hang(f"{what} for {idle:.0f} s (limit {limit:.0f} s, "
+                             f"{'hang' if self.started else 'startup'}_timeout_min): the rank is hung")
+                return
+            time.sleep(min(5.0, max(0.2, limit / 20)))
+
+
+EXIT_HUNG = 70
+
+
+def run(cfg: RunConfig) -> str:
+    """Run this process's rank of `cfg`. Returns the run's status (the same on every rank)."""
+    stops = StopSignals(cfg.term_grace_s)
     renv = rank_env()
     if renv.world_size != cfg.gpus:
         raise ConfigError(
@@ -96,17 +161,22 @@ def run(cfg: RunConfig) -> dict | None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
-    with process_group(renv, device, cfg.timeout_min) as backend:
-        return Trainer(cfg, renv, device, backend).run()
+    with process_group(renv, device, cfg.timeout_min, cfg.startup_timeout_min) as backend:
+        return Trainer(cfg, renv, device, backend, stops).run()
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str):
+    def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str, stops: StopSignals | None = None):
         self.cfg, self.renv, self.device, self.backend = cfg, renv, device, backend
+        self.stops = stops or StopSignals(cfg.term_grace_s)
         self.is_rank0 = renv.is_rank0
         self.world = renv.world_size
         self.wl = get_workload(cfg.workload)
         self.run_dir: Path | None = None
+        self.lock: records.RunLock | None = None
+        self.owns_record = False  # this attempt wrote the record: it may mark it failed
+        self.watchdog = Watchdog(cfg.startup_timeout_min * 60, cfg.hang_timeout_min * 60, self._hung)
+        self.watchdog.start()
 
     def log(self, msg: str) -> None:
         if self.is_rank0:
@@ -152,28 +222,104 @@ class Trainer:
                          if cfg.precision in DTYPES else nullcontext())
         self.metric_cols = [c.removeprefix("eval_") for m in wl.metrics for c in m.columns("eval")]
         self.columns = records.metric_columns(wl.metrics)
+        self.local = {"wait_ms": 0.0, "step_ms": 0.0, "steps": 0}  # this rank's own timed steps (I/O section)
+
+    def _check_free_space(self, run_dir: Path) -> None:
+        """Before anything is written: room for two checkpoints (current and previous) of this model with
+        up to two optimizer moments per parameter, and the record."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        need = 2 * 3 * sum(t.numel() * t.element_size() for t in tensors) + (16 << 20)
+        probe = run_dir
+        while not probe.exists():
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if free < need:
+            raise ConfigError(f"parameter 'results_dir': {probe} has {free / 2**20:,.0f} MiB free, this run needs "
+                              f"about {need / 2**20:,.0f} MiB for its checkpoints and record; free space there or "
+                              f"pass results_dir=<a directory with room>")
+
+    def _decide(self) -> dict:
+        """Rank 0: the run id, fresh or resume, the lock, and the checks a resume must pass."""
+        cfg = self.cfg
+        run_id = make_run_id(cfg)
+        run_dir = cfg.results_root / run_id
+        records.ensure_not_complete(run_dir)
+        resume = ckpt.exists(run_dir)
+        if not resume:
+            self._check_free_space(run_dir)
+        fresh = not run_dir.exists()
+        self.lock = records.RunLock(run_dir)
+        self.lock.acquire()
+        decision = {"run_id": run_id, "resume": resume, "changes": [], "notes": [], "attempts": []}
+        try:
+            old = records.read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
+            decision["attempts"] = list(old.get("attempts") or [])
+            if old.get("status") == "running":  # its lock was stale: that attempt died without a word
+                cause = "ended without recording why (killed, out of memory, or a node failure)"
+                if decision["attempts"]:
+                    decision["attempts"][-1].update(status="died", cause=cause)
+                self.log(f"note: the previous attempt of {run_id} {cause}")
+            if resume:
+                state, used, notes = ckpt.load(run_dir)
+                decision["notes"] = notes
+                decision["changes"] = self._config_changes(state["config"])
+                if len(state["rng"]) != self.world:
+                    raise ConfigError(f"the checkpoint in {run_dir} was written by {len(state['rng'])} ranks, this "
+                                      f"run has {self.world}; resume with gpus={len(state['rng'])}")
+                self._resume_state = state
+        except BaseException:
+            self.lock.release()
+            if fresh:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        return decision
+
+    # Parameters that do not change what a run computes: they may differ between attempts.
+    OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps", "checkpoint_every",
+                             "stop_after_steps", "timeout_min", "startup_timeout_min", "hang_timeout_min",
+                             "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
+                             "launcher", "allow_config_change", "oversubscribe", "num_workers", "prefetch_factor"})
+
+    def _config_changes(self, old: dict) -> list[dict]:
+        new = self.cfg.to_dict()
+        changes = [{"parameter": k, "checkpoint": old.get(k), "now": new.get(k)}
+                   for k in sorted(set(old) | set(new)) if k not in self.OPERATIONAL and old.get(k) != new.get(k)]
+        if changes and not self.cfg.allow_config_change:
+            listed = ", ".join(f"{c['parameter']} ({c['checkpoint']!r} in the checkpoint, {c['now']!r} now)"
+                               for c in changes)
+            raise ConfigError(f"resuming {self.cfg.results_root / make_run_id(self.cfg)} with changed parameters that "
+                              f"alter the run: {listed}. Resume with the checkpoint's values, pass another run_id to "
+                              f"start over, or allow_config_change=true to continue anyway (the change is recorded)")
+        return changes
 
     def _open_record(self):
-        """Decide run id, fresh vs resume; rank 0 creates the directory. All ranks agree."""
+        """Decide run id, fresh vs resume; rank 0 takes the lock and creates the directory. All ranks agree."""
         cfg = self.cfg
         decision = None
+        self._resume_state = None
         if self.is_rank0:
-            run_id = make_run_id(cfg)
-            run_dir = cfg.results_root / run_id
             try:
-                records.ensure_not_complete(run_dir)
-                decision = {"run_id": run_id, "resume": (run_dir / ckpt.FILENAME).exists()}
+                decision = self._decide()
             except ConfigError as e:
                 decision = {"error": str(e)}
+            except Exception as e:  # every rank must hear of it, or they wait at the broadcast
+                decision = {"error": f"{type(e).__name__}: {e}"}
         decision = broadcast_object(decision)
         if "error" in decision:
             raise ConfigError(decision["error"])
         self.run_id = decision["run_id"]
         self.run_dir = cfg.results_root / self.run_id
+        self.config_changes = decision["changes"]
         self.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "rows": [], "timing": _zero_timing(),
-                      "started_utc": utc_now(), "resumed_from_step": 0}
+                      "started_utc": utc_now(), "resumed_from_step": 0, "partial_sums": None}
+        self.attempts = decision["attempts"] + [{"started_utc": utc_now(), "status": "running",
+                                                  "host": sysinfo.host(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+                                                  "resumed_from_step": 0}]
         if decision["resume"]:
-            state = ckpt.load(self.run_dir / ckpt.FILENAME)
+            state = self._resume_state
+            if state is None:
+                state, _, _ = ckpt.load(self.run_dir)
+            self._resume_state = None
             self.ddp.module.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
@@ -181,7 +327,19 @@ class Trainer:
             ckpt.set_rng_state(state["rng"][self.renv.global_rank])
             for k in ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_utc"):
                 self.state[k] = state[k]
-            self.state["resumed_from_step"] = state["global_step"]
+            partial = state.get("partial_sums")  # one list of sums per rank: each rank resumes its own
+            self.state["partial_sums"] = partial[self.renv.global_rank] if partial else None
+            mine = (state.get("io") or [None] * self.world)[self.renv.global_rank]
+            if mine:
+                self.local = {k: mine.get(k, 0) for k in self.local}
+                if hasattr(self.train_src, "restore"):
+                    self.train_src.restore(mine.get("source"))
+            self.state["resumed_from_step"] = self.attempts[-1]["resumed_from_step"] = state["global_step"]
+            for note in decision["notes"]:
+                self.log(f"warning: {note}; resumed from the previous checkpoint")
+            for c in self.config_changes:
+                self.log(f"warning: {c['parameter']} changed from {c['checkpoint']!r} to {c['now']!r} "
+                         f"(allow_config_change); recorded in config.json")
             self.log(f"resuming {self.run_id} from epoch {state['epoch'] + 1} step {state['step_in_epoch']} "
                      f"(global step {state['global_step']})")
         hosts = all_gather_object({"host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
@@ -189,9 +347,11 @@ class Trainer:
                                    "global_rank": self.renv.global_rank, "local_rank": self.renv.local_rank})
         if self.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.owns_record = True
             records.write_json(self.run_dir / "config.json", self._config_record(hosts))
             self._write_summary("running")
         dist.barrier()
+        self.watchdog.beat()
 
     def _config_record(self, ranks: list[dict]) -> dict:
         cfg = self.cfg
@@ -217,6 +377,7 @@ class Trainer:
             "devices": sorted({r["device"] for r in ranks}),
             "ranks": ranks,
             "slurm": sysinfo.slurm_ids(),
+            "config_changes": self.config_changes,
             "system": sysinfo.node_facts(),
             "lab": sysinfo.lab_ids(),
             "command": sys.argv,
@@ -224,20 +385,62 @@ class Trainer:
         }
 
     # ----------------------------------------------------------------- loop
-    def run(self) -> dict | None:
-        self._prepare()
-        self._open_record()
+    def run(self) -> str:
         try:
+            self._prepare()
+            self.watchdog.beat()
+            self._open_record()
             status = self._train()
             probe = self._comm_probe() if status == "complete" else {}
-            summary = self._write_summary(status, probe)
+            self.io = self._io_summary(all_gather_object(self._io_state()))
+            self._write_summary(status, probe, error=self.stop_note if status == "preempted" else None)
             self.log(f"{status}: {self.run_dir}")
-            return summary
+            return status
         except BaseException as e:
-            if self.is_rank0 and self.run_dir is not None:
+            if self.is_rank0 and self.owns_record:
                 self._write_summary("failed", error=f"{type(e).__name__}: {e}")
                 traceback.print_exc()
             raise
+        finally:
+            self.watchdog.stopped = True
+            if self.lock is not None:
+                self.lock.release()
+            close = getattr(getattr(self, "train_src", None), "close", None)
+            if close is not None:
+                close()  # reader threads and open shards
+
+    def _hung(self, why: str) -> None:
+        """The watchdog's verdict: stacks to stderr, the record says failed, and the process ends."""
+        print(f"rank {self.renv.global_rank}: {why}; Python stacks of every thread follow", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if self.is_rank0 and self.owns_record:
+            try:
+                self._write_summary("failed", error=f"hung: {why}")
+            except Exception as e:  # the record is best effort here; the exit status is not
+                print(f"could not record the hang: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_HUNG)
+
+    def _agree(self, sums: torch.Tensor) -> str | None:
+        """All ranks agree, in one small all-reduce, whether any was asked to stop or saw a non-finite loss.
+
+        Called every sync_check_steps steps and at each epoch's end: the only host sync it
+        adds is that one read of the result.
+        """
+        flags = torch.stack([torch.ones((), dtype=torch.float64, device=self.device) * (self.stops.pending() is not None),
+                             (~torch.isfinite(sums[0])).double()])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, nonfinite = flags.tolist()
+        if nonfinite:
+            raise NonFiniteLoss(f"the training loss became non-finite by global step {self.state['global_step']} "
+                                f"(epoch {self.state['epoch'] + 1}); lower lr, check the data, or use fp32")
+        if stop:
+            why = self.stops.request or "another rank's stop request"
+            self.stop_note = (f"stopped by {why} at global step {self.state['global_step']} after a checkpoint; "
+                              f"the same run_id resumes it (a requeued Slurm job does so by itself)")
+            return "preempted"
+        return None
 
     def _train(self) -> str:
         cfg, st = self.cfg, self.state
@@ -247,6 +450,9 @@ class Trainer:
             self.ddp.train()
             sums = self._zero_sums()
             start = st["step_in_epoch"]
+            if start and st["partial_sums"]:  # an interrupted epoch: its loss and metric sums so far
+                sums += torch.tensor(st["partial_sums"], dtype=torch.float64, device=self.device)
+            st["partial_sums"] = None
             synchronize(self.device)
             t_epoch = time.perf_counter()
             batches = self.train_src.batches(epoch, start)
@@ -262,17 +468,19 @@ class Trainer:
                 steps_this_attempt += 1
                 st["global_step"] += 1
                 step += 1
+                self.watchdog.beat(step=True)
                 if cfg.log_every and step % cfg.log_every == 0:
                     self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{self.steps_per_epoch} "
                              f"loss {float(sums[0] / max(float(sums[1]), 1)):.4f} lr {self.sched.get_last_lr()[0]:.4g}")
-                if cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps and step < self.steps_per_epoch:
-                    synchronize(self.device)
-                    st["epoch"], st["step_in_epoch"] = epoch, step
-                    self._checkpoint()
-                    self.log(f"stopped after {st['global_step']} steps (stop_after_steps); re-run to resume")
-                    return "stopped"
+                if step < self.steps_per_epoch:
+                    stop = self._agree(sums) if st["global_step"] % cfg.sync_check_steps == 0 else None
+                    if stop is None and cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps:
+                        stop = "stopped"
+                    if stop:
+                        return self._stop_mid_epoch(epoch, step, sums, stop)
             synchronize(self.device)
             epoch_s = time.perf_counter() - t_epoch
+            stop = self._agree(sums)  # the whole epoch's loss is finite, and nobody asked to stop
             if self.recipe.schedule_unit == "epoch":
                 self.sched.step()
             wait, comp = timer.collect()
@@ -286,14 +494,30 @@ class Trainer:
                 records.write_metrics(self.run_dir / "metrics.csv", st["rows"], self.columns)
             self.log(self._epoch_line(row))
             last = epoch + 1 == cfg.epochs
-            if cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
+            if not last and stop is None and cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps:
+                stop = "stopped"
+            due = cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last)
+            if due or (stop and not last):
                 self._checkpoint()
-            if cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps and not last:
-                if not cfg.checkpoint_every or (epoch + 1) % cfg.checkpoint_every:
-                    self._checkpoint()
-                self.log(f"stopped after {st['global_step']} steps (stop_after_steps); re-run to resume")
-                return "stopped"
+            if stop and not last:
+                signal.alarm(0)  # checkpointed: a pending SIGTERM deadline no longer applies
+                self.log(self._stop_line(stop))
+                return stop
         return "complete"
+
+    def _stop_mid_epoch(self, epoch: int, step: int, sums: torch.Tensor, stop: str) -> str:
+        synchronize(self.device)
+        st = self.state
+        st["epoch"], st["step_in_epoch"], st["partial_sums"] = epoch, step, sums.tolist()
+        self._checkpoint()
+        signal.alarm(0)
+        self.log(self._stop_line(stop))
+        return stop
+
+    def _stop_line(self, stop: str) -> str:
+        if stop == "stopped":
+            return f"stopped after {self.state['global_step']} steps (stop_after_steps); re-run to resume"
+        return f"preempted: {self.stop_note}"
 
     def _zero_sums(self) -> torch.Tensor:
         """[loss sum, samples, metric numerators ..., metric denominators ...] on the device."""
@@ -345,6 +569,7 @@ class Trainer:
         model.eval()
         sums = self._zero_sums()
         for x, y in self.eval_src.batches():
+            self.watchdog.beat()
             with self.autocast:
                 out = self.wl.forward(model, x, y, self.state["global_step"], False)
                 loss = self.wl.loss(out, y)
@@ -378,6 +603,9 @@ class Trainer:
         per_dev = tput / self.world if tput else None
         tflops = per_dev * self.flops["train_flops_per_sample"] / 1e12 if per_dev else None
         kept = self.state["timing"]
+        self.local["wait_ms"] += sum(wait)
+        self.local["step_ms"] += sum(w + c for w, c in zip(wait, comp))
+        self.local["steps"] += n_timed
         kept["step_ms"] += thin(slowest, STEP_SAMPLES_PER_EPOCH)
         kept["sum_step_ms"] += sum(slowest)
         kept["sum_wait_ms"] += sum(wait_mean)
@@ -414,15 +642,19 @@ class Trainer:
                 f"eval_loss {row['eval_loss']:.4f} {metrics} | {timing} | epoch {row['epoch_s']:.1f} s")
 
     def _checkpoint(self) -> None:
+        self.watchdog.beat()
         rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
+        io = all_gather_object(self._io_state())    # every rank's I/O counters, so the record covers all attempts
+        partial = all_gather_object(self.state["partial_sums"])  # every rank's sums of an interrupted epoch
         if self.is_rank0:
             st = self.state
-            ckpt.save(self.run_dir / ckpt.FILENAME, rng=rng, model=self.ddp.module.state_dict(),
+            ckpt.save(self.run_dir, rng=rng, io=io, partial_sums=partial if partial[0] is not None else None, model=self.ddp.module.state_dict(),
                       optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
                       scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
                       global_step=st["global_step"], rows=st["rows"], timing=st["timing"],
                       started_utc=st["started_utc"], config=self.cfg.to_dict())
         dist.barrier()
+        self.watchdog.beat()
 
     def _comm_probe(self) -> dict:
         """Fwd+bwd with and without gradient all-reduce on one fixed batch.
@@ -434,7 +666,9 @@ class Trainer:
         n = self.cfg.comm_probe_steps
         if self.world == 1 or n == 0:
             return {}
-        x, y = next(self.train_src.batches(0, 0))
+        # a fixed batch of this rank's size that does not go through the training stream (a streamed
+        # source would read, and count, its first windows again)
+        x, y = self.train_src.probe(self.cfg.per_rank_batch)
         self.ddp.train()
 
         def timed(sync: bool) -> float:
@@ -496,12 +730,64 @@ class Trainer:
             **self.flops, "peak_tflops": self.peak, "tflops_per_device": _r(tflops, 5),
             "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
             "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
+            "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
         }
         summary.update(probe or {})
+        summary["io"] = getattr(self, "io", None)
         for c in self.metric_cols:
             summary[f"final_eval_{c}"] = rows[-1][f"eval_{c}"] if rows else None
+        self.attempts[-1].update(status=status, finished_utc=summary["finished_utc"], cause=error,
+                                 steps_done=st["global_step"])
+        summary["attempts"] = self.attempts
         records.write_json(self.run_dir / "summary.json", summary)
         return summary
+
+
+    # ------------------------------------------------------------------ I/O
+    def _io_state(self) -> dict:
+        stats = self.train_src.stats() if hasattr(self.train_src, "stats") else {}
+        return {"rank": self.renv.global_rank, "host": sysinfo.host(), "device_name": self.device_name,
+                **self.local, "source": stats}
+
+    def _io_summary(self, ranks: list[dict]) -> dict:
+        """The record's I/O section: per rank and in total (see results/README.md)."""
+        train_s = sum(r["epoch_s"] for r in self.state["rows"])
+        per_rank = []
+        for r in sorted(ranks, key=lambda r: r["rank"]):
+            src = r["source"] or {}
+            b, t = src.get("bytes_read"), src.get("read_s")
+            per_rank.append({
+                "rank": r["rank"], "host": r["host"], "device_name": r["device_name"],
+                "samples": src.get("samples"), "bytes_read": b, "read_s": _r(t, 4),
+                "read_calls": src.get("read_calls"),
+                "read_mb_s": _r(b / t / 1e6 if b and t else None),
+                "data_wait_frac": _r(r["wait_ms"] / r["step_ms"] if r["step_ms"] else None, 5),
+                "bytes_by_epoch": src.get("bytes_by_epoch"),
+            })
+        first = (ranks[0]["source"] or {}) if ranks else {}
+        data_bytes = first.get("data_bytes")
+        streamed = [p["bytes_read"] for p in per_rank if p["bytes_read"] is not None]
+        total = sum(streamed) if streamed and len(streamed) == len(per_rank) else None
+        by_epoch: dict[str, int] = {}
+        for p in per_rank:
+            for e, v in (p["bytes_by_epoch"] or {}).items():
+                by_epoch[e] = by_epoch.get(e, 0) + v
+        waits = [p["data_wait_frac"] for p in per_rank if p["data_wait_frac"] is not None]
+        samples_s = self.state["timing"]["timed_steps"] and step_summary(self.state["timing"]["step_ms"],
+                                                                          self.cfg.batch)["samples_per_s"]
+        return {
+            "source": first.get("source") or self.train_src.describe().get("source"),
+            "cache": first.get("cache"), "data_bytes": data_bytes, "train_s": _r(train_s, 4),
+            "bytes_read": total,
+            "read_ratio_max_epoch": _r(max(by_epoch.values()) / data_bytes if by_epoch and data_bytes else None, 5),
+            "read_mb_s": _r(total / train_s / 1e6 if total and train_s else None),
+            "storage_mb_s": _r(sum(p["read_mb_s"] for p in per_rank) if total and all(p["read_mb_s"] for p in per_rank)
+                               else None),
+            "samples_per_s": _r(samples_s or None),
+            "data_wait_frac_max": _r(max(waits) if waits else None, 5),
+            "data_wait_frac_min": _r(min(waits) if waits else None, 5),
+            "ranks": per_rank,
+        }
 
 
 # Step times kept per epoch for the run's median (evenly strided beyond this): enough for a

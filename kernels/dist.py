@@ -101,9 +101,46 @@ def select_device(device_type: str, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
+def preflight(renv: RankEnv) -> None:
+    """Resolve MASTER_ADDR before anything waits on it: an unresolvable name fails in seconds, not after
+    minutes of c10d retries, with the variables to set."""
+    try:
+        socket.getaddrinfo(renv.master_addr, renv.master_port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError(
+            f"MASTER_ADDR '{renv.master_addr}' (MASTER_PORT {renv.master_port}) does not resolve on "
+            f"{socket.gethostname()} ({e}); set MASTER_ADDR to an address of the node of global rank 0 that the "
+            f"other nodes reach (under Slurm the lab takes the allocation's first node; emulated nodes on one "
+            f"machine need MASTER_ADDR=127.0.0.1)") from None
+
+
+def rendezvous_store(renv: RankEnv, startup_timeout_min: float):
+    """The TCPStore every rank meets at: rank 0 serves it and waits for the others, the others connect.
+
+    Its timeout is the startup one (short), not the collectives' (long): a rank that never
+    arrives, or a MASTER_ADDR/MASTER_PORT that nobody serves, fails within it, naming both.
+    """
+    preflight(renv)
+    timeout = timedelta(minutes=startup_timeout_min)
+    try:
+        return dist.TCPStore(renv.master_addr, renv.master_port, renv.world_size, is_master=renv.is_rank0,
+                             timeout=timeout, wait_for_workers=True)
+    except (RuntimeError, OSError) as e:
+        what = ("not every rank connected to the rendezvous this rank serves" if renv.is_rank0 else
+                "this rank could not reach the rendezvous")
+        raise ConfigError(
+            f"rank {renv.global_rank}: {what} at MASTER_ADDR={renv.master_addr} MASTER_PORT={renv.master_port} "
+            f"within startup_timeout_min={startup_timeout_min:g} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            f"check that all {renv.world_size} ranks started, that the address and port are reachable from every "
+            f"node (a firewall, another job on the port), or raise startup_timeout_min") from None
+
+
 @contextmanager
-def process_group(renv: RankEnv, device: torch.device, timeout_min: float):
-    """init_process_group (nccl on CUDA, gloo on CPU) ... destroy, always."""
+def process_group(renv: RankEnv, device: torch.device, timeout_min: float, startup_timeout_min: float = 5.0):
+    """init_process_group (nccl on CUDA, gloo on CPU) ... destroy, always.
+
+    Rendezvous through a store with the startup timeout; collectives with timeout_min.
+    """
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=timeout_min)
     kwargs = {}
@@ -112,12 +149,11 @@ def process_group(renv: RankEnv, device: torch.device, timeout_min: float):
     if renv.world_size == 1:
         # A world of one: an in-memory store, so no port and no launcher is needed,
         # and the same DDP code path runs.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout, **kwargs)
+        store = dist.HashStore()
     else:
-        dist.init_process_group(backend, init_method=f"tcp://{renv.master_addr}:{renv.master_port}",
-                                rank=renv.global_rank, world_size=renv.world_size,
-                                timeout=timeout, **kwargs)
+        store = rendezvous_store(renv, startup_timeout_min)
+    dist.init_process_group(backend, store=store, rank=renv.global_rank, world_size=renv.world_size,
+                            timeout=timeout, **kwargs)
     try:
         yield backend
     finally:

@@ -26,6 +26,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kernels import records
 from kernels.params import (COMMON, PROJECT_ROOT, ConfigError, RunConfig, resolve, results_home, table,
                             unknown_name_error)
 
@@ -118,10 +119,19 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
     handoff(run_dir)
     print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
     rc = train.start(launcher, cfg, stdout or sys.stdout)
+    if rc == train.EXIT_PREEMPTED:
+        raise Preempted(f"the run was preempted: its ranks checkpointed and stopped on request; running the "
+                        f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)")
     if rc != 0:
+        if records.mark_failed(run_dir, f"the ranks {train.exit_cause(rc)} (seen by the notebook driver)"):
+            print(f"marked {run_dir} failed", flush=True)
         raise RuntimeError(f"training failed (exit status {rc}); the reason is in the output above "
                            f"and in {run_dir / 'summary.json'} if the run got that far")
     return run_dir
+
+
+class Preempted(RuntimeError):
+    """The run checkpointed and stopped on request; the runner exits with train.EXIT_PREEMPTED."""
 
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
@@ -239,12 +249,25 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
         final = run_dir / staged.name
         shutil.move(staged, final)  # replaces a previous one of the same name
     html = render_html(final)
+    if rc != 0 and run_dir is not None and _status(run_dir) == "preempted":
+        from kernels.train import EXIT_PREEMPTED
+
+        print(f"notebook: the run was preempted and checkpointed; exit status {EXIT_PREEMPTED} "
+              f"(the batch script requeues the job)", flush=True)
+        return EXIT_PREEMPTED
     state = "complete" if rc == 0 else f"FAILED (exit status {rc})"
     print(f"notebook {state}: {final}\nhtml: {html}", flush=True)
     if rc != 0:
         print(f"error: the notebook failed; the failing cell and its error are in {final} and in the log above",
               file=sys.stderr, flush=True)
     return rc
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return records.status_of(run_dir)
+    except records.RecordError:
+        return None
 
 
 def main(argv=None) -> int:

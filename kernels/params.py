@@ -18,6 +18,7 @@ present) and is cheap: it runs before any process is spawned or any file is writ
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +77,16 @@ COMMON: tuple[Param, ...] = (
                                      "(None: the workload's recipe)"),
     Param("bucket_cap_mb", float, 25.0, "DDP gradient bucket size in MiB"),
     Param("gradient_as_bucket_view", bool, True, "DDP: gradients are views into the all-reduce buckets (saves a copy)"),
-    Param("pipeline", str, "device", "device (data resident on the device, batched on-device transforms) or "
-                                     "dataloader (torch DataLoader baseline)", ("device", "dataloader")),
+    Param("pipeline", str, "auto", "auto (stream for sets streamed from disk, else device), device (data resident "
+                                   "on the device, batched on-device transforms), stream (shards read sequentially "
+                                   "by background threads) or dataloader (torch DataLoader baseline)",
+          ("auto", "device", "stream", "dataloader")),
+    Param("cache", str, "warm", "stream pipeline: warm (the page cache may serve re-reads) or cold (each byte range "
+                                "is evicted before and after it is read: every epoch reads storage)", ("warm", "cold")),
+    Param("window_mb", float, 64.0, "stream pipeline: MiB per read-ahead window (samples are shuffled within a "
+                                    "window, windows within a rank's range)"),
+    Param("read_mb", float, 8.0, "stream pipeline: MiB per sequential read call (at least 1)"),
+    Param("io_threads", int, 2, "stream pipeline: background reader threads per rank"),
     Param("num_workers", int, 4, "dataloader pipeline: worker processes per rank"),
     Param("prefetch_factor", int, 2, "dataloader pipeline: batches prefetched per worker"),
     Param("train_samples", int, 0, "use the first N training samples (0: all); for quick runs"),
@@ -94,6 +103,17 @@ COMMON: tuple[Param, ...] = (
     Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); "
                                       "resume by re-running"),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
+    Param("startup_timeout_min", float, 5.0, "minutes for all ranks to reach the rendezvous (MASTER_ADDR, "
+                                             "MASTER_PORT) and for the first step to complete"),
+    Param("hang_timeout_min", float, 10.0, "a rank with no step (or evaluation batch) for this many minutes dumps "
+                                          "its Python stacks and fails the run"),
+    Param("sync_check_steps", int, 10, "every N steps the ranks agree on a stop request (USR1 or TERM: checkpoint "
+                                       "and stop) and on a non-finite loss; one small all-reduce each time"),
+    Param("term_grace_s", float, 60.0, "after SIGTERM, seconds to reach a step boundary and checkpoint before "
+                                       "giving up"),
+    Param("allow_config_change", bool, False, "resume even though a parameter that alters the run changed "
+                                              "(the change is recorded)"),
+    Param("oversubscribe", bool, False, "allow more CPU ranks on this node than it has cores"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
     Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),
     Param("label", str, "", "free-form label added to the run id"),
@@ -216,13 +236,17 @@ def coerce(param: Param, value):
         if isinstance(value, bool):
             raise bad
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            v = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value.strip())
+                v = float(value.strip())
             except ValueError:
                 raise bad from None
-        raise bad
+        else:
+            raise bad
+        if not math.isfinite(v):  # inf/nan would train to NaN losses and "complete"
+            raise ConfigError(f"parameter '{param.name}': {value!r} is not a finite number ({param.doc})")
+        return v
     if t is str:
         if value is None:
             return ""
@@ -278,6 +302,11 @@ def resolve(raw: dict) -> RunConfig:
             )
         values[p.name] = v
     values["workload"] = wl.name if ":" not in wname else wname
+    if values["pipeline"] == "auto":  # recorded resolved, so records and analyses compare like with like
+        from kernels.data import DATASETS
+
+        ds = DATASETS.get(values["dataset"])
+        values["pipeline"] = "stream" if ds is not None and ds.streamed else "device"
     cfg = RunConfig(values)
     _check_combinations(cfg, wl)
     return cfg
@@ -304,16 +333,33 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
                  "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps"):
         need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
     need(cfg.prefetch_factor >= 1, "parameter 'prefetch_factor': must be >= 1")
+    need(cfg.window_mb > 0, f"parameter 'window_mb': must be > 0, got {cfg.window_mb}")
+    need(cfg.read_mb >= 1, f"parameter 'read_mb': reads of at least 1 MiB, got {cfg.read_mb}")
+    need(cfg.io_threads >= 1, f"parameter 'io_threads': must be >= 1, got {cfg.io_threads}")
     need(cfg.timeout_min > 0, "parameter 'timeout_min': must be > 0")
+    for name in ("startup_timeout_min", "hang_timeout_min"):
+        need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
+    need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
     need(cfg.device != "cpu" or cfg.precision != "fp16",
          "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
          "use precision=bf16 or fp32 on CPU")
-    need("/" not in cfg.run_id and cfg.run_id not in (".", ".."),
-         f"parameter 'run_id': {cfg.run_id!r} must be a plain directory name")
+    need(all(c.isalnum() or c in "-_." for c in cfg.run_id) and cfg.run_id not in (".", ".."),
+         f"parameter 'run_id': {cfg.run_id!r} must be a plain directory name of letters, digits, '-', '_' and '.'")
     need(all(c.isalnum() or c in "-_." for c in cfg.label),
          f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
     need(cfg.dataset in wl.datasets,
          f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
+    from kernels.data import DATASETS
+
+    ds = DATASETS.get(cfg.dataset)
+    if ds is not None and ds.streamed:
+        need(cfg.pipeline in ("stream", "dataloader"),
+             f"parameter 'pipeline': data set '{cfg.dataset}' is streamed from disk (it need not fit in memory): "
+             f"use pipeline=stream (the default) or dataloader (the per-sample baseline), not {cfg.pipeline}")
+    elif ds is not None:
+        need(cfg.pipeline != "stream",
+             f"parameter 'pipeline': stream reads a set of shards from disk and '{cfg.dataset}' is held in memory; "
+             f"use pipeline=device or dataloader, or dataset=bigmnist")
     if wl.check is not None:
         wl.check(cfg)
 
@@ -352,6 +398,13 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
     elif cfg.precision == "fp16":
         raise ConfigError(
             "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
+    else:
+        local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if local > cores and not cfg.oversubscribe:
+            raise ConfigError(
+                f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "
+                f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores")
     _check_writable(cfg.results_root)
     check_dataset(cfg.dataset, cfg.data_root)
 

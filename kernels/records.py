@@ -16,6 +16,7 @@ that output; a test keeps them equal).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -67,7 +68,7 @@ METRICS_COLUMNS: dict[str, str] = {
 SUMMARY_FIELDS: dict[str, str] = {
     "schema_version": "record schema version",
     "run_id": "the run directory's name",
-    "status": "running | complete | stopped | failed",
+    "status": "running | complete | stopped | preempted | failed",
     "error": "the error message when status is failed",
     "started_utc": "ISO time the run (first attempt) started",
     "finished_utc": "ISO time the run ended (this attempt)",
@@ -99,6 +100,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run)",
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
     "exposed_comm_ms": "comm_probe_sync_ms - comm_probe_nosync_ms: communication not hidden behind backward",
+    "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
+    "attempts": "the run's attempts: start, end, status and cause of each (a resumed run has several)",
+    "checksum": "sha256 of the rest of the file; a reader refuses a file whose content does not match",
 }
 
 
@@ -110,24 +114,63 @@ def metric_columns(metrics) -> list[str]:
     return cols[:i] + extra + cols[i:]
 
 
+class RecordError(OSError):
+    """A record file cannot be written or read back; the message names the file and the fix."""
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file, fsync and rename: a reader never sees half a file.
+
+    A failure (a full disk, a quota, a read-only file system) is a RecordError naming the path.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise RecordError(e.errno, f"cannot write {path} ({len(data):,} bytes): {e.strerror or e}; free space "
+                                   f"there or choose another results_dir") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _checksum(obj: dict) -> str:
+    body = {k: v for k, v in obj.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def write_json(path: Path, obj: dict) -> None:
+    """A record's JSON file, with a checksum of its content (read_json verifies it)."""
+    obj = {**{k: v for k, v in obj.items() if k != "checksum"}}
+    obj["checksum"] = _checksum(json.loads(json.dumps(obj, default=str)))
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+
+
+def read_json(path: Path) -> dict:
+    """A record's JSON file, checked: truncated, not JSON, or a checksum that does not match is a RecordError."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError as e:
+        raise RecordError(f"{path} is not valid JSON ({e}); the file is truncated or corrupt: restore it, or "
+                          f"remove the run directory {path.parent} and run again") from None
+    if not isinstance(obj, dict):
+        raise RecordError(f"{path} does not hold a record (a JSON object)")
+    if "checksum" in obj and obj["checksum"] != _checksum(obj):
+        raise RecordError(f"{path}: checksum mismatch, the file was altered or damaged after it was written; "
+                          f"restore it, or remove the run directory {path.parent} and run again")
+    return obj
 
 
 def write_metrics(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -145,7 +188,7 @@ def read_run(run_dir: Path) -> dict:
     out = {"dir": str(run_dir)}
     for name in ("config", "summary"):
         p = run_dir / f"{name}.json"
-        out[name] = json.loads(p.read_text()) if p.exists() else None
+        out[name] = read_json(p) if p.exists() else None
     p = run_dir / "metrics.csv"
     rows = []
     if p.exists():
@@ -156,20 +199,146 @@ def read_run(run_dir: Path) -> dict:
     return out
 
 
-def is_complete(run_dir: Path) -> bool:
+def status_of(run_dir: Path) -> str | None:
+    """The record's status, or None when it has no summary yet."""
     p = Path(run_dir) / "summary.json"
-    if not p.exists():
-        return False
-    return json.loads(p.read_text()).get("status") == "complete"
+    return read_json(p).get("status") if p.exists() else None
+
+
+def is_complete(run_dir: Path) -> bool:
+    return status_of(run_dir) == "complete"
 
 
 def ensure_not_complete(run_dir: Path) -> None:
     """Refuse to start over a finished record (it would be silently overwritten)."""
     from kernels.params import ConfigError
 
-    if is_complete(run_dir):
+    try:
+        complete = is_complete(run_dir)
+    except RecordError as e:
+        raise ConfigError(str(e)) from None
+    if complete:
         raise ConfigError(f"parameter 'run_id': {run_dir} is already a complete run; "
                           f"pass a new run_id (or none) to start another")
+
+
+def mark_failed(run_dir: Path, cause: str) -> bool:
+    """Whoever sees a run die (its launcher, the batch script, the next attempt) marks a record left
+    'running' as failed with the cause. True when it changed the record."""
+    p = Path(run_dir) / "summary.json"
+    try:
+        summary = read_json(p) if p.exists() else None
+    except RecordError:
+        return False
+    if not summary or summary.get("status") != "running":
+        return False
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    summary.update(status="failed", error=cause, finished_utc=now)
+    if summary.get("attempts"):
+        summary["attempts"][-1].update(status="failed", cause=cause, finished_utc=now)
+    write_json(p, summary)
+    return True
+
+
+class RunLock:
+    """One owner per run directory: an O_EXCL lock file holding host, pid, Slurm job id and start time.
+
+    A lock whose owner is gone (same host and the pid is dead, or its Slurm job is no
+    longer running) is stale and taken over; a live one makes the second run fail fast
+    naming the first.
+    """
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / self.NAME
+        self.held = False
+
+    @staticmethod
+    def _me() -> dict:
+        import socket
+        from datetime import datetime, timezone
+
+        return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+                "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def owner(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def stale(self, owner: dict | None) -> bool:
+        import shutil
+        import socket
+        import subprocess
+
+        if not owner:
+            return True  # unreadable: a crash while it was written
+        if owner.get("slurm_job") and shutil.which("squeue"):
+            p = subprocess.run(["squeue", "-h", "-j", str(owner["slurm_job"]), "-o", "%T"], capture_output=True,
+                               text=True)
+            if p.returncode == 0 and p.stdout.strip() in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                return owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
+            return True
+        return owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
+
+    def describe(self, owner: dict) -> str:
+        job = f", Slurm job {owner['slurm_job']}" if owner.get("slurm_job") else ""
+        return f"host {owner.get('host')} pid {owner.get('pid')}{job}, since {owner.get('started_utc')}"
+
+    def acquire(self) -> None:
+        from kernels.params import ConfigError
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
+            except FileExistsError:
+                owner = self.owner()
+                if self.stale(owner):
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run "
+                                  f"({self.describe(owner)}); wait for it, pass another run_id, or remove "
+                                  f"{self.path} if that run is dead") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._me(), f)
+            self.held = True
+            return
+        raise ConfigError(f"cannot take the lock {self.path}")
+
+    def check(self) -> None:
+        """Fail fast (before starting ranks) when a live run holds the directory."""
+        from kernels.params import ConfigError
+
+        if self.path.exists():
+            owner = self.owner()
+            if not self.stale(owner):
+                raise ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run "
+                                  f"({self.describe(owner)}); wait for it, pass another run_id, or remove "
+                                  f"{self.path} if that run is dead")
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _alive(pid) -> bool:
+    """A process that exists and is not a zombie (an exited process nobody has reaped yet)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _num(v: str):

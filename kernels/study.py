@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from kernels.records import RecordError, read_json
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status, resolve, results_home, table
 from kernels.train import geometry
 
@@ -328,6 +329,8 @@ def _queue_state(job: str) -> str | None:
 
 
 GENERIC = ("PapermillExecutionError", "training failed", "the notebook failed")
+# what a Jupyter kernel may print while it shuts down; never the reason a run failed
+NOISE = ("zmq.error", "tornado", "ZMQStream")
 
 
 def _log_reason(log: Path) -> str:
@@ -335,8 +338,11 @@ def _log_reason(log: Path) -> str:
     if not log.exists():
         return f"no job output ({log})"
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+    ours = [ln for ln in lines if ln.startswith("error: ") and not any(g in ln for g in GENERIC)]  # the lab's own one-line errors come first
+    if ours:
+        return ours[-1][len("error: "):][:300]
     exc = [ln for ln in lines if re.search(r"\b\w+(Error|Exception|Terminated): ", ln)
-           and not any(g in ln for g in GENERIC)]
+           and not any(g in ln for g in GENERIC + NOISE)]
     if exc:
         return re.sub(r"^\[rank\d+\]:\s*", "", exc[-1])[:300]
     for ln in reversed(lines):
@@ -355,7 +361,10 @@ def status(study: Study) -> list[dict]:
     rows = []
     for p in study.points:
         summary_path = study.runs_dir / p.run_id / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        try:
+            summary = read_json(summary_path) if summary_path.exists() else None
+        except RecordError as e:
+            summary = {"status": "failed", "error": str(e)}
         job = None
         if p.index in last:
             s, task = last[p.index]

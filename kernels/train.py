@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
+from kernels import records
 from kernels.records import ensure_not_complete
 from kernels.params import (PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve,
                             table, unknown_name_error)
@@ -56,6 +59,13 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str]) -> dict:
+    seen = set()
+    for a in argv:  # argparse keeps the last of a repeated flag; a repeated flag is more likely a mistake
+        if a.startswith("--") and len(a) > 2:
+            name = a[2:].split("=", 1)[0]
+            if name in seen:
+                raise ConfigError(f"parameter '{name}' is given twice on the command line; give it once")
+            seen.add(name)
     workload = None
     for i, a in enumerate(argv):  # a plug-in workload's parameters join the parser
         if a == "--workload" and i + 1 < len(argv):
@@ -99,8 +109,37 @@ def _thread_env(cfg: RunConfig, ranks_here: int) -> dict:
     return env
 
 
+EXIT_PREEMPTED = 75   # the ranks checkpointed and stopped on request (USR1/TERM): resumable (EX_TEMPFAIL)
+FAILURE_GRACE_S = 10  # after a rank failed, the others get this long to leave before SIGKILL
+
+
+def _die_with_parent() -> None:
+    """In a rank, before exec: the kernel kills it when the launcher dies, however the launcher dies."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_cause(code: int) -> str:
+    """A rank's exit status in words (Popen gives -N for a signal, shells and srun 128+N)."""
+    if code < 0 or 128 < code < 128 + 65:
+        try:
+            return f"was killed by signal {signal.Signals(-code if code < 0 else code - 128).name}"
+        except ValueError:
+            pass
+    if code == EXIT_PREEMPTED:
+        return "checkpointed and stopped on request (preempted)"
+    return f"exited with status {code}"
+
+
 def spawn_local(cfg: RunConfig, stdout=None) -> int:
-    """Start cfg.gpus rank processes here; stream their output; stop all if one fails."""
+    """Start cfg.gpus rank processes here; stream their output; end them all if one fails.
+
+    The ranks die with the launcher (PR_SET_PDEATHSIG), so none is ever orphaned. The
+    launcher's own SIGTERM is forwarded (the ranks checkpoint within term_grace_s); a
+    rank that does not leave in time, or is stopped (SIGSTOP), is killed.
+    """
     from kernels.dist import free_port
 
     stdout = stdout or sys.stdout
@@ -113,28 +152,66 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
         env = {**os.environ, **extra, "RANK": str(rank), "WORLD_SIZE": str(cfg.gpus), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "local"}
-        procs.append(subprocess.Popen(worker_command(cfg), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, bufsize=1))
+        procs.append(subprocess.Popen(worker_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, preexec_fn=_die_with_parent))
     pumps = [threading.Thread(target=_pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
              for r, p in enumerate(procs)]
     for t in pumps:
         t.start()
+    stop = {"signal": None}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            stop["signal"] = signum
+        previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        rc = _wait_all(procs, stdout)
+        rc = _wait_all(procs, stdout, stop, cfg.term_grace_s + 15)
     finally:  # interrupted (Ctrl-C, a notebook's stop button): take the ranks down with us
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
+        _terminate(procs, FAILURE_GRACE_S)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for t in pumps:
         t.join(timeout=5)
-    return rc
+    if rc not in (0, EXIT_PREEMPTED):
+        run_dir = cfg.results_root / cfg.run_id
+        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by the local launcher)"):
+            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    return 128 - rc if rc < 0 else rc  # a rank killed by signal N: 128+N, as a shell reports it
 
 
-def _wait_all(procs: list, stdout) -> int:
-    """Wait for every rank; on the first failure stop the others. Returns the first non-zero status."""
+def _terminate(procs: list, grace_s: float) -> None:
+    """SIGTERM (and SIGCONT, so that a stopped rank can act on it) to every live rank; SIGKILL after grace_s."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+        p.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait_all(procs: list, stdout, stop: dict | None = None, stop_grace_s: float = 75) -> int:
+    """Wait for every rank; on the first failure end the others. Returns the first non-zero status.
+
+    A SIGTERM to the launcher (stop['signal']) is forwarded to the ranks, which then checkpoint;
+    they get stop_grace_s before they are killed.
+    """
     rc = 0
     remaining = set(range(len(procs)))
+    forwarded = None
     while remaining:
+        if stop and stop["signal"] and forwarded is None:
+            print(f"launcher: got signal {stop['signal']}; asking the ranks to checkpoint and stop", file=stdout,
+                  flush=True)
+            for r in remaining:
+                procs[r].send_signal(signal.SIGTERM)
+            forwarded = time.monotonic()
+        if forwarded is not None and time.monotonic() - forwarded > stop_grace_s:
+            _terminate([procs[r] for r in remaining], 0)
         for r in list(remaining):
             code = procs[r].poll()
             if code is None:
@@ -142,10 +219,9 @@ def _wait_all(procs: list, stdout) -> int:
             remaining.discard(r)
             if code != 0 and rc == 0:
                 rc = code
-                print(f"launcher: rank {r} exited with status {code}; stopping the other ranks", file=stdout,
-                      flush=True)
-                for other in remaining:
-                    procs[other].terminate()
+                if code != EXIT_PREEMPTED:
+                    print(f"launcher: rank {r} {exit_cause(code)}; ending the other ranks", file=stdout, flush=True)
+                    _terminate([procs[o] for o in remaining], FAILURE_GRACE_S)
         if remaining:
             try:
                 procs[next(iter(remaining))].wait(timeout=0.2)
@@ -210,7 +286,9 @@ def srun_command(cfg: RunConfig, environ=None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     nodes = min(allocation_nodes(env), cfg.gpus)
-    cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--export=ALL"]
+    # --kill-on-bad-exit: one rank that fails ends the step; --wait: ranks still running a minute after
+    # another ended (a hang) are ended too
+    cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--wait=60", "--export=ALL"]
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
     worker = worker_command(cfg)
@@ -241,6 +319,8 @@ def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig
     # the ranks get the resolved run id and results folder, not whatever their environment would give
     cfg = cfg.replace(run_id=make_run_id(cfg), launcher=launcher, results_dir=str(cfg.results_root))
     ensure_not_complete(cfg.results_root / cfg.run_id)
+    if launcher != "none":  # fail fast, before starting ranks, when a live run holds the directory
+        records.RunLock(cfg.results_root / cfg.run_id).check()
     return launcher, cfg
 
 
@@ -248,14 +328,16 @@ def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
     if launcher == "none":
         from kernels import ddp_core
 
-        ddp_core.run(cfg)
-        return 0
+        return EXIT_PREEMPTED if ddp_core.run(cfg) == "preempted" else 0
     if launcher == "local":
         return spawn_local(cfg, stdout)
     return run_srun(cfg, stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Until a rank installs its handlers (after importing torch), a USR1 from the scheduler must not
+    # kill it; the batch script's stop file carries the request to the first check.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
     is_rank = False
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -18,6 +19,22 @@ ROOT = Path(__file__).resolve().parent.parent
 # Small enough for 2 cores: ResNet-18 topology at width 8, a few steps.
 TINY = ["--width", "8", "--precision", "fp32", "--log_every", "0", "--timing_warmup_steps", "1",
         "--comm_probe_steps", "2", "--num_workers", "0"]
+
+
+def merge_args(*args) -> list[str]:
+    """CLI arguments where a later `--name value` replaces an earlier one (the CLI refuses repeated flags)."""
+    out: dict[str, list[str]] = {}
+    flat = [str(a) for a in args]
+    i = 0
+    while i < len(flat):
+        name = flat[i]
+        if i + 1 < len(flat) and not flat[i + 1].startswith("--"):
+            out[name] = [name, flat[i + 1]]
+            i += 2
+        else:
+            out[name] = [name]
+            i += 1
+    return [a for pair in out.values() for a in pair]
 
 
 def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -74,6 +91,24 @@ def cifar_root(tmp_path):
     return root, truth
 
 
+DEBIAN = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+
+
+@pytest.fixture(scope="session")
+def fashion_root(tmp_path_factory):
+    """A data root with the real Fashion-MNIST, fetched --from Debian's package."""
+    if not DEBIAN.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but Debian's dataset-fashion-mnist is not installed")
+        pytest.skip("needs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist; .ci/run does)")
+    root = tmp_path_factory.mktemp("data")
+    p = subprocess.run([sys.executable, "-m", "kernels.cli", "fetch", "fashion-mnist", "--from", str(DEBIAN),
+                        "--root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "fashion-mnist ready and verified" in p.stdout
+    return root
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A real Slurm cluster (controller + 2 emulated nodes) for the session; env to talk to it.
@@ -91,3 +126,26 @@ def slurm(tmp_path_factory):
     env = slurm_cluster.start(base)
     yield {**env, "base": base}
     slurm_cluster.stop(base)
+
+
+# ------------------------------------------------- the reliability table (tests/test_faults.py)
+FAULT_ROWS: list[dict] = []
+FAULT_TABLE = ROOT / "results" / "reliability.json"
+
+
+def record_fault(case: str, bound_s: float, took_s: float, exit_status, outcome: str) -> None:
+    """One row of the reliability table: the fault, its bound, the measured time to the run's end."""
+    FAULT_ROWS.append({"case": case, "bound_s": bound_s, "took_s": round(took_s, 1), "exit_status": exit_status,
+                       "outcome": outcome})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Keep the measured rows (results/reliability.json, git-ignored) for `make reliability`."""
+    if FAULT_ROWS:
+        import datetime
+        import platform
+
+        FAULT_TABLE.parent.mkdir(parents=True, exist_ok=True)
+        FAULT_TABLE.write_text(json.dumps({
+            "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.node()}, {os.cpu_count()} cores", "rows": FAULT_ROWS}, indent=2) + "\n")

@@ -23,12 +23,19 @@ DIGITS = ["--dataset", "digits"]
     (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
     (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
     (["--batch", "64", "--micro_batches", "3"], "parameter 'micro_batches'"),
+    (["--lr", "inf"], "parameter 'lr': 'inf' is not a finite number"),
+    (["--weight_decay", "nan"], "parameter 'weight_decay': 'nan' is not a finite number"),
+    (["--weight_decay", "-1"], "parameter 'weight_decay': must be >= 0, got -1.0"),
+    (["--run_id", "my run"], "parameter 'run_id': 'my run' must be a plain directory name"),
+    (["--epochs", "2", "--epochs", "3"], "parameter 'epochs' is given twice on the command line"),
+    (["--gpus", "16", "--batch", "64"], "parameter 'gpus': 16 CPU ranks on this node but only \\d+ core"),
+    (["--startup_timeout_min", "0"], "parameter 'startup_timeout_min': must be > 0"),
 ])
 def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, args, needle):
     import re
 
     results = tmp_path / "results"
-    p = run_cli(*DIGITS, *args, "--results_dir", results)
+    p = run_cli(*(DIGITS if "--dataset" not in args else []), *args, "--results_dir", results)
     assert p.returncode == 2, p.stderr
     assert re.search(needle, p.stderr), p.stderr
     assert not results.exists()

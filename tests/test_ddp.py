@@ -10,7 +10,7 @@ import torch
 from kernels import records
 from kernels.workloads import Metric
 
-from conftest import TINY, run_cli
+from conftest import TINY, merge_args, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def flat(weights: dict) -> torch.Tensor:
 
 def _train(tmp_path, name, *args):
     out = tmp_path / name
-    p = run_cli(*BASE, "--epochs", "1", *args, "--results_dir", out)
+    p = run_cli(*merge_args(*BASE, "--epochs", "1", *args, "--results_dir", out))
     assert p.returncode == 0, p.stdout + p.stderr
     return params_of(only_run(out))
 
@@ -112,9 +112,9 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
 
 def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     res = tmp_path / "runs"
-    p = run_cli(*TINY, "--gpus", "2", "--dataset", "synthetic", "--train_samples", "256", "--batch", "64",
-                "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1", "--label", "ci",
-                "--results_dir", res)
+    p = run_cli(*merge_args(*TINY, "--gpus", "2", "--dataset", "synthetic", "--train_samples", "256", "--batch", "64",
+                            "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1", "--label", "ci",
+                            "--results_dir", res))
     assert p.returncode == 0, p.stdout + p.stderr
     run = only_run(res)
     assert "-g2-ci-" in run.name
@@ -143,7 +143,8 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
 
 def test_single_process_runs_without_a_launcher(tmp_path):
     # every step a warm-up step: the epoch line says so instead of printing a 0.0 ms step
-    p = run_cli(*BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo", "--timing_warmup_steps", "100")
+    p = run_cli(*merge_args(*BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo",
+                            "--timing_warmup_steps", "100"))
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "solo" / "config.json").read_text())
     assert cfg["derived"]["launch_source"] == "single" and cfg["derived"]["world_size"] == 1
@@ -153,8 +154,9 @@ def test_single_process_runs_without_a_launcher(tmp_path):
     assert summary["throughput_stat"] == "no timed steps"
 
 
-def test_terminated_run_is_recorded_as_failed_not_complete(tmp_path):
-    """SIGTERM mid-run (a Slurm time limit, scancel) leaves status 'failed' with the reason."""
+def test_terminated_run_checkpoints_and_is_resumable(tmp_path):
+    """SIGTERM mid-run (a Slurm time limit, scancel): a checkpoint at the next check, status 'preempted'
+    (exit 75), never 'running' or 'complete'; running it again resumes. tests/test_faults.py covers more."""
     import os
     import signal
     import subprocess
@@ -164,16 +166,16 @@ def test_terminated_run_is_recorded_as_failed_not_complete(tmp_path):
     from conftest import ROOT
 
     run_dir = tmp_path / "t"
-    p = subprocess.Popen([sys.executable, "-m", "kernels.train", *BASE, "--epochs", "50", "--results_dir",
-                          str(tmp_path), "--run_id", "t"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "kernels.train", *merge_args(*BASE, "--epochs", "50",
+                          "--sync_check_steps", "1", "--results_dir", str(tmp_path), "--run_id", "t")], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not (run_dir / "metrics.csv").exists():  # training is under way
         assert p.poll() is None and time.time() < deadline, p.stdout.read() if p.poll() is not None else "timeout"
         time.sleep(0.2)
     os.kill(p.pid, signal.SIGTERM)
     out, _ = p.communicate(timeout=60)
-    assert p.returncode != 0
+    assert p.returncode == 75, out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and "terminated by signal 15" in summary["error"], out
-    assert not records.is_complete(run_dir)
+    assert summary["status"] == "preempted" and "SIGTERM" in summary["error"], out
+    assert not records.is_complete(run_dir) and (run_dir / "checkpoint.pt").exists()

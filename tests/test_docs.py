@@ -170,3 +170,14 @@ def test_documented_commands_run_as_written(tmp_path):
     _sh("lab study points studies/strong_resnet18.yaml --write", env)
     point = tmp_path / "studies" / "strong_resnet18" / "points" / "p012.yaml"
     assert point.exists() and "run_id: strong_resnet18-p012" in point.read_text()  # what the rerun recipe reads
+
+
+def test_readme_reliability_table_covers_every_fault_case():
+    """`make reliability` writes the measured table; every case the suite injects must be in it."""
+    cases = re.findall(r'record_fault\(\s*"([^"]+)"', (ROOT / "tests" / "test_faults.py").read_text())
+    assert len(cases) >= 15
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- reliability-table: begin -->")[1].split("<!-- reliability-table: end -->")[0]
+    missing = [c for c in cases if f"| {c} |" not in table]
+    assert not missing, f"README's reliability table lacks {missing}: run `make reliability`"
+    assert re.search(r"Measured by `make reliability` on .+, \d{4}-\d\d-\d\d", table)

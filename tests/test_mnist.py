@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +17,8 @@ import pytest
 from kernels.data import idx, mnist
 from kernels.params import ConfigError
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 
-DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None, extra: bytes = b"") -> Path:
@@ -37,21 +33,6 @@ def write_idx(path: Path, array: np.ndarray, magic: int | None = None, extra: by
     else:
         path.write_bytes(data)
     return path
-
-
-@pytest.fixture(scope="session")
-def fashion_root(tmp_path_factory):
-    """A data root with the real Fashion-MNIST, fetched --from Debian's package."""
-    if not DEBIAN.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but Debian's dataset-fashion-mnist is not installed")
-        pytest.skip("needs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist; .ci/run does)")
-    root = tmp_path_factory.mktemp("data")
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "fetch", "fashion-mnist", "--from", str(DEBIAN),
-                        "--root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "fashion-mnist ready and verified" in p.stdout
-    return root
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,29 +20,31 @@ TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-
 
 
 def sbatch(slurm, tmp_path, opts, script_args, cmd=None, timeout=300):
-    """sbatch --wait OPTS slurm/papermill_run.sbatch SCRIPT_ARGS on the test cluster.
+    """sbatch OPTS slurm/papermill_run.sbatch SCRIPT_ARGS on the test cluster, then wait for the job.
 
-    Returns (job id, exit status, the job's output file). A job still waiting
-    after `timeout` is cancelled and fails the test.
+    Returns (job id, exit status, the job's output file). The queue is polled every half
+    second (sbatch --wait backs off to tens of seconds). A job still there after `timeout`
+    is cancelled and fails the test.
     """
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "MASTER_ADDR": "127.0.0.1",  # n1/n2 don't resolve
            "LAB_RESULTS": str(tmp_path)}
     out = tmp_path / "job-%j.out"
-    full = cmd or ["sbatch", "--wait", "--time=00:10:00", f"--output={out}", "--cpus-per-task=1", *opts,
+    full = cmd or ["sbatch", "--time=00:10:00", f"--output={out}", "--cpus-per-task=1", *opts,
                    "slurm/papermill_run.sbatch"]
-    p = subprocess.Popen([*full, *map(str, script_args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        subprocess.run(["scancel", "--user=root"], env=env)
-        pytest.fail(f"sbatch --wait did not return within {timeout} s: {' '.join(map(str, full))}")
-    m = re.search(r"Submitted batch job (\d+)", stdout)
-    assert m, stdout + stderr
+    p = subprocess.run([*full, *map(str, script_args)], cwd=ROOT, env=env, capture_output=True, text=True)
+    m = re.search(r"Submitted batch job (\d+)", p.stdout)
+    assert m, p.stdout + p.stderr
     job = m.group(1)
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], env=env)
+            pytest.fail(f"job {job} still queued or running after {timeout} s: {' '.join(map(str, full))}")
+        time.sleep(0.5)
+    info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    rc = int(re.search(r"\bExitCode=(\d+):", info).group(1))
     log = tmp_path / f"job-{job}.out"
-    return job, p.returncode, log.read_text() if log.exists() else ""
+    return job, rc, log.read_text() if log.exists() else ""
 
 
 def job_state(slurm, job) -> str:
@@ -105,7 +108,7 @@ def test_unknown_notebook_fails_the_job(slurm, tmp_path):
 def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
     res = tmp_path / "runs"
     cmd = [sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", "--gpus", "4", "--gpus-per-node", "2",
-           "--time", "00:10:00", "--sbatch-arg=--wait", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
+           "--time", "00:10:00", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
            "--sbatch-arg=--cpus-per-task=1"]
     job, rc, log = sbatch(slurm, tmp_path, [], [*TINY_P, "-p", "results_dir", res, "-p", "label", "helper"], cmd=cmd)
     assert rc == 0, log

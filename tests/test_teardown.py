@@ -29,7 +29,7 @@ RANK = ("import atexit, runpy, sys; atexit.register(lambda: print('INTERPRETER F
 ARGS = ["--dataset", "digits", "--gpus", "2", "--batch", "32", "--width", "4", "--epochs", "1", "--precision", "fp32",
         "--train_samples", "64", "--test_samples", "32", "--log_every", "0", "--timing_warmup_steps", "1",
         "--comm_probe_steps", "2", "--checkpoint_every", "0", "--launcher", "none"]
-REPEATS = 12
+REPEATS = 8
 
 
 def test_two_rank_start_and_teardown_never_fails_a_complete_run(tmp_path):
@@ -66,7 +66,7 @@ def test_a_failing_rank_still_exits_non_zero_with_its_traceback(tmp_path):
     assert p.returncode == 2 and "gpus=2 but the launcher started 1 rank(s)" in p.stderr
     blocker = tmp_path / "blocked"
     blocker.write_text("a file where the run directory must go")
-    p = subprocess.run([sys.executable, "-m", "kernels.train", *ARGS[:2], "--gpus", "1", *ARGS[4:], "--batch", "32",
+    p = subprocess.run([sys.executable, "-m", "kernels.train", *ARGS[:2], "--gpus", "1", *ARGS[4:],
                         "--results_dir", str(tmp_path), "--run_id", "blocked"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
-    assert p.returncode == 1 and "Traceback" in p.stdout + p.stderr and "FileExistsError" in p.stdout + p.stderr
+    assert p.returncode == 2 and "blocked" in p.stderr and "File exists" in p.stderr, p.stderr

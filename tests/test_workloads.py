@@ -20,7 +20,7 @@ from kernels.notebooks import resolve_notebook_parameters
 from kernels.params import ConfigError, Param, resolve, table
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
-from conftest import ROOT, TINY, run_cli
+from conftest import ROOT, TINY, merge_args, run_cli
 
 # ------------------------------------------------------------------ the toy plug-in
 TOY_PARAMS = (Param("hidden", int, 16, "width of the hidden layer", group="toy"),)
@@ -96,7 +96,7 @@ def test_workload_defaults_and_explicit_values():
 @pytest.mark.parametrize("raw,needle", [
     ({"workload": "cnn", "width": 16}, "'width' is a parameter of workload resnet18, not cnn"),
     ({"lr_gamma": 0.5}, "'lr_gamma' is a parameter of workload cnn, not resnet18"),
-    ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, digits, synthetic, not 'cifar10'"),
+    ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, synthetic, not 'cifar10'"),
     ({"workload": "cnn", "lr_gama": 0.5}, "unknown parameter 'lr_gama'.*did you mean 'lr_gamma'"),
     ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, or give module:OBJECT"),
     ({"workload": "no_such_module:X"}, "cannot import no_such_module"),
@@ -156,7 +156,7 @@ def test_cnn_two_rank_ddp_equals_one_process_with_two_micro_batches(tmp_path):
 
     def weights(name, *args):
         out = tmp_path / name
-        p = run_cli(*CNN, "--epochs", "1", "--lr", "0.5", *args, "--results_dir", out)
+        p = run_cli(*merge_args(*CNN, "--epochs", "1", "--lr", "0.5", *args, "--results_dir", out))
         assert p.returncode == 0, p.stdout + p.stderr
         state = torch.load(only_run(out) / "checkpoint.pt", map_location="cpu", weights_only=False)
         return flat(state["model"]), state

@@ -30,6 +30,12 @@ def _check_mnist(name: str) -> Callable[[Path], None]:
     return check
 
 
+def _check_bigmnist(root: Path) -> None:
+    from kernels.data import bigmnist
+
+    bigmnist.check(root)
+
+
 def _check_digits(root: Path) -> None:
     from kernels.data.embedded import digits_csv
 
@@ -43,6 +49,7 @@ class DataSet:
     check: Callable[[Path], None] | None = None  # cheap presence/integrity check before any work
     fetch: str = ""                             # the command that fetches it ("" when it needs none)
     num_classes: int = 10
+    streamed: bool = False                       # read from disk during training (pipeline=stream), not resident
 
 
 # Every data set the lab reads; the documents list them from here, never by hand.
@@ -53,6 +60,9 @@ DATASETS: dict[str, DataSet] = {
                      _check_mnist("mnist"), "lab fetch mnist"),
     "fashion-mnist": DataSet("Fashion-MNIST", "sha256 of the four decompressed IDX files",
                              _check_mnist("fashion-mnist"), "lab fetch fashion-mnist"),
+    "bigmnist": DataSet("bigMNIST (MNIST augmented and replicated to 72 M samples, in shards)",
+                        "size and .npy header of every shard against the manifest before a run; sha256 of every "
+                        "shard with `lab bigmnist verify`", _check_bigmnist, "lab bigmnist build", streamed=True),
     "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", "", _check_digits),
     "synthetic": DataSet("synthetic images", ""),
 }

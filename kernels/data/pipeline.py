@@ -40,6 +40,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from kernels.params import ConfigError
+
 
 @dataclass
 class Split:
@@ -279,6 +281,9 @@ def tensor_sources(cfg, train: Split, test: Split, transform: ImageTransform | N
                    device: torch.device):
     """(training source, eval source) for data held in memory, as cfg.pipeline asks."""
     train, test = train.head(cfg.train_samples), test.head(cfg.test_samples)
+    if cfg.pipeline == "stream":
+        raise ConfigError(f"parameter 'pipeline': stream reads a set of shards from disk; data set '{cfg.dataset}' "
+                          f"is held in memory: use pipeline=device or dataloader (or dataset=bigmnist)")
     if cfg.pipeline == "device":
         src = TensorSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last)
     else:

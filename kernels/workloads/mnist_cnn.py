@@ -1,4 +1,4 @@
-"""The CNN of the PyTorch MNIST example, on MNIST, Fashion-MNIST, the embedded digits or synthetic data.
+"""The CNN of the PyTorch MNIST example, on MNIST, Fashion-MNIST, bigMNIST, the embedded digits or synthetic data.
 
 Model (pytorch/examples, mnist/main.py): conv 1->32 3x3, ReLU, conv 32->64 3x3,
 ReLU, max-pool 2, dropout 0.25, flatten (9216), fc 9216->128, ReLU, dropout 0.5,
@@ -8,7 +8,8 @@ per 28x28 image forward, counted from the model, not typed.
 
 Recipe, as the example's defaults: Adadelta at lr 1.0, StepLR decaying the rate by
 gamma 0.7 after every epoch, batch 64. The images are normalised with each data
-set's mean and standard deviation and not augmented.
+set's mean and standard deviation and not augmented (bigMNIST is augmented when it is built;
+its mean and standard deviation come from its manifest, and it is streamed from its shards).
 """
 from __future__ import annotations
 
@@ -54,14 +55,47 @@ PARAMS = (
 def check(cfg) -> None:
     if not 0 < cfg.lr_gamma <= 1:
         raise ConfigError(f"parameter 'lr_gamma': must be in (0, 1], got {cfg.lr_gamma}")
+    if cfg.dataset == "bigmnist":
+        from kernels.data import bigmnist
+
+        d, manifest = bigmnist.check(cfg.data_root)
+        shards = len(manifest["shards"])
+        if cfg.gpus > shards:
+            raise ConfigError(f"parameter 'gpus': {cfg.gpus} ranks but the bigMNIST set in {d} has {shards} shards; "
+                              f"every rank streams its own range of at least one shard. Use gpus <= {shards}, or "
+                              f"build the set with smaller --shard-samples")
 
 
 def make_data(cfg, rank: int, world: int, device: torch.device):
+    if cfg.dataset == "bigmnist":
+        return _bigmnist_data(cfg, rank, world, device)
     train, test, classes = load_image_dataset(cfg.dataset, cfg.data_root, samples=cfg.train_samples, size=28,
                                               channels=1)
     mean, std = NORMALISE[cfg.dataset]
     src, ev = tensor_sources(cfg, train, test, ImageTransform(mean=mean, std=std), rank, world, device)
     return src, ev, DataInfo(input_shape=tuple(train.x.shape[1:]), num_classes=classes)
+
+
+def _bigmnist_data(cfg, rank: int, world: int, device: torch.device):
+    """Streamed shards (pipeline=stream) or the per-sample DataLoader over them; the untouched test split."""
+    from kernels.data.pipeline import EvalSource
+    from kernels.data.stream import PerSampleSource, ShardSet, StreamSource
+
+    shards = ShardSet(cfg.data_root)
+    if cfg.train_samples:
+        raise ConfigError("parameter 'train_samples': a streamed set is used whole; build a smaller set "
+                          "(lab bigmnist build --replicas/--versions/--source-samples) for a quicker run")
+    mean, std = shards.manifest["mean"], shards.manifest["std"]
+    transform = ImageTransform(mean=(mean,), std=(std,))
+    if cfg.pipeline == "stream":
+        src = StreamSource(shards, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
+                           cfg.cache, cfg.window_mb, cfg.read_mb, cfg.io_threads)
+    else:
+        src = PerSampleSource(shards, mean, std, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
+                              cfg.num_workers, cfg.prefetch_factor)
+    test = shards.test_split().head(cfg.test_samples)
+    ev = EvalSource(test, transform, cfg.per_rank_batch, rank, world, device, cfg.channels_last)
+    return src, ev, DataInfo(input_shape=(1, 28, 28), num_classes=shards.manifest["num_classes"])
 
 
 def build_model(cfg, info: DataInfo):
@@ -78,7 +112,7 @@ def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
 WORKLOAD = Workload(
     name="cnn",
     title="the CNN of the PyTorch MNIST example",
-    datasets=("mnist", "fashion-mnist", "digits", "synthetic"),
+    datasets=("mnist", "fashion-mnist", "bigmnist", "digits", "synthetic"),
     params=PARAMS,
     defaults={"precision": "fp32", "batch": 64, "epochs": 5, "lr": 1.0},
     metrics=(classification.ACCURACY,),

@@ -80,6 +80,8 @@ def check(cfg) -> None:
         raise ConfigError(f"parameter 'momentum': must be in [0, 1), got {cfg.momentum}")
     if cfg.lr_warmup_epochs < 0:
         raise ConfigError("parameter 'lr_warmup_epochs': must be >= 0")
+    if cfg.weight_decay < 0:
+        raise ConfigError(f"parameter 'weight_decay': must be >= 0, got {cfg.weight_decay}")
 
 
 def build_model(cfg, info: DataInfo):

@@ -1,0 +1,456 @@
+"""Fault injection: each way a run dies or hangs, on the local launcher and on the real local Slurm.
+
+Every case injects the fault for real (a signal to a rank or to the launcher, USR1 from
+Slurm, a time limit, scancel, an unresolvable host, a truncated file, a concurrent run,
+a full file system, a NaN loss) and asserts the time to the end of the run against its
+bound, the exit status, the record's status, and, where the run can continue, that a
+later run completes with the same final metrics and weights as an uninterrupted one.
+Each case adds a row (case, bound, measured time, outcome) to the reliability table
+that `make reliability` writes into README.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import ROOT, record_fault
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
+BASE = ["--dataset", "digits", "--width", "4", "--batch", "32", "--precision", "fp32", "--train_samples", "512",
+        "--test_samples", "64", "--log_every", "0", "--timing_warmup_steps", "1", "--comm_probe_steps", "0",
+        "--sync_check_steps", "1", "--seed", "11"]
+EPOCHS = ["--epochs", "6"]
+
+
+def lab(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def start(*args, log: Path, env=None) -> subprocess.Popen:
+    f = open(log, "w")
+    return subprocess.Popen([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, stdout=f,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def wait_for(cond, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def epochs_done(run_dir: Path) -> int:
+    p = run_dir / "metrics.csv"
+    return max(0, len(p.read_text().splitlines()) - 1) if p.exists() else 0
+
+
+def ranks_of(launcher: subprocess.Popen) -> list[psutil.Process]:
+    kids = psutil.Process(launcher.pid).children()
+    return sorted(kids, key=lambda p: int(p.environ().get("RANK", 0)))
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def weights(run_dir: Path) -> torch.Tensor:
+    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return torch.cat([v.flatten().double() for v in state["model"].values()])
+
+
+def assert_same_result(run_dir: Path, reference: Path):
+    """The resumed run ends exactly where the uninterrupted one does."""
+    a, b = summary(run_dir), summary(reference)
+    assert a["status"] == b["status"] == "complete", (a["status"], a.get("error"))
+    assert a["final_eval_loss"] == pytest.approx(b["final_eval_loss"], rel=1e-6, abs=1e-9)
+    assert a["final_eval_acc"] == b["final_eval_acc"] and a["steps_done"] == b["steps_done"]
+    assert torch.allclose(weights(run_dir), weights(reference), rtol=1e-6, atol=1e-8)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every recovered run is compared with."""
+    res = tmp_path_factory.mktemp("reference")
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", res, "--run_id", "ref")
+    assert p.returncode == 0, p.stdout + p.stderr
+    return res / "ref"
+
+
+# ----------------------------------------------------------- the local launcher
+def test_rank0_killed(tmp_path, reference):
+    run = tmp_path / "r"
+    launcher = start(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r", log=tmp_path / "log")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    rank0 = ranks_of(launcher)[0]
+    t0 = time.monotonic()
+    rank0.kill()
+    rc = launcher.wait(timeout=120)
+    took = time.monotonic() - t0
+    record_fault("rank 0 killed (SIGKILL), local launcher", 30, took, rc, summary(run)["status"])
+    assert rc == 128 + 9 and took < 30
+    s = summary(run)
+    assert s["status"] == "failed" and "killed by signal SIGKILL" in s["error"], s  # not left 'running'
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0 and "resuming r" in p.stdout, p.stdout + p.stderr
+    assert_same_result(run, reference)
+    assert [a["status"] for a in summary(run)["attempts"]] == ["failed", "complete"]
+
+
+def test_rank_stopped_with_sigstop(tmp_path, reference):
+    """A stopped rank hangs the others in a collective: the watchdog ends them, the launcher kills it."""
+    run = tmp_path / "r"
+    launcher = start(*BASE, *EPOCHS, "--gpus", "2", "--hang_timeout_min", "0.25", "--results_dir", tmp_path,
+                     "--run_id", "r", log=tmp_path / "log")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    ranks = ranks_of(launcher)
+    t0 = time.monotonic()
+    ranks[1].suspend()
+    rc = launcher.wait(timeout=180)
+    took = time.monotonic() - t0
+    record_fault("rank 1 stopped (SIGSTOP), local launcher, hang_timeout_min=0.25", 15 + 60, took, rc,
+                 summary(run)["status"])
+    assert rc != 0 and took < 15 + 60, took
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)  # nobody left behind
+    s = summary(run)
+    assert s["status"] == "failed" and "hung" in s["error"], s
+    assert "Python stacks of every thread follow" in (tmp_path / "log").read_text()
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert_same_result(run, reference)
+
+
+def test_launcher_terminated_checkpoints_and_leaves_no_orphans(tmp_path, reference):
+    run = tmp_path / "r"
+    launcher = start(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r", log=tmp_path / "log")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    ranks = ranks_of(launcher)
+    t0 = time.monotonic()
+    launcher.terminate()
+    rc = launcher.wait(timeout=120)
+    took = time.monotonic() - t0
+    record_fault("local launcher terminated (SIGTERM)", 30, took, rc, summary(run)["status"])
+    assert rc == 75 and took < 30  # the ranks checkpointed: resumable
+    wait_for(lambda: not any(p.is_running() for p in ranks), timeout=10, what="the ranks to leave")
+    s = summary(run)
+    assert s["status"] == "preempted" and "SIGTERM" in s["error"], s
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert_same_result(run, reference)
+
+
+def test_launcher_killed_takes_its_ranks_along(tmp_path, reference):
+    run = tmp_path / "r"
+    launcher = start(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r", log=tmp_path / "log")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    ranks = ranks_of(launcher)
+    t0 = time.monotonic()
+    launcher.kill()
+    launcher.wait()
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks), timeout=15,
+             what="the ranks to die with their launcher")
+    took = time.monotonic() - t0
+    record_fault("local launcher killed (SIGKILL)", 15, took, 137,
+                 "ranks died with it; 'running' until the next attempt records 'died'")
+    assert summary(run)["status"] == "running"  # nobody could say otherwise ...
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the previous attempt of r ended without recording why" in p.stdout
+    attempts = summary(run)["attempts"]  # ... until the next attempt, which says so
+    assert [a["status"] for a in attempts] == ["died", "complete"]
+    assert_same_result(run, reference)
+
+
+def test_unresolvable_master_addr_fails_fast(tmp_path):
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "no-such-host.invalid",
+           "MASTER_PORT": "29511"}
+    t0 = time.monotonic()
+    p = lab(*BASE, "--gpus", "2", "--launcher", "none", "--results_dir", tmp_path, env=env)
+    took = time.monotonic() - t0
+    record_fault("MASTER_ADDR does not resolve", 20, took, p.returncode, "no record")
+    assert p.returncode == 2 and took < 20
+    assert "MASTER_ADDR 'no-such-host.invalid'" in p.stderr and "does not resolve" in p.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_nobody_serves_the_rendezvous(tmp_path):
+    from kernels.dist import free_port
+
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    t0 = time.monotonic()
+    p = lab(*BASE, "--gpus", "2", "--launcher", "none", "--startup_timeout_min", "0.1", "--results_dir", tmp_path,
+            env=env)
+    took = time.monotonic() - t0
+    record_fault("rank 0 never arrives (startup_timeout_min=0.1)", 6 + 20, took, p.returncode, "no record")
+    assert p.returncode == 2 and took < 6 + 20, (took, p.stderr)
+    assert "could not reach the rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT=" in p.stderr
+
+
+def test_a_second_run_on_the_same_directory_fails_fast_naming_the_first(tmp_path):
+    run = tmp_path / "r"
+    first = start(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r", log=tmp_path / "log")
+    wait_for(lambda: (run / ".lock").exists(), what="the first run's lock")
+    t0 = time.monotonic()
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    took = time.monotonic() - t0
+    record_fault("second run on the same run_id", 20, took, p.returncode, "first unaffected")
+    assert p.returncode == 2 and took < 20
+    owner = json.loads((run / ".lock").read_text())
+    assert f"pid {owner['pid']}" in p.stderr and "is in use by another run" in p.stderr
+    assert first.wait(timeout=300) == 0
+    cfg, s = json.loads((run / "config.json").read_text()), summary(run)
+    assert s["status"] == "complete" and cfg["params"]["epochs"] == 6 and len(s["attempts"]) == 1
+    assert not (run / ".lock").exists()
+
+
+def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+    import shutil
+
+    run = tmp_path / "r"
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--stop_after_steps", "24", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0 and summary(run)["status"] == "stopped", p.stdout + p.stderr
+    shutil.copytree(run, tmp_path / "r2")
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):  # both damaged: a clear error, nothing overwritten
+        (tmp_path / "r2" / name).write_bytes(b"not a checkpoint")
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r2")
+    out = p.stdout + p.stderr  # the ranks' messages come through the launcher's output
+    assert p.returncode == 2 and "no usable checkpoint" in out and "checkpoint.prev.pt" in out, out
+    assert summary(tmp_path / "r2")["status"] == "stopped"
+    ck = run / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    t0 = time.monotonic()
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    record_fault("truncated checkpoint.pt (falls back to checkpoint.prev.pt)", 120, time.monotonic() - t0,
+                 p.returncode, summary(run)["status"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "checkpoint.pt is unusable: checksum mismatch" in p.stdout and "from the previous checkpoint" in p.stdout
+    assert_same_result(run, reference)
+
+
+def test_truncated_summary_is_a_clear_error(tmp_path):
+    from kernels import analysis
+
+    p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0
+    f = tmp_path / "r" / "summary.json"
+    f.write_text(f.read_text()[:40])
+    t0 = time.monotonic()
+    p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", tmp_path, "--run_id", "r")
+    record_fault("truncated summary.json", 20, time.monotonic() - t0, p.returncode, "refused")
+    assert p.returncode == 2 and "summary.json is not valid JSON" in p.stderr and "Traceback" not in p.stderr
+    runs, problems, _ = analysis.load_runs(tmp_path)
+    assert runs.empty and problems.iloc[0]["status"] == "unreadable"
+
+
+def test_resume_refuses_a_changed_parameter_unless_allowed(tmp_path):
+    run = tmp_path / "r"
+    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "5", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0
+    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--lr", "0.05", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 2 and "lr (0.2 in the checkpoint, 0.05 now)" in p.stderr
+    assert "allow_config_change=true" in p.stderr and summary(run)["status"] == "stopped"
+    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--lr", "0.05", "--allow_config_change", "--results_dir", tmp_path,
+            "--run_id", "r")
+    assert p.returncode == 0 and "lr changed from 0.2 to 0.05" in p.stdout
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["config_changes"] == [{"parameter": "lr", "checkpoint": 0.2, "now": 0.05}]
+
+
+def test_non_finite_loss_stops_the_run(tmp_path):
+    t0 = time.monotonic()
+    p = lab(*BASE, "--epochs", "2", "--gpus", "2", "--lr", "1e12", "--lr_warmup_epochs", "0", "--results_dir",
+            tmp_path, "--run_id", "r")
+    took = time.monotonic() - t0
+    s = summary(tmp_path / "r")
+    record_fault("non-finite loss (lr 1e12)", 60, took, p.returncode, s["status"])
+    assert p.returncode != 0 and s["status"] == "failed"
+    assert re.search(r"NonFiniteLoss: the training loss became non-finite by global step \d+", s["error"]), s["error"]
+
+
+def test_full_file_system(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but a tmpfs cannot be mounted: {p.stderr}")
+        pytest.skip(f"mounting a small tmpfs needs root: {p.stderr.strip()}")
+    try:
+        t0 = time.monotonic()
+        p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", mnt / "runs", "--run_id", "r")
+        record_fault("results_dir on a full file system (4 MiB tmpfs)", 20, time.monotonic() - t0, p.returncode,
+                     "no record")
+        assert p.returncode == 2 and "MiB free" in p.stderr and str(mnt) in p.stderr, p.stderr
+        assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
+        from kernels.records import RecordError, atomic_write_bytes
+
+        with pytest.raises(RecordError, match=rf"cannot write {re.escape(str(mnt))}/big.*No space left"):
+            atomic_write_bytes(mnt / "big", b"\0" * (8 << 20))
+        assert not list(mnt.glob(".big*"))  # no temporary file left either
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+# ------------------------------------------------------------------ the real Slurm
+SLURM_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "batch", "32", "-p", "precision", "fp32",
+           "-p", "train_samples", "512", "-p", "test_samples", "64", "-p", "log_every", "0", "-p",
+           "timing_warmup_steps", "1", "-p", "comm_probe_steps", "0", "-p", "sync_check_steps", "1", "-p", "seed", "11"]
+
+
+def _slurm_env(slurm, tmp_path) -> dict:
+    return {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "MASTER_ADDR": "127.0.0.1", "LAB_RESULTS": str(tmp_path)}
+
+
+def _submit(slurm, tmp_path, *opts, epochs=6, extra_p=()) -> str:
+    p = subprocess.run(["sbatch", f"--output={tmp_path}/job-%j.out", "--cpus-per-task=1", "--nodes=1",
+                        "--ntasks-per-node=2", "--gpus-per-node=2", *opts, "slurm/papermill_run.sbatch",
+                        "notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "epochs", str(epochs), *SLURM_P,
+                        *extra_p, "-p", "results_dir", str(tmp_path / "runs")],
+                       cwd=ROOT, env=_slurm_env(slurm, tmp_path), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
+
+
+def _wait_job(slurm, tmp_path, job: str, timeout=300) -> str:
+    """Wait until the job has left the queue.
+
+    A requeued job waits about two minutes (Slurm's hold after a requeue); the test releases it
+    once its previous instance is surely gone (KillWait is 5 s here), to save CI the wait.
+    """
+    env = _slurm_env(slurm, tmp_path)
+    deadline = time.monotonic() + timeout
+    held_since = None
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], env=env, capture_output=True, text=True)
+        if not q.stdout.strip():
+            break
+        if "BeginTime" in q.stdout:
+            held_since = held_since or time.monotonic()
+            if time.monotonic() - held_since > 8:
+                subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, capture_output=True)
+                held_since = None
+        else:
+            held_since = None
+        time.sleep(1)
+    else:
+        subprocess.run(["scancel", job], env=env)
+        pytest.fail(f"job {job} still queued or running after {timeout} s")
+    out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    return re.search(r"JobState=(\S+)", out).group(1)
+
+
+def test_slurm_usr1_checkpoints_requeues_and_finishes_identically(slurm, tmp_path, reference):
+    """The preemption warning, as `#SBATCH --signal=B:USR1@...` delivers it, sent by hand mid-run."""
+    job = _submit(slurm, tmp_path)
+    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
+    wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch under Slurm")
+    env = _slurm_env(slurm, tmp_path)
+    t0 = time.monotonic()
+    subprocess.run(["scancel", "--batch", "-s", "USR1", job], env=env, check=True)
+    wait_for(lambda: summary(run)["status"] == "preempted", timeout=60, what="the checkpoint")
+    took = time.monotonic() - t0
+    state = _wait_job(slurm, tmp_path, job)
+    s = summary(run)
+    record_fault("Slurm: USR1 (preemption warning), checkpoint and requeue", 60, took, 75, "preempted, then complete")
+    assert state == "COMPLETED" and took < 60
+    assert s["requeues"] == 1 and [a["status"] for a in s["attempts"]] == ["preempted", "complete"]
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "requeueing it" in log and f"resuming resnet18-digits-g2-j{job}" in log
+    assert_same_result(run, reference)
+
+
+def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
+    """A real time limit (--time=1) on a run far longer than a minute, with no requeue allowed: the run
+    checkpoints (on the warning or on the limit's SIGTERM) and records 'preempted'; the same run id resumes."""
+    job = _submit(slurm, tmp_path, "--time=1", "--export=ALL,LAB_MAX_REQUEUES=0", epochs=300)
+    t0 = time.monotonic()
+    _wait_job(slurm, tmp_path, job, timeout=240)
+    took = time.monotonic() - t0
+    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
+    s = summary(run)
+    record_fault("Slurm: time limit of 1 min reached", 60 + 90, took, 75, s["status"])
+    assert took < 60 + 90 and s["status"] == "preempted", (took, s["status"], s.get("error"))
+    step = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)["global_step"]
+    assert step == s["steps_done"] > 0
+    p = lab(*BASE, "--epochs", "300", "--gpus", "2", "--stop_after_steps", str(step + 16), "--results_dir",
+            tmp_path / "runs", "--run_id", run.name)
+    assert p.returncode == 0 and summary(run)["status"] == "stopped", p.stdout + p.stderr
+    assert summary(run)["resumed_from_step"] == step and summary(run)["steps_done"] == step + 16
+
+
+def test_slurm_scancel_term_checkpoints_and_a_resubmission_resumes(slurm, tmp_path, reference):
+    """SIGTERM with no warning (scancel; a limit without --signal): a checkpoint within KillWait (5 s here)."""
+    job = _submit(slurm, tmp_path)
+    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
+    wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch under Slurm")
+    env = _slurm_env(slurm, tmp_path)
+    t0 = time.monotonic()
+    subprocess.run(["scancel", job], env=env, check=True)
+    state = _wait_job(slurm, tmp_path, job)
+    took = time.monotonic() - t0
+    s = summary(run)
+    record_fault("Slurm: scancel (SIGTERM, no warning)", 30, took, 143, s["status"])
+    assert state == "CANCELLED" and took < 30
+    assert s["status"] == "preempted" and "SIGTERM" in s["error"], s
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path / "runs", "--run_id", run.name)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert_same_result(run, reference)
+
+
+def test_slurm_stopped_rank_ends_the_job(slurm, tmp_path):
+    """A rank stopped under srun: the other's watchdog fails the run, srun ends the step, the job fails."""
+    job = _submit(slurm, tmp_path, "--time=00:05:00", extra_p=("-p", "hang_timeout_min", "0.25"))
+    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
+    wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch under Slurm")
+    victim = [p for p in psutil.process_iter(["environ"])
+              if (p.info["environ"] or {}).get("SLURM_JOB_ID") == job
+              and (p.info["environ"] or {}).get("SLURM_PROCID") == "1"
+              and "kernels.train" in " ".join(p.cmdline())]
+    assert victim, "rank 1 of the job not found"
+    t0 = time.monotonic()
+    victim[0].suspend()
+    state = _wait_job(slurm, tmp_path, job)
+    took = time.monotonic() - t0
+    record_fault("Slurm: rank 1 stopped (SIGSTOP), hang_timeout_min=0.25", 15 + 60, took, 1,
+                 summary(run)["status"])
+    assert state == "FAILED" and took < 15 + 60, (state, took)
+    assert summary(run)["status"] == "failed"
+
+
+def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, reference):
+    """A study point (an array task) warned by USR1: the task requeues itself and its point completes."""
+    import yaml
+
+    env = _slurm_env(slurm, tmp_path)
+    spec = tmp_path / "arr.yaml"
+    fixed = {"dataset": "digits", "width": 4, "batch": 32, "precision": "fp32", "train_samples": 512,
+             "test_samples": 64, "log_every": 0, "timing_warmup_steps": 1, "comm_probe_steps": 0,
+             "sync_check_steps": 1, "seed": 11, "epochs": 6, "results_dir": str(tmp_path / "runs")}
+    spec.write_text(yaml.safe_dump({"name": "arr", "cluster": "local", "mode": "strong", "gpus": [2], "fixed": fixed}))
+    p = subprocess.run([sys.executable, "-m", "kernels.study", "submit", str(spec)], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    array = re.search(r"submitted job array (\d+)", p.stdout).group(1)
+    run = tmp_path / "runs" / "arr-p000"
+    wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch of the array task")
+    t0 = time.monotonic()
+    subprocess.run(["scancel", "--batch", "-s", "USR1", f"{array}_0"], env=env, check=True)
+    wait_for(lambda: summary(run)["status"] in ("preempted", "complete"), timeout=60, what="the checkpoint")
+    took = time.monotonic() - t0
+    _wait_job(slurm, tmp_path, array)
+    s = summary(run)
+    record_fault("Slurm: USR1 to a study's array task", 60, took, 75, "preempted, then complete")
+    assert s["requeues"] == 1 and [a["status"] for a in s["attempts"]] == ["preempted", "complete"], s["attempts"]
+    assert_same_result(run, reference)
