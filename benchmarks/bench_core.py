@@ -31,16 +31,18 @@ sys.path.insert(0, str(ROOT))
 
 from kernels import sysinfo  # noqa: E402
 from kernels.data.embedded import make_synthetic  # noqa: E402
-from kernels.data.pipeline import make_pipeline  # noqa: E402
-from kernels.workloads.base import Augment, Split  # noqa: E402
+from kernels.data.pipeline import ImageTransform, LoaderSource, Split, TensorSource  # noqa: E402
 from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD  # noqa: E402
 
 
 def bench_pipeline(kind: str, device: torch.device, batch: int, steps: int, repeats: int, workers: int) -> float:
     arrays = make_synthetic(n_train=batch * steps, n_test=1)
     train = Split(torch.from_numpy(arrays["train"][0]), torch.from_numpy(arrays["train"][1]))
-    aug = Augment(CIFAR_MEAN, CIFAR_STD, pad=4, flip=True)
-    pipe = make_pipeline(kind, train, aug, batch, 0, 1, 0, device, False, workers, 2)
+    aug = ImageTransform(mean=CIFAR_MEAN, std=CIFAR_STD, pad=4, flip=True)
+    if kind == "device":
+        pipe = TensorSource(train, aug, batch, 0, 1, 0, device, False)
+    else:
+        pipe = LoaderSource(train, aug, batch, 0, 1, 0, device, False, workers, 2)
     rates = []
     for epoch in range(repeats + 1):
         if device.type == "cuda":

@@ -100,6 +100,16 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
             "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
             "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
         })
+        io = summ.get("io") or {}
+        ranks = io.get("ranks") or []
+        row.update({
+            "io_source": io.get("source"), "io_cache": io.get("cache"), "io_bytes_read": io.get("bytes_read"),
+            "io_read_mb_s": io.get("read_mb_s"), "io_storage_mb_s": io.get("storage_mb_s"),
+            "io_read_ratio": io.get("read_ratio_max_epoch"), "io_wait_max": io.get("data_wait_frac_max"),
+            "io_wait_min": io.get("data_wait_frac_min"),
+            "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
+            "io_ranks": ranks,
+        })
         row["metrics"] = rec["metrics"]
         rows.append(row)
     return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
@@ -218,3 +228,33 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float]) -> tuple[pd.DataFr
     table = pd.DataFrame(rows)
     total = table["node_hours"].sum() * (1 + float(plan["profiling_overhead"]))
     return table, total
+
+
+IO_GROUP = ("dataset", "pipeline", "io_cache", "gpus", "nodes", "per_rank_batch")
+
+
+def io_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The I/O study: one row per (data set, pipeline, cache, ranks, nodes, per-rank batch), medians over repeats.
+
+    samples_per_s: headline throughput; read_mb_s: aggregate delivered read bandwidth
+    (bytes read / training time); storage_mb_s: what the reads themselves achieved; wait_max:
+    the slowest rank's data-wait share (it bounds a DDP step); wait_spread: that minus the
+    fastest rank's; devices: the device names of the ranks (mixed node types show here).
+    """
+    cols = [*IO_GROUP, "repeats", "samples_per_s", "read_mb_s", "storage_mb_s", "read_ratio", "wait_max",
+            "wait_spread", "devices"]
+    if runs.empty or "io_source" not in runs:
+        return pd.DataFrame(columns=cols)
+    r = runs[runs["io_source"].notna()].copy()
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    r["io_cache"] = r["io_cache"].fillna("memory")
+    r["wait_spread"] = r["io_wait_max"] - r["io_wait_min"]
+    rows = []
+    for key, g in r.groupby(list(IO_GROUP), dropna=False, sort=True):
+        med = lambda c: float(g[c].median()) if g[c].notna().any() else None  # noqa: E731
+        rows.append({**dict(zip(IO_GROUP, key)), "repeats": len(g), "samples_per_s": med("samples_per_s"),
+                     "read_mb_s": med("io_read_mb_s"), "storage_mb_s": med("io_storage_mb_s"),
+                     "read_ratio": med("io_read_ratio"), "wait_max": med("io_wait_max"),
+                     "wait_spread": med("wait_spread"), "devices": "; ".join(sorted(set(g["io_devices"].dropna())))})
+    return pd.DataFrame(rows, columns=cols).sort_values(["dataset", "pipeline", "io_cache", "gpus"]).reset_index(drop=True)

@@ -103,6 +103,24 @@ SUMMARY_FIELDS: dict[str, str] = {
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "attempts": "the run's attempts: start, end, status and cause of each (a resumed run has several)",
     "checksum": "sha256 of the rest of the file; a reader refuses a file whose content does not match",
+    "io": "the input pipeline's I/O over the whole run (all attempts), per rank and in total: see below",
+}
+
+# summary.json "io": what the training source read and how long the ranks waited for it.
+IO_FIELDS = {
+    "source": "streamed-shards, dataloader-per-sample, device-resident or dataloader",
+    "cache": "warm or cold (streamed); 'page cache' for the per-sample baseline; empty for in-memory sets",
+    "data_bytes": "bytes of training records in the data set (streamed sets)",
+    "train_s": "training wall time: the sum of the epochs' times (slowest rank), evaluation excluded",
+    "bytes_read": "bytes the ranks read from storage, summed (empty when the source cannot count them)",
+    "read_ratio_max_epoch": "the largest epoch's bytes read over data_bytes (1.0: every byte once per epoch)",
+    "read_mb_s": "aggregate delivered read bandwidth: bytes_read / train_s, in MB/s (10^6)",
+    "storage_mb_s": "sum over ranks of each rank's bytes over its time inside read calls: what storage gave",
+    "samples_per_s": "the run's headline samples/s (median step), for the I/O tables",
+    "data_wait_frac_max": "the largest rank's share of its step time spent waiting for data",
+    "data_wait_frac_min": "the smallest rank's",
+    "ranks": "per rank: rank, host, device_name, samples, bytes_read, read_s, read_calls, read_mb_s, "
+             "data_wait_frac, bytes_by_epoch",
 }
 
 
@@ -372,6 +390,9 @@ def schema_markdown() -> str:
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]
+    lines += ["### summary.json: io", "", "| field | meaning |", "|---|---|"]
+    lines += [f"| `io.{k}` | {v} |" for k, v in IO_FIELDS.items()]
+    lines += [""]
     return "\n".join(lines)
 
 

@@ -112,6 +112,20 @@ for name in ("throughput", "efficiency", "epoch_time", "accuracy", "gains"):
 result["gains"]
 
 # %% [markdown]
+# ## Input and output (MNIST vs bigMNIST)
+# One row per data set, pipeline, cache mode and rank count, medians over repeats: samples/s,
+# aggregate read bandwidth (bytes read by all ranks over the training time; `storage_mb_s` is
+# what the reads themselves achieved), the slowest rank's data-wait share and its spread to the
+# fastest rank, and the device types of the ranks (mixed node types show here).
+
+# %%
+for name in ("io_samples", "io_bandwidth", "io_wait", "io_ranks"):
+    png = out_path / "figures" / f"{name}.png"
+    if png.exists():
+        display(Image(filename=str(png)))
+result["io"]
+
+# %% [markdown]
 # ## Resource request for the proposal
 
 # %%

@@ -265,3 +265,39 @@ def test_bad_sets_and_parameters_are_refused_before_work(small_set, fashion_root
     # a set built with other parameters is not silently mixed
     p = build(tmp_path / "set", fashion_root, "--seed", "4")
     assert p.returncode == 2 and "built with other parameters (seed 3 vs 4)" in p.stderr
+
+
+@pytest.mark.slow
+def test_job_array_build_then_two_node_streamed_notebook_run(slurm, small_set, fashion_root, tmp_path):
+    """The done-when of the I/O issue: built by a job array on Slurm, trained on by a 2-node sbatch run."""
+    from test_slurm import sbatch
+
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
+    out = tmp_path / "array-set"
+    p = subprocess.run([sys.executable, "-m", "kernels.cli", "bigmnist", "submit", "--out", str(out), "--data-dir",
+                        str(fashion_root), *SMALL, "--tasks", "3", "--cluster", "local", "--time", "00:10:00"],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = re.search(r"submitted job array (\d+)", p.stdout).group(1)
+    deadline = time.time() + 300
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, "the build array did not finish"
+        time.sleep(0.5)
+    logs = "".join(f.read_text() for f in (tmp_path / "sweeps").rglob("stdout.txt"))
+    assert logs.count("bigmnist: task ") >= 3 and "manifest written" in logs, logs
+    assert digests(out) == digests(small_set)  # 3 array tasks on 2 nodes = one task here, byte for byte
+
+    res = tmp_path / "runs"
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1"],
+                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "workload", "cnn", "-p", "dataset",
+                           "bigmnist", "-p", "data_dir", out, "-p", "batch", "64", "-p", "epochs", "1",
+                           "-p", "timing_warmup_steps", "2", "-p", "comm_probe_steps", "0", "-p", "log_every", "0",
+                           "-p", "results_dir", res])
+    assert rc == 0, log
+    run = res / f"cnn-bigmnist-g2-j{job}"
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards"
+    assert len(s["io"]["ranks"]) == 2 and all(r["bytes_read"] for r in s["io"]["ranks"])
+    assert 0.95 <= s["io"]["read_ratio_max_epoch"] <= 1.05
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["nodes"] == ["n1", "n2"] and cfg["params"]["pipeline"] == "stream"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -74,6 +75,16 @@ COMMANDS: dict[str, str] = {
     "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012":
         "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
     "git clone <this repository> lab && cd lab": "skip: a template (<this repository>)",
+    # --- bigMNIST and the I/O study
+    "lab study submit studies/io_mnist.yaml --dry-run": RUN,
+    "lab study submit studies/io_bigmnist.yaml --dry-run": RUN,
+    "lab bigmnist build --out data/bigmnist": "skip: builds 56.5 GB; test_bigmnist.py builds small sets",
+    "lab bigmnist submit --out data/bigmnist --tasks 16 --gpus-per-node 1":
+        "skip: 56.5 GB on GPU nodes; test_bigmnist.py builds a small set as a job array on the local Slurm",
+    "lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 --versions 2 "
+    "--replicas 2 --shard-samples 1000": RUN,
+    "lab bigmnist verify /tmp/bigmnist-small": RUN,
+    "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1": RUN,
 }
 
 
@@ -158,6 +169,16 @@ def test_documented_commands_run_as_written(tmp_path):
     if Path("/usr/share/datasets/fashion-mnist").is_dir() or os.environ.get("CI") == "true":
         p = _sh("lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist", env)
         assert "fashion-mnist ready and verified" in p.stdout
+        shutil.rmtree("/tmp/bigmnist-small", ignore_errors=True)
+        p = _sh("lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 "
+                "--versions 2 --replicas 2 --shard-samples 1000", env)
+        assert "manifest written" in p.stdout
+        assert "every shard matches" in _sh("lab bigmnist verify /tmp/bigmnist-small", env).stdout
+        before = set(runs.iterdir())
+        _sh("lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1", env)
+        (new,) = set(runs.iterdir()) - before
+        s = json.loads((new / "summary.json").read_text())
+        assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards", s
 
     p = _sh("lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5",
             env)
@@ -170,6 +191,9 @@ def test_documented_commands_run_as_written(tmp_path):
     _sh("lab study points studies/strong_resnet18.yaml --write", env)
     point = tmp_path / "studies" / "strong_resnet18" / "points" / "p012.yaml"
     assert point.exists() and "run_id: strong_resnet18-p012" in point.read_text()  # what the rerun recipe reads
+    for study in ("io_mnist", "io_bigmnist"):  # 1 GPU, 4 in a node, 2 and 4 nodes of 4: four geometries
+        p = _sh(f"lab study submit studies/{study}.yaml --dry-run", env)
+        assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 4, p.stdout
 
 
 def test_readme_reliability_table_covers_every_fault_case():

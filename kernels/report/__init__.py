@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from kernels import analysis
-from kernels.report import lab, profiling, request, scaling
+from kernels.report import io, lab, profiling, request, scaling
 from kernels.report.context import Context
 from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
 
-SECTIONS = (lab, scaling, profiling, request)  # request uses the scaling results: keep it after scaling
+SECTIONS = (lab, scaling, io, profiling, request)  # request uses the scaling and I/O results: keep it last
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
@@ -31,7 +31,8 @@ PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of 
              "profiling_overhead": "extra share for profiled and failed runs",
              "assumed_efficiency": "efficiency assumed where a point is not measured yet",
              "margin": "share added to the computed node-hours in the request",
-             "round_to": "the request is rounded up to a multiple of this"}
+             "round_to": "the request is rounded up to a multiple of this",
+             "io_study": "the planned I/O study (MNIST vs bigMNIST): gpus, epochs, samples, runs_per_point, repeats"}
 
 
 def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> None:
@@ -41,7 +42,7 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> Non
         if k not in PLAN_KEYS:
             raise ConfigError(str(unknown_name_error(k, where=f" in {where}", known=PLAN_KEYS)).replace(
                 "unknown parameter", "unknown key"))
-    missing = [k for k in PLAN_KEYS if k not in plan and k not in ("select", "affiliation")]
+    missing = [k for k in PLAN_KEYS if k not in plan and k not in ("select", "affiliation", "io_study")]
     if missing:
         raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} ({'; '.join(PLAN_KEYS[k] for k in missing)})")
     if plan["system"] not in systems:
@@ -52,6 +53,12 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> Non
             raise ConfigError(f"{where}: key '{k}' must be a fraction such as 0.2, got {plan[k]!r}")
     if not 0 < float(plan["assumed_efficiency"]) <= 1:
         raise ConfigError(f"{where}: key 'assumed_efficiency' must be in (0, 1], got {plan['assumed_efficiency']!r}")
+    io = plan.get("io_study")
+    if io is not None:
+        need = {"gpus", "epochs", "samples", "runs_per_point", "repeats"}
+        if not isinstance(io, dict) or set(io) != need:
+            raise ConfigError(f"{where}: key 'io_study' needs exactly {', '.join(sorted(need))}, got "
+                              f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}")
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
 

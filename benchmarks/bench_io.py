@@ -1,0 +1,161 @@
+"""Input pipelines for (big)MNIST, one rank, data only: `make bench` or `python benchmarks/bench_io.py`.
+
+Samples/s of normalised 1x28x28 batches delivered on the device, no model, for:
+  1. the seed study's per-sample DataLoader over the shards (one __getitem__ per image,
+     PIL conversion, --workers worker processes, pin_memory on CUDA);
+  2. the streamed shards, warm (the page cache may serve re-reads) and cold (every byte
+     range evicted before and after it is read: storage, not RAM);
+  3. MNIST resident on the device (the in-memory reference).
+All in one process, side by side, each a median over --repeats passes after a warm-up pass;
+the spread is the min-max of the passes. The streamed-vs-per-sample ratio is of medians
+taken in this one run. The set is built once into --set (default: a temporary directory)
+from MNIST or Fashion-MNIST under data/ (`lab fetch ...`); --set DIR reuses a built one.
+The table is printed and written to results/bench/io-<device>.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels import sysinfo  # noqa: E402
+from kernels.data import bigmnist, mnist  # noqa: E402
+from kernels.data.pipeline import ImageTransform, Split, TensorSource  # noqa: E402
+from kernels.data.stream import PerSampleSource, ShardSet, StreamSource  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_passes(make_iter, device, repeats: int, max_steps: int) -> list[float]:
+    """samples/s of `repeats` passes (after one warm-up pass) of at most max_steps batches each."""
+    rates = []
+    for r in range(repeats + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        n = 0
+        for i, (x, _) in enumerate(make_iter(r)):
+            n += x.shape[0]
+            if i + 1 >= max_steps:
+                break
+        sync(device)
+        if r:
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def source_root(data: Path) -> str:
+    for name in ("mnist", "fashion-mnist"):
+        try:
+            mnist.verify(name, data)
+            return name
+        except Exception:  # noqa: BLE001 - try the next
+            continue
+    raise SystemExit(f"error: neither MNIST nor Fashion-MNIST under {data}; `lab fetch mnist` or "
+                     f"`lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist`")
+
+
+def row(label: str, rates: list[float], note: str = "") -> str:
+    med = statistics.median(rates)
+    return f"| {label} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {note} |"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--data", type=Path, default=ROOT / "data", help="data root with mnist/ or fashion-mnist/")
+    ap.add_argument("--set", type=Path, default=None, help="a built bigMNIST set to use (default: build one)")
+    ap.add_argument("--versions", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--source-samples", type=int, default=0, help="source images (0: all 60,000)")
+    ap.add_argument("--shard-samples", type=int, default=20_000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample baseline")
+    ap.add_argument("--loader-steps", type=int, default=200, help="batches per pass of the per-sample baseline")
+    ap.add_argument("--window-mb", type=float, default=64.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    name = sysinfo.device_name(device if device.type == "cpu" else torch.device("cuda", 0))
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        src_name = source_root(args.data)
+        set_dir = args.set
+        if set_dir is None:
+            set_dir = Path(tmp) / "bigmnist"
+            spec = bigmnist.Spec(source=src_name, source_samples=args.source_samples, versions=args.versions,
+                                 replicas=args.replicas, shard_samples=args.shard_samples)
+            print(f"building a bigMNIST of {args.versions} versions x {args.replicas} replicas into {set_dir} ...",
+                  flush=True)
+            bigmnist.build(set_dir, spec, args.data, device=device, log=lambda s: None)
+        shards = ShardSet(set_dir)
+        m = shards.manifest
+        steps_all = shards.num_samples // args.batch
+        print(f"set: {shards.num_samples:,} samples in {len(shards.counts)} shards ({shards.data_bytes / 2**20:,.0f} "
+              f"MiB); batch {args.batch}; {args.repeats} passes after a warm-up", flush=True)
+        lines = [f"# input pipelines for (big)MNIST on {name}", "",
+                 f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; " +
+                 ", ".join(f"{k} {v}" for k, v in sysinfo.software_versions().items() if v) +
+                 f"; git {sysinfo.git_info().get('commit') or 'n/a'}", "",
+                 f"One rank, data only (no model): normalised batches of {args.batch} on {device.type}. bigMNIST "
+                 f"here: {m['spec']['versions']} versions x {m['spec']['replicas']} replicas of {m['spec']['source']} "
+                 f"= {shards.num_samples:,} samples in {len(shards.counts)} shards "
+                 f"({shards.data_bytes / 2**20:,.0f} MiB). Median of {args.repeats} passes after a warm-up; "
+                 "spread is min-max.", "",
+                 "| pipeline | samples/s | spread | note |", "|---|---:|---:|---|"]
+        rates = {}
+
+        loader = PerSampleSource(shards, m["mean"], m["std"], args.batch, 0, 1, 0, device, False, args.workers, 2)
+        rates["per-sample"] = timed_passes(lambda r: loader.batches(r), device, args.repeats, args.loader_steps)
+        lines.append(row(f"per-sample DataLoader ({args.workers} workers)", rates["per-sample"],
+                         f"{args.loader_steps} batches per pass"))
+        print(lines[-1], flush=True)
+
+
+        t = ImageTransform(mean=(m["mean"],), std=(m["std"],))
+        for cache in ("warm", "cold"):
+            s = StreamSource(shards, t, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb)
+            rates[cache] = timed_passes(lambda r: s.batches(r), device, args.repeats, steps_all)
+            gb = s.counters["bytes_read"] / 1e9
+            lines.append(row(f"streamed shards, {cache}", rates[cache],
+                             f"whole epochs; {gb:.2f} GB read in {s.counters['read_calls']} reads, "
+                             f"{s.counters['bytes_read'] / s.counters['read_s'] / 1e6:,.0f} MB/s inside reads"))
+            print(lines[-1], flush=True)
+            s.close()
+
+        arrays = mnist.read(src_name, args.data)
+        train = Split(torch.from_numpy(arrays["train"][0]), torch.from_numpy(arrays["train"][1]))
+        res = TensorSource(train, t, args.batch, 0, 1, 0, device, False)
+        rates["resident"] = timed_passes(lambda r: res.batches(r), device, args.repeats, len(train) // args.batch)
+        lines.append(row(f"{src_name} resident on the device", rates["resident"], "whole epochs"))
+        print(lines[-1], flush=True)
+
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        lines += ["", f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "
+                      f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "
+                      f"streamed (warm) over device-resident: {med['warm'] / med['resident']:.2f}x.", ""]
+
+    text = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+    path = args.out / f"io-{slug}.md"
+    path.write_text(text)
+    print("\n" + text + f"\nwritten to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
