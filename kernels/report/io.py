@@ -62,6 +62,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
         for dev in devs:
             p = per[per["device_name"] == dev]
             ax.bar(p["rank"], 100 * p["data_wait_frac"].fillna(0), label=dev)
+        ax.set_xticks(sorted(per["rank"]))
         ax.set_xlabel("rank")
         ax.set_ylabel("data wait (%)")
         ax.set_title(f"Per-rank data wait, {big['run_id']}", fontsize=8)
