@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernels import sysinfo  # noqa: E402
+
+import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.data.embedded import make_synthetic  # noqa: E402
 from kernels.data.pipeline import ImageTransform, LoaderSource, Split, TensorSource  # noqa: E402
 from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD  # noqa: E402
@@ -92,11 +92,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     name = sysinfo.device_name(device if device.type == "cpu" else torch.device("cuda", 0))
-    versions = sysinfo.software_versions()
-    lines = [f"# core benchmark on {name}", "",
-             f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; " +
-             ", ".join(f"{k} {v}" for k, v in versions.items() if v) +
-             f"; git {sysinfo.git_info().get('commit') or 'n/a'}", ""]
+    lines = benchtable.header(f"core benchmark on {name}")
 
     print(f"pipeline benchmark: batch {args.batch}, {args.steps} batches per pass, {args.repeats} passes", flush=True)
     lines += ["## input pipeline alone (augmented, normalised batches on the device)", "",
@@ -122,12 +118,7 @@ def main(argv=None) -> int:
                          f"{100 * (s['data_wait_frac'] or 0):.1f}% | {mfu} |")
             print(lines[-1], flush=True)
 
-    text = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
-    path = args.out / f"{slug}.md"
-    path.write_text(text)
-    print("\n" + text + f"\nwritten to {path}")
+    benchtable.write(lines, args.out, name)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernels import sysinfo  # noqa: E402
+
+import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.data import bigmnist, mnist  # noqa: E402
 from kernels.data.pipeline import ImageTransform, Split, TensorSource  # noqa: E402
 from kernels.data.stream import PerSampleSource, ShardSet, StreamSource  # noqa: E402
@@ -106,10 +107,7 @@ def main(argv=None) -> int:
         steps_all = shards.num_samples // args.batch
         print(f"set: {shards.num_samples:,} samples in {len(shards.counts)} shards ({shards.data_bytes / 2**20:,.0f} "
               f"MiB); batch {args.batch}; {args.repeats} passes after a warm-up", flush=True)
-        lines = [f"# input pipelines for (big)MNIST on {name}", "",
-                 f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; " +
-                 ", ".join(f"{k} {v}" for k, v in sysinfo.software_versions().items() if v) +
-                 f"; git {sysinfo.git_info().get('commit') or 'n/a'}", "",
+        lines = benchtable.header(f"input pipelines for (big)MNIST on {name}") + [
                  f"One rank, data only (no model): normalised batches of {args.batch} on {device.type}. bigMNIST "
                  f"here: {m['spec']['versions']} versions x {m['spec']['replicas']} replicas of {m['spec']['source']} "
                  f"= {shards.num_samples:,} samples in {len(shards.counts)} shards "
@@ -148,12 +146,7 @@ def main(argv=None) -> int:
                       f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "
                       f"streamed (warm) over device-resident: {med['warm'] / med['resident']:.2f}x.", ""]
 
-    text = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
-    path = args.out / f"io-{slug}.md"
-    path.write_text(text)
-    print("\n" + text + f"\nwritten to {path}")
+    benchtable.write(lines, args.out, name, prefix="io-")
     return 0
 
 

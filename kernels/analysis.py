@@ -130,7 +130,7 @@ def _key(row) -> tuple:
 
 def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (series, N): repeats aggregated, speedup and efficiency against the series baseline."""
-    cols = ["mode", "series", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
+    cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
             "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
             "samples_per_s_per_device", "step_s", "epoch_s", "speedup", "efficiency", "final_eval_acc",
             "acc_gap_points", "baseline_gpus"]
@@ -166,6 +166,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             acc0 = base["final_eval_acc"]
             agg["acc_gap_points"] = (agg["final_eval_acc"] - acc0) * 100 if acc0 is not None and not pd.isna(acc0) else None
             agg["mode"], agg["series"], agg["baseline_gpus"] = mode, series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), n0
+            agg["dataset"] = dict(zip(CONFIG_KEYS, key))["dataset"]
             out.append(agg[cols])
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
 

@@ -733,7 +733,8 @@ class Trainer:
             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
         }
         summary.update(probe or {})
-        summary["io"] = getattr(self, "io", None)
+        io = getattr(self, "io", None)  # the run's headline beside the I/O figures, for the I/O tables
+        summary["io"] = {**io, "samples_per_s": summary["samples_per_s"]} if io else None
         for c in self.metric_cols:
             summary[f"final_eval_{c}"] = rows[-1][f"eval_{c}"] if rows else None
         self.attempts[-1].update(status=status, finished_utc=summary["finished_utc"], cause=error,
@@ -773,8 +774,6 @@ class Trainer:
             for e, v in (p["bytes_by_epoch"] or {}).items():
                 by_epoch[e] = by_epoch.get(e, 0) + v
         waits = [p["data_wait_frac"] for p in per_rank if p["data_wait_frac"] is not None]
-        samples_s = self.state["timing"]["timed_steps"] and step_summary(self.state["timing"]["step_ms"],
-                                                                          self.cfg.batch)["samples_per_s"]
         return {
             "source": first.get("source") or self.train_src.describe().get("source"),
             "cache": first.get("cache"), "data_bytes": data_bytes, "train_s": _r(train_s, 4),
@@ -783,7 +782,6 @@ class Trainer:
             "read_mb_s": _r(total / train_s / 1e6 if total and train_s else None),
             "storage_mb_s": _r(sum(p["read_mb_s"] for p in per_rank) if total and all(p["read_mb_s"] for p in per_rank)
                                else None),
-            "samples_per_s": _r(samples_s or None),
             "data_wait_frac_max": _r(max(waits) if waits else None, 5),
             "data_wait_frac_min": _r(min(waits) if waits else None, 5),
             "ranks": per_rank,

@@ -37,6 +37,19 @@ def lab(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
+def again(tmp_path: Path) -> subprocess.CompletedProcess:
+    """The two-rank run "r" of these tests, started again (it resumes, or is refused)."""
+    return lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+
+
+def resume_matches(run: Path, tmp_path: Path, reference: Path) -> subprocess.CompletedProcess:
+    """Resume the interrupted run: it must succeed and end exactly where the uninterrupted one does."""
+    p = again(tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert_same_result(run, reference)
+    return p
+
+
 def start(*args, log: Path, env=None) -> subprocess.Popen:
     f = open(log, "w")
     return subprocess.Popen([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, stdout=f,
@@ -101,9 +114,7 @@ def test_rank0_killed(tmp_path, reference):
     assert rc == 128 + 9 and took < 30
     s = summary(run)
     assert s["status"] == "failed" and "killed by signal SIGKILL" in s["error"], s  # not left 'running'
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
-    assert p.returncode == 0 and "resuming r" in p.stdout, p.stdout + p.stderr
-    assert_same_result(run, reference)
+    assert "resuming r" in resume_matches(run, tmp_path, reference).stdout
     assert [a["status"] for a in summary(run)["attempts"]] == ["failed", "complete"]
 
 
@@ -125,9 +136,7 @@ def test_rank_stopped_with_sigstop(tmp_path, reference):
     s = summary(run)
     assert s["status"] == "failed" and "hung" in s["error"], s
     assert "Python stacks of every thread follow" in (tmp_path / "log").read_text()
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert_same_result(run, reference)
+    resume_matches(run, tmp_path, reference)
 
 
 def test_launcher_terminated_checkpoints_and_leaves_no_orphans(tmp_path, reference):
@@ -144,9 +153,7 @@ def test_launcher_terminated_checkpoints_and_leaves_no_orphans(tmp_path, referen
     wait_for(lambda: not any(p.is_running() for p in ranks), timeout=10, what="the ranks to leave")
     s = summary(run)
     assert s["status"] == "preempted" and "SIGTERM" in s["error"], s
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert_same_result(run, reference)
+    resume_matches(run, tmp_path, reference)
 
 
 def test_launcher_killed_takes_its_ranks_along(tmp_path, reference):
@@ -163,7 +170,7 @@ def test_launcher_killed_takes_its_ranks_along(tmp_path, reference):
     record_fault("local launcher killed (SIGKILL)", 15, took, 137,
                  "ranks died with it; 'running' until the next attempt records 'died'")
     assert summary(run)["status"] == "running"  # nobody could say otherwise ...
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    p = again(tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "the previous attempt of r ended without recording why" in p.stdout
     attempts = summary(run)["attempts"]  # ... until the next attempt, which says so
@@ -202,7 +209,7 @@ def test_a_second_run_on_the_same_directory_fails_fast_naming_the_first(tmp_path
     first = start(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r", log=tmp_path / "log")
     wait_for(lambda: (run / ".lock").exists(), what="the first run's lock")
     t0 = time.monotonic()
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    p = again(tmp_path)
     took = time.monotonic() - t0
     record_fault("second run on the same run_id", 20, took, p.returncode, "first unaffected")
     assert p.returncode == 2 and took < 20
@@ -230,7 +237,7 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, reference
     ck = run / "checkpoint.pt"
     ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
     t0 = time.monotonic()
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r")
+    p = again(tmp_path)
     record_fault("truncated checkpoint.pt (falls back to checkpoint.prev.pt)", 120, time.monotonic() - t0,
                  p.returncode, summary(run)["status"])
     assert p.returncode == 0, p.stdout + p.stderr

@@ -260,8 +260,8 @@ def _done_path(out: Path, i: int) -> Path:
     return out / f"shard-{i:05d}.done"
 
 
-def shard_is_complete(out: Path, i: int, expect_samples: int, check_sha: bool = True) -> bool:
-    done, path = _done_path(out, i), out / shard_name(i)
+def _complete(path: Path, done: Path, expect_samples: int, check_sha: bool) -> bool:
+    """A written file with its sidecar: the sidecar's count and size match, and (check_sha) its sha256."""
     if not done.is_file() or not path.is_file():
         return False
     try:
@@ -271,6 +271,10 @@ def shard_is_complete(out: Path, i: int, expect_samples: int, check_sha: bool = 
     if meta.get("samples") != expect_samples or path.stat().st_size != meta.get("bytes"):
         return False
     return not check_sha or sha256_file(path) == meta.get("sha256")
+
+
+def shard_is_complete(out: Path, i: int, expect_samples: int, check_sha: bool = True) -> bool:
+    return _complete(out / shard_name(i), _done_path(out, i), expect_samples, check_sha)
 
 
 def _source_arrays(spec: Spec, data_root: Path):
@@ -358,7 +362,7 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
                 f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s")
         stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
         _write_json(out / ".build-stats.json", stats)
-    if task == 0 and not shard_is_complete_test(out, len(yt)):
+    if task == 0 and not _complete(out / "test.npy", out / "test.done", len(yt), check_sha=False):
         meta = write_records(out / "test.npy", xt, yt)
         _write_json(out / "test.done", meta)
     dt = time.perf_counter() - t0
@@ -374,14 +378,6 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
 def _count(lay: Layout, spec: Spec, i: int) -> int:
     lo, hi = lay.shard_range(spec, i)
     return hi - lo
-
-
-def shard_is_complete_test(out: Path, n: int) -> bool:
-    done, path = out / "test.done", out / "test.npy"
-    if not done.is_file() or not path.is_file():
-        return False
-    meta = json.loads(done.read_text())
-    return meta.get("samples") == n and path.stat().st_size == meta.get("bytes")
 
 
 def _spec_diff(a: dict, b: dict) -> str:
@@ -434,9 +430,13 @@ def load_manifest(data_dir: Path) -> tuple[Path, dict]:
     return d, manifest
 
 
-def check(data_dir: Path) -> tuple[Path, dict]:
-    """Cheap check before a run: every shard present with the manifest's size and a record header."""
+def check(data_dir: Path) -> tuple[Path, dict, list[int]]:
+    """Cheap check before a run: every shard present with the manifest's size and a record header.
+
+    Returns the set's directory, its manifest and each training shard's data offset (from its header).
+    """
     d, manifest = load_manifest(data_dir)
+    offsets = []
     for meta in manifest["shards"] + [manifest["test"]]:
         path = d / meta["name"]
         if not path.is_file():
@@ -446,10 +446,11 @@ def check(data_dir: Path) -> tuple[Path, dict]:
         if size != meta["bytes"]:
             raise ConfigError(f"dataset 'bigmnist': {path} has {size:,} bytes, the manifest says {meta['bytes']:,}; "
                               f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` and rebuild it")
-        n, _ = read_header(path)
+        n, offset = read_header(path)
         if n != meta["samples"]:
             raise ConfigError(f"dataset 'bigmnist': {path} holds {n} records, the manifest says {meta['samples']}")
-    return d, manifest
+        offsets.append(offset)
+    return d, manifest, offsets[:-1]
 
 
 def verify(data_dir: Path, log=print) -> list[str]:

@@ -61,14 +61,9 @@ class ShardSet:
     """A built, checked set: shard paths, record counts and data offsets; the test split in memory on demand."""
 
     def __init__(self, data_dir: Path):
-        self.dir, self.manifest = bigmnist.check(data_dir)
-        self.paths, self.counts, self.offsets = [], [], []
-        for meta in self.manifest["shards"]:
-            path = self.dir / meta["name"]
-            n, off = bigmnist.read_header(path)
-            self.paths.append(path)
-            self.counts.append(n)
-            self.offsets.append(off)
+        self.dir, self.manifest, self.offsets = bigmnist.check(data_dir)  # sizes and headers checked there
+        self.paths = [self.dir / meta["name"] for meta in self.manifest["shards"]]
+        self.counts = [meta["samples"] for meta in self.manifest["shards"]]
         self.num_samples = sum(self.counts)
         self.record = self.manifest["record_bytes"]
         self.data_bytes = self.num_samples * self.record
@@ -142,11 +137,14 @@ class StreamSource:
     def shard_order(self, epoch: int) -> list[int]:
         return torch.randperm(len(self.shards.counts), generator=_gen(self.seed, epoch, 0)).tolist()
 
+    def _stream_bounds(self, epoch: int) -> tuple[list[int], list[int]]:
+        """The epoch's shard order, and where each of those shards starts in the epoch stream (and the end)."""
+        order = self.shard_order(epoch)
+        return order, np.concatenate([[0], np.cumsum([self.shards.counts[s] for s in order])]).tolist()
+
     def segments(self, epoch: int, start: int, n: int) -> list[tuple[int, int, int]]:
         """The stream range [start, start+n) of `epoch` as (shard, first record, records) pieces."""
-        order = self.shard_order(epoch)
-        counts = [self.shards.counts[s] for s in order]
-        bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        order, bounds = self._stream_bounds(epoch)
         out, pos, end = [], start, start + n
         k = bisect.bisect_right(bounds, pos) - 1
         while pos < end:
@@ -166,9 +164,8 @@ class StreamSource:
 
     def stream_to_sample(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Set-wide sample ids (shard start + record) of epoch-stream positions."""
-        order = self.shard_order(epoch)
-        counts = np.array([self.shards.counts[s] for s in order])
-        bounds = np.concatenate([[0], np.cumsum(counts)])
+        order, bounds = self._stream_bounds(epoch)
+        bounds = np.array(bounds)
         k = np.searchsorted(bounds, positions, side="right") - 1
         starts = np.array(self.shards.starts[:-1])[np.array(order)]
         return starts[k] + (positions - bounds[k])

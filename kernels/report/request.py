@@ -6,6 +6,7 @@ import math
 import pandas as pd
 
 from kernels import analysis
+from kernels.data import DATASETS
 from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
 from kernels.report.scaling import main_series
@@ -13,6 +14,8 @@ from kernels.report.tex import booktabs, gap_note, num, pct, tex_escape
 
 NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": ("Epoch (s)", ".3g"),
                      "source": ("Time per epoch", "s"), "node_hours": ("Node-hours", ",.3g")}
+# data sets streamed from storage (bigMNIST): their runs belong to the I/O study
+STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)
 SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
 
 
@@ -34,9 +37,8 @@ def requested(total: float, plan: dict) -> int:
 def section(ctx: Context) -> None:
     runs, plan, system = ctx.runs, ctx.plan, ctx.system
     scal = ctx.results.get("scaling", pd.DataFrame())
-    io_series = scal["series"].str.contains(" bigmnist ", regex=False) if not scal.empty else None
-    if io_series is not None and (~io_series).any():
-        scal = scal[~io_series]  # the I/O study is costed on its own (io_study_hours)
+    if not scal.empty and (~scal["dataset"].isin(STREAMED)).any():
+        scal = scal[~scal["dataset"].isin(STREAMED)]  # the I/O study is costed on its own (io_study_hours)
     main = main_series(scal) if not scal.empty else scal
     if not main.empty:
         epoch_by_n = main.groupby("gpus")["epoch_s"].median().to_dict()
@@ -95,7 +97,7 @@ def io_study_hours(ctx: Context) -> tuple[float, str]:
     io = ctx.plan.get("io_study")
     if not io:
         return 0.0, ""
-    runs = ctx.runs[ctx.runs["dataset"] == "bigmnist"] if not ctx.runs.empty else ctx.runs
+    runs = ctx.runs[ctx.runs["dataset"].isin(STREAMED)] if not ctx.runs.empty else ctx.runs
     if runs.empty:
         return 0.0, gap_note("the planned I/O study (paper/plan.yaml: io_study) is not in the total yet: no bigMNIST "
                              "record is selected to measure its time per epoch")
