@@ -221,6 +221,8 @@ class Trainer:
         self.autocast = (torch.autocast(dev.type, dtype=DTYPES[cfg.precision])
                          if cfg.precision in DTYPES else nullcontext())
         self.metric_cols = [c.removeprefix("eval_") for m in wl.metrics for c in m.columns("eval")]
+        self.metric_root = [m.root for m in wl.metrics for _ in m.columns("eval")]
+        self.data_info = info
         self.columns = records.metric_columns(wl.metrics)
         self.local = {"wait_ms": 0.0, "step_ms": 0.0, "steps": 0}  # this rank's own timed steps (I/O section)
 
@@ -393,6 +395,7 @@ class Trainer:
             status = self._train()
             probe = self._comm_probe() if status == "complete" else {}
             self.io = self._io_summary(all_gather_object(self._io_state()))
+            self.workload_report = self._workload_report()
             self._write_summary(status, probe, error=self.stop_note if status == "preempted" else None)
             self.log(f"{status}: {self.run_dir}")
             return status
@@ -536,7 +539,8 @@ class Trainer:
     def _metric_values(self, sums: torch.Tensor, prefix: str) -> dict:
         k = len(self.metric_cols)
         num, den = sums[2:2 + k].tolist(), sums[2 + k:].tolist()
-        return {f"{prefix}_{c}": (a / b if b else None) for c, a, b in zip(self.metric_cols, num, den)}
+        return {f"{prefix}_{c}": ((a / b) ** 0.5 if root else a / b) if b else None
+                for c, root, a, b in zip(self.metric_cols, self.metric_root, num, den)}
 
     def _step(self, x, y, sums, global_step: int) -> None:
         cfg, wl = self.cfg, self.wl
@@ -735,6 +739,8 @@ class Trainer:
         summary.update(probe or {})
         io = getattr(self, "io", None)  # the run's headline beside the I/O figures, for the I/O tables
         summary["io"] = {**io, "samples_per_s": summary["samples_per_s"]} if io else None
+        shared, ranks = getattr(self, "workload_report", (None, None))
+        summary["workload"], summary["ranks"] = shared, ranks
         for c in self.metric_cols:
             summary[f"final_eval_{c}"] = rows[-1][f"eval_{c}"] if rows else None
         self.attempts[-1].update(status=status, finished_utc=summary["finished_utc"], cause=error,
@@ -743,6 +749,14 @@ class Trainer:
         records.write_json(self.run_dir / "summary.json", summary)
         return summary
 
+
+    def _workload_report(self) -> tuple[dict | None, list[dict]]:
+        """(rank 0's shared part of the workload's report, one entry per rank: its memory and its own part)."""
+        mine = self.wl.report(self.ddp.module, self.data_info) if self.wl.report is not None else {}
+        entry = {"rank": self.renv.global_rank, "host": sysinfo.host(),
+                 "peak_mem_gib": round(peak_memory_gib(self.device), 4), **(mine.get("rank") or {})}
+        ranks = all_gather_object(entry)
+        return mine.get("shared"), sorted(ranks, key=lambda r: r["rank"])
 
     # ------------------------------------------------------------------ I/O
     def _io_state(self) -> dict:

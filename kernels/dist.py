@@ -176,3 +176,29 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A 2-D grid of ranks, gpus = dp x gp: ranks d*gp .. d*gp+gp-1 form graph-parallel group d (neighbours, so
+    on one node when gp divides the GPUs per node); ranks with the same index in their groups share data
+    shards' positions across groups. `group` is this rank's graph-parallel process group (None when gp = 1)."""
+    dp: int
+    gp: int
+    dp_rank: int
+    gp_rank: int
+    group: object = None
+
+
+def grid(gp: int) -> Grid:
+    """Make the graph-parallel process groups (every rank calls this, in the same order) and place this rank."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if gp < 1 or world % gp:
+        raise ConfigError(f"parameter 'gp': {gp} does not divide gpus={world}; gpus = dp x gp")
+    mine = None
+    if gp > 1:
+        for d in range(world // gp):
+            g = dist.new_group(list(range(d * gp, (d + 1) * gp)))
+            if d == rank // gp:
+                mine = g
+    return Grid(world // gp, gp, rank // gp, rank % gp, mine)

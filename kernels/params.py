@@ -406,6 +406,11 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
                 f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "
                 f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores")
     _check_writable(cfg.results_root)
+    from kernels.workloads import get_workload
+
+    wl = get_workload(cfg.workload)
+    if wl.prepare is not None:
+        wl.prepare(cfg)
     check_dataset(cfg.dataset, cfg.data_root)
 
 

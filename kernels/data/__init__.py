@@ -36,6 +36,14 @@ def _check_bigmnist(root: Path) -> None:
     bigmnist.check(root)
 
 
+def _check_traffic(name: str) -> Callable[[Path], None]:
+    def check(root: Path) -> None:
+        from kernels.data import traffic
+
+        traffic.check(name, root)
+    return check
+
+
 def _check_digits(root: Path) -> None:
     from kernels.data.embedded import digits_csv
 
@@ -64,7 +72,14 @@ DATASETS: dict[str, DataSet] = {
                         "size and .npy header of every shard against the manifest before a run; sha256 of every "
                         "shard with `lab bigmnist verify`", _check_bigmnist, "lab bigmnist build", streamed=True),
     "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", "", _check_digits),
-    "synthetic": DataSet("synthetic images", ""),
+    "metr-la": DataSet("METR-LA (207 Los Angeles highway loop detectors, 5-minute speeds, March-June 2012)",
+                       "the h5 key, shape and 5-minute index, the adjacency triple, and that both name the same "
+                       "sensors in the same order, before a run; sha256 of both files recorded by `lab fetch`",
+                       _check_traffic("metr-la"), "lab fetch metr-la --from DIR", num_classes=0),
+    "pems-bay": DataSet("PEMS-BAY (325 Bay Area sensors, 5-minute speeds, January-May 2017)",
+                        "as METR-LA", _check_traffic("pems-bay"), "lab fetch pems-bay --from DIR", num_classes=0),
+    "synthetic": DataSet("synthetic data (random images; for DCRNN a generated traffic series in the METR-LA "
+                         "formats)", ""),
 }
 
 

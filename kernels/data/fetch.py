@@ -1,7 +1,9 @@
-"""Fetch and verify a data set: `lab fetch cifar10|mnist|fashion-mnist [--root data] [--from DIR]`.
+"""Fetch and verify a data set: `lab fetch cifar10|mnist|fashion-mnist|metr-la|pems-bay [--root data] [--from DIR]`.
 
 Downloads from the official URLs (or, for CIFAR-10, --url: a mirror or a file://
-path), checks the checksums, and leaves the files where runs look for them; a run
+path), checks the checksums (METR-LA and PEMS-BAY: the structure of both files and that
+they agree, with their sha256 recorded; their .h5 files need a browser to download, so
+`--from DIR`), and leaves the files where runs look for them; a run
 re-verifies them before any work. On a machine without network: --from DIR copies
 the official files from a directory (MNIST, Fashion-MNIST; e.g. Debian's
 dataset-fashion-mnist package installs them in /usr/share/datasets/fashion-mnist),
@@ -15,18 +17,19 @@ from pathlib import Path
 
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status
 
-FETCHABLE = ("cifar10", "mnist", "fashion-mnist")
+FETCHABLE = ("cifar10", "mnist", "fashion-mnist", "metr-la", "pems-bay")
 
 
 def main(argv=None) -> int:
-    from kernels.data import cifar10, mnist
+    from kernels.data import cifar10, mnist, traffic
 
     p = argparse.ArgumentParser(prog="lab fetch", description=__doc__.split("\n")[0])
     p.add_argument("dataset", choices=FETCHABLE, help="data set to fetch (digits and synthetic need none)")
     p.add_argument("--root", type=Path, default=PROJECT_ROOT / "data", help="data root (default: <project>/data)")
     p.add_argument("--from", dest="from_dir", type=Path, default=None,
                    help="MNIST, Fashion-MNIST: copy the four official files from this directory instead of "
-                        "downloading (verified before they are copied)")
+                        "downloading (verified before they are copied); METR-LA, PEMS-BAY: the directory holding "
+                        "the .h5 and adj_mx .pkl files of the original repository")
     p.add_argument("--url", default=cifar10.URL, help="CIFAR-10: download URL (default: the official one)")
     p.add_argument("--md5", default=cifar10.TARBALL_MD5, help="CIFAR-10: expected md5 of the tarball")
     p.add_argument("--force", action="store_true", help="fetch and verify again even if present")
@@ -37,6 +40,8 @@ def main(argv=None) -> int:
             if a.from_dir is not None:
                 raise ConfigError("--from: for CIFAR-10 copy the official tarball into <root>/cifar10/ instead")
             d = cifar10.fetch(a.root, url=a.url, md5=a.md5, force=a.force)
+        elif a.dataset in traffic.SETS:
+            d = traffic.fetch(a.dataset, a.root, from_dir=a.from_dir, force=a.force)
         else:
             d = mnist.fetch(a.dataset, a.root, from_dir=a.from_dir, force=a.force)
         print(f"{a.dataset} ready and verified: {d}")

@@ -17,6 +17,7 @@ WORKLOADS: dict[str, str] = {
     # name -> module holding `WORKLOAD`; imported on first use
     "resnet18": "kernels.workloads.resnet18_cifar",
     "cnn": "kernels.workloads.mnist_cnn",
+    "dcrnn": "kernels.workloads.dcrnn",
 }
 
 

@@ -13,10 +13,15 @@ A workload is one `Workload` value. It owns:
 - its loss and metrics: `loss(outputs, targets)`, and `metric_sums(outputs, targets)`
   returning, per `Metric`, a (numerator, denominator) pair of sums over the batch, of
   any shape (a scalar, or one value per label, e.g. per forecast horizon), so that
-  sums over ranks and batches give exact means;
+  sums over ranks and batches give exact means (a Metric with root=True reports the
+  square root of that mean: an RMSE);
 - optionally `forward(model, x, y, step, train)` when the model needs more than x
   (targets for teacher forcing, the step for scheduled sampling), and `check(cfg)`
-  for its own combinations of parameters.
+  for its own combinations of parameters;
+- optionally `prepare(cfg)`, run once before the ranks start (on the launcher's host), to
+  make what the run needs on disk, and `report(model, info)`, run on every rank after
+  training, whose "shared" part (rank 0's) and "rank" parts land in the record
+  (summary.json `workload` and `ranks`).
 
 kernels/ddp_core.py calls only these; it never branches on a workload or data set
 name. README ("Your own model") shows a complete workload in a few dozen lines.
@@ -35,6 +40,7 @@ class Metric:
     name: str
     labels: tuple[str, ...] = ()
     higher_is_better: bool = True
+    root: bool = False   # the value is sqrt(numerator / denominator) (an RMSE from sums of squares)
 
     @property
     def size(self) -> int:
@@ -82,6 +88,8 @@ class Workload:
     metric_sums: Callable                   # (outputs, targets) -> {metric: (numerator, denominator)}
     forward: Callable = default_forward     # (model, x, y, step, train) -> outputs
     check: Callable | None = None           # (cfg) -> None, raises ConfigError
+    prepare: Callable | None = None         # (cfg) -> None: before launch, once (e.g. generate a synthetic set)
+    report: Callable | None = None          # (model, info) -> {"shared": {...}, "rank": {...}} for the record
     primary_metric: str = ""                # the metric the documents compare across rank counts
 
     def __post_init__(self):

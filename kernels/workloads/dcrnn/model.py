@@ -1,0 +1,120 @@
+"""DCRNN (Li et al., ICLR 2018): an encoder-decoder of diffusion-convolutional GRU cells.
+
+As the original (liyaguang/DCRNN and its PyTorch port): each DCGRU cell replaces the GRU's
+matrix products by diffusion convolutions over the sensor graph (kernels/workloads/dcrnn/graph.py);
+gates r, u = sigmoid(gconv([x, h]) with bias 1.0), candidate c = tanh(gconv([x, r * h])),
+h' = u * h + (1 - u) * c. The encoder reads seq_len steps of (speed, time of day); the decoder
+starts from a GO symbol of zeros and feeds back its own prediction, or, while training, the
+true value with the scheduled-sampling probability k / (k + exp(step / k)) (k =
+cl_decay_steps). A linear projection maps the top decoder state to the speed. Weights are
+created eagerly (the port creates them on first use) with the original's layout, rows
+ordered (input feature, diffusion matrix), and Xavier-normal initialisation.
+
+Tensors are node-major inside the model, (nodes, batch, features): the diffusion multiplies
+them by a support without a transpose. The model returns speeds in mph, (batch, horizon,
+nodes): the normalisation (one scalar mean and std, channel 0) is undone inside, so the loss
+compares with the raw readings.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn as nn
+
+from kernels.workloads.dcrnn.graph import Graph
+
+
+class DiffusionConv(nn.Module):
+    """gconv: stack the diffusion terms of [inputs, state] and apply one weight matrix."""
+
+    def __init__(self, in_size: int, out_size: int, k_max: int, supports: int, bias_start: float):
+        super().__init__()
+        self.k_max, self.matrices = k_max, supports * k_max + 1
+        self.weight = nn.Parameter(torch.empty(in_size * self.matrices, out_size))
+        self.bias = nn.Parameter(torch.full((out_size,), float(bias_start)))
+        nn.init.xavier_normal_(self.weight, gain=1.0)
+
+    def forward(self, x: torch.Tensor, graph: Graph, form: str) -> torch.Tensor:
+        n, b, f = x.shape
+        terms = torch.stack(graph.diffuse(x, self.k_max, form), dim=-1)  # (n, B, F, matrices)
+        out = terms.reshape(n * b, f * self.matrices) @ self.weight + self.bias
+        return out.reshape(n, b, -1)
+
+
+class DCGRUCell(nn.Module):
+    def __init__(self, in_dim: int, units: int, k_max: int, supports: int):
+        super().__init__()
+        self.units = units
+        self.gates = DiffusionConv(in_dim + units, 2 * units, k_max, supports, bias_start=1.0)
+        self.candidate = DiffusionConv(in_dim + units, units, k_max, supports, bias_start=0.0)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, graph: Graph, form: str) -> torch.Tensor:
+        ru = torch.sigmoid(self.gates(torch.cat([x, h], dim=-1), graph, form))
+        r, u = ru.split(self.units, dim=-1)
+        c = torch.tanh(self.candidate(torch.cat([x, r * h], dim=-1), graph, form))
+        return u * h + (1.0 - u) * c
+
+
+class DCRNN(nn.Module):
+    def __init__(self, graph: Graph, mean: float, std: float, *, input_dim: int = 2, output_dim: int = 1,
+                 units: int = 64, layers: int = 2, k_max: int = 2, seq_len: int = 12, horizon: int = 12,
+                 cl_decay_steps: int = 2000, curriculum: bool = True, form: str = "paper", seed: int = 0):
+        super().__init__()
+        self.graph, self.form = graph, form
+        self.units, self.layers, self.seq_len, self.horizon = units, layers, seq_len, horizon
+        self.output_dim, self.cl_decay_steps, self.curriculum, self.seed = output_dim, cl_decay_steps, curriculum, seed
+        self.encoder = nn.ModuleList(DCGRUCell(input_dim if i == 0 else units, units, k_max, graph.count)
+                                     for i in range(layers))
+        self.decoder = nn.ModuleList(DCGRUCell(output_dim if i == 0 else units, units, k_max, graph.count)
+                                     for i in range(layers))
+        self.projection = nn.Linear(units, output_dim)
+        self.register_buffer("mean", torch.tensor(float(mean)))
+        self.register_buffer("std", torch.tensor(float(std)))
+        # DDP broadcasts rank 0's buffers: not the supports, which are each rank's own rows of the graph
+        self._ddp_params_and_buffers_to_ignore = [f"graph.{n}" for n, _ in graph.named_buffers()]
+
+    def sampling_probability(self, step: int) -> float:
+        """Scheduled sampling: the probability of feeding the true value, k / (k + exp(step / k))."""
+        k = self.cl_decay_steps
+        return k / (k + math.exp(min(step / k, 700.0)))
+
+    def teacher_forces(self, step: int, t: int) -> bool:
+        """The coin for decoder step t at training step `step`: drawn on the host from (seed, step, t), so every
+        rank and micro-batch of a step agrees without a device synchronisation."""
+        coin = random.Random((self.seed * 1_000_003 + step) * 64 + t).random()
+        return coin < self.sampling_probability(step)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, step: int = 0,
+                train: bool = False) -> torch.Tensor:
+        """x (B, seq_len, nodes, 2) normalised; y (B, horizon, nodes) raw speeds or None -> (B, horizon, nodes) mph."""
+        b = x.shape[0]
+        plan = self.graph.plan
+        if plan is not None:  # the halo bytes of forwards that train (and so also run backward) are counted
+            plan.counting = torch.is_grad_enabled()
+            if plan.counting:
+                plan.counters["samples"] += b
+                plan.counters["forwards"] += 1
+        x = x[:, -self.seq_len:].permute(1, 2, 0, 3)  # (seq, n, B, 2)
+        n = x.shape[1]
+        h = [x.new_zeros(n, b, self.units) for _ in range(self.layers)]
+        for t in range(self.seq_len):
+            inp = x[t]
+            for i, cell in enumerate(self.encoder):
+                h[i] = cell(inp, h[i], self.graph, self.form)
+                inp = h[i]
+        dec = x.new_zeros(n, b, self.output_dim)  # GO symbol
+        outs = []
+        for t in range(self.horizon):
+            inp = dec
+            for i, cell in enumerate(self.decoder):
+                h[i] = cell(inp, h[i], self.graph, self.form)
+                inp = h[i]
+            out = self.projection(inp)  # (n, B, output_dim)
+            outs.append(out)
+            dec = out
+            if train and self.curriculum and y is not None and t + 1 < self.horizon and self.teacher_forces(step, t):
+                dec = ((y[:, t] - self.mean) / self.std).t().unsqueeze(-1).to(out.dtype)
+        pred = torch.stack(outs)[..., 0]  # (horizon, n, B)
+        return pred.permute(2, 0, 1) * self.std + self.mean
