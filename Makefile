@@ -16,7 +16,7 @@ help:
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
 	@echo "make reliability the fault-injection suite, and its measured table into README.md"
-	@echo "make bench   print throughput tables (pipelines; 1 vs 2 processes; bigMNIST streamed vs per-sample)"
+	@echo "make bench   print throughput tables (pipelines; 1 vs 2 processes; bigMNIST streamed vs per-sample; DCRNN)"
 	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
 
 setup: $(STAMP)
@@ -45,6 +45,7 @@ reliability: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_io.py
+	$(BIN)/python benchmarks/bench_dcrnn.py
 
 # The main job, offline and on CPU: notebooks/01_train through Papermill for 1
 # and 2 processes on the embedded digits. A narrow ResNet-18 (width 16, same

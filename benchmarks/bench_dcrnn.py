@@ -7,10 +7,10 @@ set (34,272 steps x 207 sensors; generated into data/ if absent), with the produ
 - public: benchmarks/dcrnn_public.py, float64 windows materialised on the host, a per-batch
   float32 conversion and host-to-device copy, 384 torch.sparse.mm per forward inside the
   Python loop, sparse supports;
-- lab: kernels/workloads/dcrnn with the index-batched series on the device, dense supports
-  (both supports in one batched matmul), node-major tensors; diffusion_form=original so that
-  both compute the same function;
-- lab, sparse supports: the same with supports=sparse, to show what the dense supports give.
+- lab: kernels/workloads/dcrnn with the index-batched series on the device, node-major tensors,
+  its default supports (auto: sparse for road graphs); diffusion_form=original so that both
+  compute the same function;
+- lab, dense supports: the same with supports=dense (both supports in one batched matmul).
 
 Before timing, the lab's weights are loaded into the public model and both forecast one batch:
 they must agree (max difference printed). Each variant then trains --steps steps after
@@ -18,11 +18,14 @@ they must agree (max difference printed). Each variant then trains --steps steps
 preparation to optimizer step, device-synchronised. The epoch time is the training split's
 steps per epoch x the median step (projected: the median is measured, the epoch is not run
 whole); setup (reading, windows, copies to the device) is timed apart. Ratios are taken in
-this one run, side by side.
+this one run, side by side. The table goes to results/bench/dcrnn-<device>.md and its numbers
+to the .json beside it, which the paper's DCRNN section reads.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -51,7 +54,7 @@ def sync(device):
 
 def lab_model(series, mean, std, mode, args, device):
     torch.manual_seed(0)
-    g = Graph(dual_supports(series.adj), None, mode)
+    g = Graph(dual_supports(series.adj), None, mode, device.type)
     return DCRNN(g, mean, std, units=args.units, layers=args.layers, k_max=args.k, form="original").to(device)
 
 
@@ -163,8 +166,8 @@ def main(argv=None) -> int:
         print("error: the two implementations do not compute the same function", file=sys.stderr)
         return 1
     rows = {"public": time_public(series, mean, std, train, args, device),
-            "lab": time_lab(series, mean, std, train, "dense", args, device),
-            "lab, sparse supports": time_lab(series, mean, std, train, "sparse", args, device)}
+            "lab": time_lab(series, mean, std, train, "auto", args, device),
+            "lab, dense supports": time_lab(series, mean, std, train, "dense", args, device)}
     base = statistics.median(rows["public"][2])
     dev = sysinfo.device_name(device)
     lines = benchtable.header(f"DCRNN epoch time: public pipeline mechanics vs the lab's workload ({dev})")
@@ -174,12 +177,20 @@ def main(argv=None) -> int:
               f"steps per epoch x median step (projected). Same weights give forecasts within {diff:.1e} mph.", "",
               "| pipeline | setup s | data held (MB) | step ms, median (p10-p90) | epoch s (projected) | "
               "speed-up vs public |", "|---|---|---|---|---|---|"]
+    record = {"device": dev, "host": sysinfo.host(), "cores": os.cpu_count(), "versions": sysinfo.software_versions(),
+              "git": sysinfo.git_info().get("commit"), "shape": args.shape, "sensors": series.num_nodes,
+              "units": args.units, "layers": args.layers, "k": args.k, "batch": args.batch, "steps": args.steps,
+              "warmup": args.warmup, "max_forecast_diff_mph": diff, "rows": {}}
     for name, (setup, held, times, steps) in rows.items():
         q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
         med = statistics.median(times)
         lines.append(f"| {name} | {setup:.1f} | {held / 1e6:,.0f} | {1e3 * med:,.0f} ({1e3 * q[0]:,.0f}-"
                      f"{1e3 * q[-1]:,.0f}) | {steps * med:,.0f} | {base / med:.2f}x |")
-    benchtable.write(lines, args.out, dev, prefix="dcrnn-")
+        record["rows"][name] = {"setup_s": setup, "data_bytes": held, "step_ms": 1e3 * med, "step_ms_p10": 1e3 * q[0],
+                                "step_ms_p90": 1e3 * q[-1], "steps_per_epoch": steps, "epoch_s": steps * med,
+                                "speedup": base / med}
+    path = benchtable.write(lines, args.out, dev, prefix="dcrnn-")
+    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")  # read by the paper's DCRNN section
     return 0
 
 

@@ -58,7 +58,7 @@ def to_device(x: np.ndarray, y: np.ndarray, device: torch.device):
 def sparse_support(m: np.ndarray, device: torch.device) -> torch.Tensor:
     m = m.astype(np.float32)
     idx = np.nonzero(m)
-    return torch.sparse_coo_tensor(np.vstack(idx), m[idx], m.shape, device=device)
+    return torch.sparse_coo_tensor(np.vstack(idx), m[idx], m.shape, device=device, check_invariants=True)
 
 
 class Cell(nn.Module):

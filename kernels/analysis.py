@@ -29,7 +29,8 @@ from kernels.stats import median_ci
 
 # The configuration that defines "the same experiment" apart from gpus and batch.
 CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
-               "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples")
+               "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
+               "synthetic_shape", "rnn_units", "gp")
 # Optimisations compared before/after, with the "before" value.
 FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": 25.0, "channels_last": False,
            "compile": False}
@@ -110,6 +111,9 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
             "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
             "io_ranks": ranks,
         })
+        row["final_eval"] = {k.removeprefix("final_eval_"): v for k, v in summ.items() if k.startswith("final_eval_")}
+        row["workload_info"] = summ.get("workload") or {}
+        row["rank_info"] = summ.get("ranks") or []
         row["metrics"] = rec["metrics"]
         rows.append(row)
     return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
@@ -259,3 +263,65 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
                      "read_ratio": med("io_read_ratio"), "wait_max": med("io_wait_max"),
                      "wait_spread": med("wait_spread"), "devices": "; ".join(sorted(set(g["io_devices"].dropna())))})
     return pd.DataFrame(rows, columns=cols).sort_values(["dataset", "pipeline", "io_cache", "gpus"]).reset_index(drop=True)
+
+
+DCRNN_SERIES = ("dataset", "synthetic_shape", "rnn_units", "batch", "gp", "train_samples")
+HORIZON_LABELS = ("15min", "30min", "60min")
+
+
+def parallel_name(gp) -> str:
+    gp = int(gp or 1)
+    return "data parallel" if gp == 1 else "graph parallel" if gp == 0 else f"grid, gp={gp}"
+
+
+def dcrnn_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """DCRNN runs: one row per (series, ranks), medians over repeats, with scaling and the accuracy gap.
+
+    A series is one data set, model size, global batch, graph-parallel setting (gp: 1 data parallel,
+    0 all ranks split the graph, k a dp x k grid) and training subset. Per row: throughput, epoch time,
+    strong-scaling speed-up and efficiency against the series' smallest rank count, masked MAE/RMSE/MAPE
+    per horizon, the historical average on the same test windows, the largest per-rank peak memory,
+    the largest per-rank halo traffic, the partition's edge cut, and mae_gap_pct: the largest relative
+    MAE change over the horizons against the series' baseline, in percent.
+    """
+    metrics = [f"{m}_{h}" for m in ("mae", "rmse", "mape") for h in HORIZON_LABELS]
+    cols = ["series", "parallel", *DCRNN_SERIES, "gpus", "nodes", "dp", "repeats", "samples_per_s", "epoch_s",
+            "speedup", "efficiency", *metrics, *(f"ha_{m}" for m in metrics), "mae_gap_pct", "peak_mem_gib",
+            "halo_mb_per_step", "edge_cut", "partition", "baseline_gpus", "device"]
+    if runs.empty or "workload" not in runs:
+        return pd.DataFrame(columns=cols)
+    r = runs[runs["workload"] == "dcrnn"]
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for key, series in r.groupby(list(DCRNN_SERIES), dropna=False, sort=True):
+        pts = []
+        for gpus, g in series.groupby("gpus"):
+            med = lambda vals: float(pd.Series(vals, dtype=float).median()) if pd.Series(vals, dtype=float).notna().any() else None  # noqa: E731
+            info = g["workload_info"].iloc[0]
+            ranks = [x for lst in g["rank_info"] for x in lst]
+            halo = [x.get("halo_bytes_per_step") for x in ranks if x.get("halo_bytes_per_step") is not None]
+            row = {**dict(zip(DCRNN_SERIES, key)), "gpus": int(gpus), "nodes": int(g["nodes"].max()),
+                   "dp": info.get("dp"), "repeats": len(g), "samples_per_s": med(g["samples_per_s"]),
+                   "epoch_s": med(g["epoch_s"]), "edge_cut": info.get("edge_cut"), "partition": info.get("partition"),
+                   "peak_mem_gib": max((x.get("peak_mem_gib") or 0 for x in ranks), default=None),
+                   "halo_mb_per_step": max(halo) / 1e6 if halo else None, "device": g["device"].iloc[0]}
+            for m in metrics:
+                row[m] = med([fe.get(m) for fe in g["final_eval"]])
+                row[f"ha_{m}"] = med([(wi.get("historical_average") or {}).get(m) for wi in g["workload_info"]])
+            pts.append(row)
+        pts.sort(key=lambda p: p["gpus"])
+        base = pts[0]
+        for p in pts:
+            p["parallel"] = parallel_name(p["gp"])
+            p["series"] = (f"{p['dataset']}" + (f" ({p['synthetic_shape']})" if p["dataset"] == "synthetic" else "") +
+                           f", {p['parallel']}, B={p['batch']}")
+            p["baseline_gpus"] = base["gpus"]
+            if p["samples_per_s"] and base["samples_per_s"]:
+                p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
+                p["efficiency"] = p["speedup"] * base["gpus"] / p["gpus"]
+            gaps = [100 * (p[f"mae_{h}"] / base[f"mae_{h}"] - 1) for h in HORIZON_LABELS
+                    if p.get(f"mae_{h}") is not None and base.get(f"mae_{h}")]
+            p["mae_gap_pct"] = max(gaps, key=abs) if gaps else None
+            rows.append(p)
+    return pd.DataFrame(rows, columns=cols)

@@ -411,7 +411,8 @@ def schema_markdown() -> str:
     ]
     lines += [f"| `{k}` | {v} |" for k, v in METRICS_COLUMNS.items()]
     lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
-              "with labels has one column per label, e.g. `eval_mae_h3`) |", ""]
+              "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed squares over "
+              "the summed count) |", ""]
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]

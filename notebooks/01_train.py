@@ -86,6 +86,23 @@ lr_warmup_epochs = 1.0          # linear LR warm-up length in epochs, then cosin
 # --- workload cnn: its own parameters, used only when workload is 'cnn'
 lr_gamma = 0.7                  # StepLR: the learning rate is multiplied by this after every epoch
 dropout = True                  # the example's dropout layers (0.25 and 0.5); false makes runs on different rank counts comparable step by step
+# --- workload dcrnn: its own parameters, used only when workload is 'dcrnn'
+rnn_units = 64                  # DCGRU hidden units per node
+num_rnn_layers = 2              # DCGRU layers of the encoder and of the decoder
+max_diffusion_step = 2          # K: diffusion steps per support (0: no graph convolution)
+seq_len = 12                    # input steps (1..12; the windows hold the 12 steps before the forecast)
+horizon = 12                    # forecast steps (1..12; metrics at 3, 6, 12 steps where they exist)
+cl_decay_steps = 2000           # scheduled sampling: probability k / (k + exp(step / k)) of feeding the true value to the decoder
+use_curriculum_learning = True  # scheduled sampling while training (false: always the model's own predictions)
+diffusion_form = 'paper'        # paper (the recursion restarts from x0 for each support) or original (the released code: x0, x1 carry over between supports)
+supports = 'auto'               # diffusion matrices dense, sparse, or auto (dense when at most 4M entries per rank and at least 10 % non-zero)
+gp = 1                          # graph-parallel group size: the sensor graph is split over gp ranks (gpus = dp x gp); 0: all ranks (pure graph parallel)
+partition = 'metis'             # graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs (breadth-first order cut into equal runs)
+lr_milestones = '20,30,40,50'   # epochs after which the learning rate is multiplied by lr_decay
+lr_decay = 0.1                  # learning-rate factor at each milestone
+max_grad_norm = 5.0             # gradient clipping norm
+adam_eps = 0.001                # Adam epsilon
+synthetic_shape = 'metr-la'     # dataset=synthetic: metr-la (34,272 x 207), pems-bay (52,116 x 325) or large (8,064 x 11,160, PeMS-like)
 
 # %% [markdown]
 # ## Resolve and validate

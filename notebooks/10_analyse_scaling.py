@@ -126,6 +126,21 @@ for name in ("io_samples", "io_bandwidth", "io_wait", "io_ranks"):
 result["io"]
 
 # %% [markdown]
+# ## DCRNN on traffic graphs
+# One row per series (data set, model size, batch, parallelism: `gp` 1 data parallel, 0 the graph
+# split over all ranks, k a dp x k grid) and rank count, medians over repeats: throughput, epoch
+# time, strong-scaling efficiency, masked MAE/RMSE/MAPE at 15, 30 and 60 minutes beside the
+# historical average on the same test windows (`ha_*`), the largest relative MAE change against
+# the series' baseline (`mae_gap_pct`, the 2 % criterion), the largest rank's peak memory and
+# halo traffic per step, and the partition's edge cut.
+
+# %%
+png = out_path / "figures" / "dcrnn_scaling.png"
+if png.exists():
+    display(Image(filename=str(png)))
+result["dcrnn"]
+
+# %% [markdown]
 # ## Resource request for the proposal
 
 # %%

@@ -320,8 +320,26 @@ def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_e
     assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3]
     assert all(r["halo_nodes"] > 0 and r["halo_bytes_per_step"] > 0 and r["peak_mem_gib"] > 0 for r in s["ranks"])
     cfg = json.loads((tmp_path / "runs" / "grid" / "config.json").read_text())
-    assert cfg["derived"]["model_variant"] == "dcrnn-2x8-K2-paper-dense-gp2"
+    assert cfg["derived"]["model_variant"] == "dcrnn-2x8-K2-paper-sparse-gp2"
     assert cfg["derived"]["data_source"]["source"] == "index-batched series"
+
+    # the records feed the paper's DCRNN section: tables, sentences and the scaling figure
+    import yaml
+
+    from kernels import report
+
+    plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
+    systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
+    out = report.build(tmp_path / "runs", tmp_path / "report", plan, systems, select={})
+    t = out["dcrnn"]
+    dp = t[t["parallel"] == "data parallel"].sort_values("gpus")
+    assert list(dp["gpus"]) == [1, 2] and dp["efficiency"].iloc[0] == 1.0
+    assert abs(dp["mae_gap_pct"].iloc[1]) < 0.01  # 2 ranks = 1 process with 2 micro-batches
+    assert t[t["parallel"] == "grid, gp=2"]["halo_mb_per_step"].iloc[0] > 0
+    text = (tmp_path / "report" / "tables" / "dcrnn_text.tex").read_text()
+    assert "historical average on the same test windows" in text and "2 ranks reach" in text
+    assert "historical average, synthetic" in (tmp_path / "report" / "tables" / "dcrnn_metrics_table.tex").read_text()
+    assert (tmp_path / "report" / "figures" / "dcrnn_scaling.pdf").exists()
 
 
 @pytest.mark.slow
@@ -393,3 +411,32 @@ def test_a_bad_set_fails_the_cli_before_a_record(tmp_path):
     (tmp_path / "data" / "metr-la" / "adj_mx.pkl").unlink()
     p = run_cli("--workload", "dcrnn", "--dataset", "metr-la", "--data_dir", tmp_path / "data")
     assert p.returncode == 2 and "adj_mx.pkl, which is missing; run `lab fetch metr-la --from DIR" in p.stderr
+
+
+@pytest.mark.slow
+def test_fetch_from_a_directory_verifies_records_checksums_and_trains(tmp_path):
+    ids = [str(773869 + k) for k in range(207)]
+    rng = np.random.default_rng(2)
+    adj = np.where(rng.random((207, 207)) < 0.04, rng.uniform(0.1, 1, (207, 207)), 0).astype(np.float32)
+    np.fill_diagonal(adj, 1.0)
+    src = tmp_path / "download"
+    write_set(src, rng.uniform(0, 70, (34272, 207)), ids, adj, h5="metr-la.h5")
+    p = subprocess.run([sys.executable, "-m", "kernels.data.fetch", "metr-la", "--from", src, "--root",
+                        tmp_path / "data"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "metr-la ready and verified" in p.stdout
+    sums = json.loads((tmp_path / "data" / "metr-la" / "SHA256SUMS.json").read_text())
+    assert {os.path.basename(k) for k in sums} == {"metr-la.h5", "adj_mx.pkl"}
+    from kernels.data import check_dataset
+
+    check_dataset("metr-la", tmp_path / "data")  # what every run checks before it starts
+    p = run_cli("--workload", "dcrnn", "--dataset", "metr-la", "--data_dir", tmp_path / "data", "--results_dir",
+                tmp_path / "runs", "--run_id", "metr", "--rnn_units", "4", "--batch", "16", "--epochs", "1",
+                "--train_samples", "32", "--test_samples", "16", "--log_every", "0", "--gpus", "2", "--gp", "2",
+                "--comm_probe_steps", "0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = json.loads((tmp_path / "runs" / "metr" / "summary.json").read_text())
+    assert s["status"] == "complete" and s["workload"]["dataset_shape"] == [34272, 207]
+    (tmp_path / "data" / "metr-la" / "adj_mx.pkl").write_bytes(py2_pickle(ids[:-1] + ["999"], adj))
+    with pytest.raises(ConfigError, match="sensor ids do not match"):
+        check_dataset("metr-la", tmp_path / "data")

@@ -85,6 +85,25 @@ COMMANDS: dict[str, str] = {
     "--replicas 2 --shard-samples 1000": RUN,
     "lab bigmnist verify /tmp/bigmnist-small": RUN,
     "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1": RUN,
+    # --- DCRNN
+    "python -m kernels.data.traffic generate --shape metr-la": RUN,
+    "python -m kernels.data.traffic info synthetic": RUN,
+    "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16": RUN,
+    "lab train --workload dcrnn --gpus 4":
+        "skip: 100 epochs of 23,974 windows on 4 ranks need GPUs (hours on 2 cores); test_dcrnn.py trains 1, 2 and "
+        "4 ranks on subsets",
+    "lab train --workload dcrnn --gpus 4 --gp 2":
+        "skip: as above; test_dcrnn.py runs the 2 x 2 grid on a small set and compares it with data parallelism",
+    "lab fetch metr-la --from DIR": "skip: a template (DIR holds the original files, which need a browser to "
+                                    "download); test_dcrnn.py reads files written in their formats",
+    "lab train --workload dcrnn --dataset metr-la --gpus 4 --gp 2": "skip: needs the METR-LA files",
+    "python -m kernels.data.traffic adjacency --distances distances_la_2012.csv --sensor-ids graph_sensor_ids.txt "
+    "--out adj_mx.pkl": "skip: needs the original repository's distances CSV; test_dcrnn.py runs this command on "
+                        "a hand-computed case",
+    "lab study submit studies/dcrnn_strong.yaml --dry-run": RUN,
+    "lab study submit studies/dcrnn_graph.yaml --dry-run": RUN,
+    "lab fetch metr-la --from ~/Downloads/dcrnn": "skip: needs the original METR-LA files (a browser download)",
+    "lab fetch pems-bay --from ~/Downloads/dcrnn": "skip: needs the original PEMS-BAY files (a browser download)",
 }
 
 
@@ -166,6 +185,15 @@ def test_documented_commands_run_as_written(tmp_path):
     s = json.loads((new / "summary.json").read_text())
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "~95 % test accuracy in seconds"
 
+    p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
+    assert "traffic-synthetic-metr-la" in p.stdout
+    assert "34,272 steps x 207 sensors" in _sh("python -m kernels.data.traffic info synthetic", env).stdout
+    before = set(runs.iterdir())
+    _sh("lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16", env)
+    (new,) = set(runs.iterdir()) - before
+    s = json.loads((new / "summary.json").read_text())
+    assert s["status"] == "complete" and s["final_eval_mae_60min"] > 0 and s["workload"]["historical_average"], s
+
     if Path("/usr/share/datasets/fashion-mnist").is_dir() or os.environ.get("CI") == "true":
         p = _sh("lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist", env)
         assert "fashion-mnist ready and verified" in p.stdout
@@ -194,6 +222,9 @@ def test_documented_commands_run_as_written(tmp_path):
     for study in ("io_mnist", "io_bigmnist"):  # 1 GPU, 4 in a node, 2 and 4 nodes of 4: four geometries
         p = _sh(f"lab study submit studies/{study}.yaml --dry-run", env)
         assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 4, p.stdout
+    for study, geometries in (("dcrnn_strong", 5), ("dcrnn_graph", 4)):  # 1 GPU .. 8 nodes; 1 GPU .. 2 nodes
+        p = _sh(f"lab study submit studies/{study}.yaml --dry-run", env)
+        assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == geometries, p.stdout
 
 
 def test_readme_reliability_table_covers_every_fault_case():

@@ -48,10 +48,11 @@ PARAMS = (
     Param("diffusion_form", str, "paper", "paper (the recursion restarts from x0 for each support) or original "
                                           "(the released code: x0, x1 carry over between supports)",
           ("paper", "original"), group="dcrnn"),
-    Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense up to 4M entries per rank)",
+    Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
+                                   "rank and at least 10 % non-zero)",
           ("auto", "dense", "sparse"), group="dcrnn"),
-    Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus = dp x gp)",
-          group="dcrnn"),
+    Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus = dp x gp); "
+                        "0: all ranks (pure graph parallel)", group="dcrnn"),
     Param("partition", str, "metis", "graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs "
                                      "(breadth-first order cut into equal runs)", ("metis", "bfs"), group="dcrnn"),
     Param("lr_milestones", str, "20,30,40,50", "epochs after which the learning rate is multiplied by lr_decay",
@@ -97,13 +98,15 @@ def check(cfg) -> None:
             raise ConfigError(f"parameter '{name}': must be >= 1, got {getattr(cfg, name)}")
     if cfg.max_diffusion_step < 0:
         raise ConfigError(f"parameter 'max_diffusion_step': must be >= 0, got {cfg.max_diffusion_step}")
-    if cfg.gp < 1 or cfg.gpus % cfg.gp:
+    gp = group_size(cfg)
+    if gp < 1 or cfg.gpus % gp:
         raise ConfigError(f"parameter 'gp': {cfg.gp} does not divide gpus={cfg.gpus}; the ranks form a grid "
-                          f"gpus = dp x gp (e.g. gpus={cfg.gp * max(1, cfg.gpus // max(cfg.gp, 1))} gp={cfg.gp})")
+                          f"gpus = dp x gp (e.g. gpus={gp * max(1, cfg.gpus // max(gp, 1))} gp={cfg.gp}), or gp=0 "
+                          f"puts all ranks in one group")
     n = _num_sensors(cfg)
-    if n is not None and cfg.gp > n:
-        raise ConfigError(f"parameter 'gp': {cfg.gp} parts for {n} sensors; every rank needs at least one sensor")
-    dp = cfg.gpus // cfg.gp
+    if n is not None and gp > n:
+        raise ConfigError(f"parameter 'gp': {gp} parts for {n} sensors; every rank needs at least one sensor")
+    dp = cfg.gpus // gp
     if (cfg.batch // dp) % cfg.micro_batches:
         raise ConfigError(f"parameter 'micro_batches': the batch of a graph-parallel group ({cfg.batch // dp}) is "
                           f"not divisible by micro_batches={cfg.micro_batches}")
@@ -112,9 +115,14 @@ def check(cfg) -> None:
         raise ConfigError(f"parameter 'lr_decay': must be in (0, 1], got {cfg.lr_decay}")
     if cfg.max_grad_norm <= 0 or cfg.adam_eps <= 0:
         raise ConfigError("parameters 'max_grad_norm' and 'adam_eps' must be > 0")
-    if cfg.compile and cfg.gp > 1:
+    if cfg.compile and gp > 1:
         raise ConfigError("parameter 'compile': not with gp > 1 (the halo exchange is a collective inside autograd); "
                           "use compile=false")
+
+
+def group_size(cfg) -> int:
+    """The graph-parallel group size: gp, or every rank for gp=0."""
+    return cfg.gpus if cfg.gp == 0 else cfg.gp
 
 
 def prepare(cfg) -> None:
@@ -131,32 +139,33 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     from kernels.dist import grid
     from kernels.workloads.dcrnn.graph import Graph, dual_supports, edge_cut, halo_plans, partition
 
+    gp = group_size(cfg)
     series = traffic.load(cfg.dataset, cfg.data_root, cfg.synthetic_shape)
     n = series.num_nodes
-    if cfg.gp > n:
-        raise ConfigError(f"parameter 'gp': {cfg.gp} parts for {n} sensors; every rank needs at least one sensor")
-    g = grid(cfg.gp)
+    if gp > n:
+        raise ConfigError(f"parameter 'gp': {gp} parts for {n} sensors; every rank needs at least one sensor")
+    g = grid(gp)
     mean, std = series.scaler()
     splits = series.splits()
     train = splits["train"] if not cfg.train_samples else splits["train"][:cfg.train_samples]
     test = splits["test"] if not cfg.test_samples else splits["test"][:cfg.test_samples]
     supports = dual_supports(series.adj)
-    member, method = partition(series.adj, cfg.gp, cfg.partition)
+    member, method = partition(series.adj, gp, cfg.partition)
     plan = None
     own = np.arange(n)
     ext = own
-    if cfg.gp > 1:
+    if gp > 1:
         structure = np.zeros((n, n), dtype=bool)
         for s in supports:
             structure |= s != 0
-        plan = halo_plans(structure, member, cfg.gp)[g.gp_rank]
+        plan = halo_plans(structure, member, gp)[g.gp_rank]
         plan.group = g.group
         own, ext = plan.own, np.concatenate([plan.own, plan.halo])
         plan.to(device)
     local = [np.ascontiguousarray(s[np.ix_(own, ext)]) for s in supports]
     inputs = series.inputs(mean, std)[:, own]
     raw = series.speeds[:, own]
-    norm = (series.speeds != 0).sum(1).astype(np.float32) / cfg.gp
+    norm = (series.speeds != 0).sum(1).astype(np.float32) / gp
     store = SeriesStore(inputs, raw, norm, device, cfg.seq_len, cfg.horizon)
     src = WindowSource(store, train, cfg.batch, g.dp_rank, g.dp, cfg.seed)
     ev = WindowEvalSource(store, test, cfg.batch // g.dp, g.dp_rank, g.dp)
@@ -165,13 +174,13 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
         "missing_frac": round(float((series.speeds == 0).mean()), 5), "scaler_mean": mean, "scaler_std": std,
         "windows": {k: len(v) for k, v in splits.items()}, "train_windows_used": len(train),
         "test_windows_used": len(test), "dp": g.dp, "gp": g.gp, "partition": method,
-        "edge_cut": edge_cut(series.adj, member) if cfg.gp > 1 else 0,
-        "part_sizes": np.bincount(member, minlength=cfg.gp).tolist(),
+        "edge_cut": edge_cut(series.adj, member) if gp > 1 else 0,
+        "part_sizes": np.bincount(member, minlength=gp).tolist(),
         "diffusion_form": cfg.diffusion_form,
     }
     if rank == 0:
         shared["historical_average"] = historical_average_metrics(series, test, cfg.horizon)
-    graph = Graph(local, plan, cfg.supports)
+    graph = Graph(local, plan, cfg.supports, device.type)
     info = DataInfo(input_shape=(cfg.seq_len, len(own), 2),
                     extra={"graph": graph, "mean": mean, "std": std, "shared": shared, "per_group_batch": cfg.batch // g.dp})
     return src, ev, info
@@ -187,7 +196,7 @@ def build_model(cfg, info: DataInfo):
                   form=cfg.diffusion_form, seed=cfg.seed)
     model._lab_info = info.extra  # for report()
     variant = (f"dcrnn-{cfg.num_rnn_layers}x{cfg.rnn_units}-K{cfg.max_diffusion_step}-{cfg.diffusion_form}-"
-               f"{'sparse' if graph.sparse else 'dense'}" + (f"-gp{cfg.gp}" if cfg.gp > 1 else ""))
+               f"{'sparse' if graph.sparse else 'dense'}" + (f"-gp{group_size(cfg)}" if group_size(cfg) > 1 else ""))
     return model, variant
 
 

@@ -3,7 +3,7 @@
 Supports (filter_type dual_random_walk of the original): S_1 = (D_O^-1 W)^T and
 S_2 = (D_I^-1 W^T)^T, the random-walk matrices transposed as the original builds them, so
 that S x diffuses x along the edges. They are held dense when small (one batched matmul)
-and sparse (COO) when large (`supports=auto|dense|sparse`).
+and sparse (CSR on a CPU, COO on a GPU) when large or sparse (`supports=auto|dense|sparse`).
 
 Diffusion (the gconv of a DCGRU cell) stacks x_0 and, per support, the Chebyshev-style
 recursion x_1 = S x_0, x_k = 2 S x_{k-1} - x_{k-2} up to k = K (max_diffusion_step).
@@ -22,6 +22,7 @@ buffer). The result equals the unpartitioned model up to floating-point reductio
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,25 +194,39 @@ class _Halo(torch.autograd.Function):
 
 
 # --------------------------------------------------------------- the graph module
-DENSE_LIMIT = 1 << 22  # entries per support held dense under supports=auto (16 MiB in fp32)
+# supports=auto holds a support dense when it is small and not too sparse: at most DENSE_LIMIT entries (16 MiB
+# in fp32) and at least DENSE_MIN_DENSITY non-zeros; road graphs (METR-LA: 4 % non-zero) are held sparse.
+DENSE_LIMIT = 1 << 22
+DENSE_MIN_DENSITY = 0.10
 
 
 class Graph(nn.Module):
     """This rank's supports (rows: owned nodes; columns: owned then halo nodes) and its halo exchange.
+
+    mode: dense, sparse (CSR on a CPU, COO on a GPU), or auto (dense when small and at least 10 % non-zero, see DENSE_LIMIT).
 
     x tensors are node-major, (nodes, batch, features), so a support multiplies them without a transpose.
     The supports are buffers that are not saved (they come from the data); the model holding the graph
     tells DDP to leave them alone (they differ between the ranks of a graph-parallel group).
     """
 
-    def __init__(self, supports: list[np.ndarray], plan: HaloPlan | None = None, mode: str = "auto"):
+    def __init__(self, supports: list[np.ndarray], plan: HaloPlan | None = None, mode: str = "auto",
+                 device_type: str = "cpu"):
         super().__init__()
         n_own, n_ext = supports[0].shape
         self.plan, self.n_own, self.n_ext, self.count = plan, n_own, n_ext, len(supports)
-        self.sparse = mode == "sparse" or (mode == "auto" and n_own * n_ext > DENSE_LIMIT)
+        density = max(float((s != 0).mean()) for s in supports) if n_own * n_ext else 0.0
+        self.sparse = mode == "sparse" or (mode == "auto" and (n_own * n_ext > DENSE_LIMIT
+                                                               or density < DENSE_MIN_DENSITY))
         if self.sparse:
             for i, s in enumerate(supports):
-                t = torch.from_numpy(s).to_sparse_coo().coalesce()
+                t = torch.from_numpy(s)
+                if device_type == "cpu":  # CSR: on a CPU no zero-filled output per product, unlike COO
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", UserWarning)  # "CSR support is in beta"
+                        t = t.to_sparse_csr()
+                else:  # COO: the layout the public implementations run on GPUs
+                    t = t.to_sparse_coo().coalesce()
                 self.register_buffer(f"support{i}", t, persistent=False)
         else:
             self.register_buffer("stacked", torch.from_numpy(np.stack(supports)), persistent=False)
@@ -231,8 +246,9 @@ class Graph(nn.Module):
     def mul(self, i: int, x_ext: torch.Tensor) -> torch.Tensor:
         """S_i x over the extended rows: (n_ext, B, F) -> (n_own, B, F)."""
         flat = x_ext.reshape(self.n_ext, -1)
-        if self.sparse:
-            out = torch.sparse.mm(getattr(self, f"support{i}"), flat)
+        if self.sparse:  # sparse products run in the supports' precision (no bf16 sparse kernels on every device)
+            s = getattr(self, f"support{i}")
+            out = torch.sparse.mm(s, flat.to(s.dtype)).to(flat.dtype)
         else:
             out = self.stacked[i] @ flat
         return out.reshape(self.n_own, *x_ext.shape[1:])
@@ -263,9 +279,12 @@ class Graph(nn.Module):
         per = [[x] for x in ones]
         prev2, prev1 = [x0] * self.count, ones
         for _ in range(2, k_max + 1):
-            f = x0.shape[-1]
-            ext = self.extend(torch.cat(prev1, dim=-1))  # one exchange for every support's x_{k-1}
-            xs = [ext[..., i * f:(i + 1) * f] for i in range(self.count)]
+            if self.plan is None:
+                xs = prev1
+            else:
+                f = x0.shape[-1]
+                ext = self.extend(torch.cat(prev1, dim=-1))  # one exchange for every support's x_{k-1}
+                xs = [ext[..., i * f:(i + 1) * f] for i in range(self.count)]
             nxt = [2 * y - p for y, p in zip(self.mul_each(xs), prev2)]
             for i, x in enumerate(nxt):
                 per[i].append(x)

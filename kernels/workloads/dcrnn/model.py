@@ -37,9 +37,14 @@ class DiffusionConv(nn.Module):
         nn.init.xavier_normal_(self.weight, gain=1.0)
 
     def forward(self, x: torch.Tensor, graph: Graph, form: str) -> torch.Tensor:
+        """sum_m T_m(x) W_m + b, with W_m the rows (f, m) of the weight: the same as stacking the terms into one
+        (nodes * batch, features * matrices) matrix and one product, without copying them into it."""
         n, b, f = x.shape
-        terms = torch.stack(graph.diffuse(x, self.k_max, form), dim=-1)  # (n, B, F, matrices)
-        out = terms.reshape(n * b, f * self.matrices) @ self.weight + self.bias
+        w = self.weight.view(f, self.matrices, -1)
+        out = None
+        for m, term in enumerate(graph.diffuse(x, self.k_max, form)):
+            t = term.reshape(n * b, f)
+            out = torch.addmm(self.bias, t, w[:, m]) if out is None else torch.addmm(out, t, w[:, m])
         return out.reshape(n, b, -1)
 
 
