@@ -250,7 +250,7 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
             "wait_spread", "devices"]
     if runs.empty or "io_source" not in runs:
         return pd.DataFrame(columns=cols)
-    r = runs[runs["io_source"].notna()].copy()
+    r = runs[runs["io_source"].notna() & (runs["workload"] != "dcrnn")].copy()  # DCRNN: one resident series
     if r.empty:
         return pd.DataFrame(columns=cols)
     r["io_cache"] = r["io_cache"].fillna("memory")
@@ -270,7 +270,7 @@ HORIZON_LABELS = ("15min", "30min", "60min")
 
 
 def parallel_name(gp) -> str:
-    gp = int(gp or 1)
+    gp = 1 if gp is None or pd.isna(gp) else int(gp)
     return "data parallel" if gp == 1 else "graph parallel" if gp == 0 else f"grid, gp={gp}"
 
 

@@ -96,13 +96,13 @@ cl_decay_steps = 2000           # scheduled sampling: probability k / (k + exp(s
 use_curriculum_learning = True  # scheduled sampling while training (false: always the model's own predictions)
 diffusion_form = 'paper'        # paper (the recursion restarts from x0 for each support) or original (the released code: x0, x1 carry over between supports)
 supports = 'auto'               # diffusion matrices dense, sparse, or auto (dense when at most 4M entries per rank and at least 10 % non-zero)
-gp = 1                          # graph-parallel group size: the sensor graph is split over gp ranks (gpus = dp x gp); 0: all ranks (pure graph parallel)
+gp = 1                          # graph-parallel group size: the sensor graph is split over gp ranks (gpus is dp x gp); 0: all ranks (pure graph parallel)
 partition = 'metis'             # graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs (breadth-first order cut into equal runs)
 lr_milestones = '20,30,40,50'   # epochs after which the learning rate is multiplied by lr_decay
 lr_decay = 0.1                  # learning-rate factor at each milestone
 max_grad_norm = 5.0             # gradient clipping norm
 adam_eps = 0.001                # Adam epsilon
-synthetic_shape = 'metr-la'     # dataset=synthetic: metr-la (34,272 x 207), pems-bay (52,116 x 325) or large (8,064 x 11,160, PeMS-like)
+synthetic_shape = 'metr-la'     # shape of the synthetic traffic set: metr-la (34,272 x 207), pems-bay (52,116 x 325) or large (8,064 x 11,160, PeMS-like)
 
 # %% [markdown]
 # ## Resolve and validate
@@ -116,6 +116,7 @@ import pandas as pd
 
 from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
 from kernels.records import read_run
+from kernels.workloads import get_workload
 
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
 print(f"global batch {cfg.batch} = {cfg.gpus} rank(s) x {cfg.per_rank_batch} per rank"
@@ -158,18 +159,21 @@ epoch_axis = metrics["epoch"]  # 1-based, as in metrics.csv
 axes[0].plot(epoch_axis, metrics["samples_per_s"].astype(float), marker="o", label="median step")
 axes[0].fill_between(epoch_axis, metrics["samples_per_s_p10"].astype(float), metrics["samples_per_s_p90"].astype(float),
                      alpha=0.25, label="p10-p90")
-axes[0].axhline(summary["samples_per_s"], ls="--", color="grey", lw=1, label="run headline")
-axes[0].set(xlabel="epoch", ylabel="samples/s (all ranks)", title="throughput (timed steps)")
+if summary["samples_per_s"] is not None:  # None when every step was a warm-up step
+    axes[0].axhline(summary["samples_per_s"], ls="--", color="grey", lw=1, label="run headline")
+axes[0].set(xlabel="epoch", ylabel="samples/s (all ranks)",
+            title="throughput (timed steps)" if summary["timed_steps"] else "no timed steps (warm-up only)")
 axes[0].legend(fontsize=7)
 axes[0].set_ylim(bottom=0)
 axes[1].plot(epoch_axis, metrics["train_loss"], marker="o", label="train")
 axes[1].plot(epoch_axis, metrics["eval_loss"], marker="s", label="eval")
 axes[1].set(xlabel="epoch", ylabel="loss", title="loss", yscale="log")
 axes[1].legend()
-workload_metrics = [k.removeprefix("final_eval_") for k in summary if k.startswith("final_eval_") and k != "final_eval_loss"]
-for c in (f"eval_{m}" for m in workload_metrics):
-    axes[2].plot(epoch_axis, metrics[c], marker="o", label=c)
-axes[2].set(xlabel="epoch", ylabel="fraction", title="evaluation over the full test set")
+workload = get_workload(cfg.workload)  # its primary metric, one line per label (e.g. per forecast horizon)
+shown = next((m for m in workload.metrics if m.name == workload.primary_metric), workload.metrics[0])
+for c in shown.columns("eval"):
+    axes[2].plot(epoch_axis, metrics[c].astype(float), marker="o", label=c)
+axes[2].set(xlabel="epoch", ylabel=shown.name, title=f"evaluation over the test set ({shown.name})")
 axes[2].legend()
 for ax in axes:
     ax.xaxis.get_major_locator().set_params(integer=True)

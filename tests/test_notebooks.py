@@ -64,7 +64,8 @@ def test_parameters_cell_is_generated_from_the_one_definition():
     sections = [line for line in notebooks.parameters_cell().splitlines() if line.startswith("# ---")]
     assert sections == ["# --- common parameters",
                         "# --- workload resnet18: its own parameters, used only when workload is 'resnet18'",
-                        "# --- workload cnn: its own parameters, used only when workload is 'cnn'"]
+                        "# --- workload cnn: its own parameters, used only when workload is 'cnn'",
+                        "# --- workload dcrnn: its own parameters, used only when workload is 'dcrnn'"]
 
 
 def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):

@@ -14,9 +14,12 @@ data-parallel index: every rank of a graph-parallel group takes the same windows
 its own nodes.
 
 A batch is (x, (y, norm)): x (b, seq_len, nodes, 2) normalised; y (b, horizon, nodes) raw
-speeds, 0 = missing; norm (b,) the number of non-missing targets of each window over the
-whole graph divided by the graph-parallel group size, so that the masked loss of a rank's
-nodes over sum(norm) adds up, over the group, to the masked mean of the whole graph.
+speeds, 0 = missing; norm (b,) the mean number of non-missing targets per window of the
+whole GLOBAL batch over the whole graph, divided by the graph-parallel group size. A rank's
+masked loss, sum |error| over its non-missing targets / sum(norm), then averages (as DDP and
+micro-batching average) to the masked mean of the global batch over the whole graph: the
+same loss and gradient on any number of ranks, graph-parallel groups or micro-batches.
+(Evaluation batches use each window's own count: only their sums of errors are reported.)
 """
 from __future__ import annotations
 
@@ -38,11 +41,14 @@ class SeriesStore:
         self.x_off = torch.arange(context - seq_len, context, device=device)
         self.y_off = torch.arange(context, context + horizon, device=device)
 
-    def gather(self, starts: torch.Tensor):
+    def counts(self, starts: torch.Tensor) -> torch.Tensor:
+        """Non-missing targets of each window over the whole graph, over the graph-parallel group size."""
+        return self.norm[starts[:, None] + self.y_off].sum(1)
+
+    def gather(self, starts: torch.Tensor, norm: torch.Tensor | None = None):
         x = self.series[starts[:, None] + self.x_off]          # (b, seq_len, nodes, F)
         y = self.raw[starts[:, None] + self.y_off]             # (b, horizon, nodes)
-        norm = self.norm[starts[:, None] + self.y_off].sum(1)  # (b,)
-        return x, (y, norm)
+        return x, (y, self.counts(starts) if norm is None else norm)
 
     def resident_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.series, self.raw, self.norm))
@@ -61,11 +67,15 @@ class WindowSource:
 
     def batches(self, epoch: int, start_step: int = 0):
         perm = epoch_permutation(self.num_samples, self.seed, epoch).to(self.device) + self.first
+        b = self.global_batch
         for step in range(start_step, self.steps_per_epoch):
-            yield self.gather(perm[rank_slice(step, self.global_batch, self.rank, self.world)])
+            mine = perm[rank_slice(step, b, self.rank, self.world)]
+            per_window = self.store.counts(perm[step * b:(step + 1) * b]).mean()  # over the global batch
+            yield self.gather(mine, per_window.expand(len(mine)))
 
     def probe(self, n: int = 2):
-        return self.gather(torch.arange(self.first, self.first + n, device=self.device))
+        starts = torch.arange(self.first, self.first + n, device=self.device)
+        return self.gather(starts, self.store.counts(starts).mean().expand(n))
 
     def describe(self) -> dict:
         return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,

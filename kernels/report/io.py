@@ -14,6 +14,11 @@ TABLE_COLUMNS = {"dataset": ("Data", "s"), "pipeline": ("Pipeline", "s"), "io_ca
                  "wait_max_s": ("Wait (slowest)", "raw"), "wait_spread_s": ("Wait spread", "raw")}
 
 
+def io_runs(ctx: Context) -> pd.DataFrame:
+    """The records of the I/O figures: those with an input pipeline that reads (not DCRNN's resident series)."""
+    return ctx.runs[ctx.runs["io_source"].notna() & (ctx.runs["workload"] != "dcrnn")]
+
+
 def _series(t: pd.DataFrame):
     for key, g in t.groupby(["dataset", "pipeline", "io_cache", "per_rank_batch"], sort=True):
         ds, pipe, cache, b = key
@@ -28,7 +33,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
         return made
     style()
     ranks = sorted(t["gpus"].unique())
-    hw = hardware_line(ctx.runs[ctx.runs["io_source"].notna()])
+    hw = hardware_line(io_runs(ctx))
     fig, ax = plt.subplots(figsize=(5.0, 3.2))
     for name, g in _series(t):
         ax.plot(g["gpus"], g["samples_per_s"], marker="o", label=name)
@@ -53,7 +58,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
     finish_rank_plot(fig, ax, ranks, f"Share of the step waiting for data\n{hw}", ctx.out, "io_wait")
     made.add("io_wait")
     # the per-rank spread of the largest streamed run: the slowest rank bounds a DDP step
-    runs = ctx.runs[ctx.runs["io_source"].notna()]
+    runs = io_runs(ctx)
     big = runs.sort_values(["gpus", "run_id"]).iloc[-1] if not runs.empty else None
     if big is not None and big["gpus"] > 1 and big["io_ranks"]:
         per = pd.DataFrame(big["io_ranks"])

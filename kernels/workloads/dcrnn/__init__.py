@@ -51,7 +51,7 @@ PARAMS = (
     Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
                                    "rank and at least 10 % non-zero)",
           ("auto", "dense", "sparse"), group="dcrnn"),
-    Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus = dp x gp); "
+    Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus is dp x gp); "
                         "0: all ranks (pure graph parallel)", group="dcrnn"),
     Param("partition", str, "metis", "graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs "
                                      "(breadth-first order cut into equal runs)", ("metis", "bfs"), group="dcrnn"),
@@ -60,8 +60,8 @@ PARAMS = (
     Param("lr_decay", float, 0.1, "learning-rate factor at each milestone", group="dcrnn"),
     Param("max_grad_norm", float, 5.0, "gradient clipping norm", group="dcrnn"),
     Param("adam_eps", float, 1e-3, "Adam epsilon", group="dcrnn"),
-    Param("synthetic_shape", str, "metr-la", "dataset=synthetic: metr-la (34,272 x 207), pems-bay (52,116 x 325) or "
-                                             "large (8,064 x 11,160, PeMS-like)", ("metr-la", "pems-bay", "large"),
+    Param("synthetic_shape", str, "metr-la", "shape of the synthetic traffic set: metr-la (34,272 x 207), pems-bay "
+                                             "(52,116 x 325) or large (8,064 x 11,160, PeMS-like)", ("metr-la", "pems-bay", "large"),
           group="dcrnn"),
 )
 

@@ -231,6 +231,11 @@ class Graph(nn.Module):
         else:
             self.register_buffer("stacked", torch.from_numpy(np.stack(supports)), persistent=False)
 
+    def __deepcopy__(self, memo):
+        """A copy of the model (the FLOP count) shares the graph: it holds no trainable state, only the data's
+        supports (CSR tensors cannot be deep-copied) and the halo plan with its process group."""
+        return self
+
     def describe(self) -> dict:
         nnz = (sum(int(getattr(self, f"support{i}")._nnz()) for i in range(self.count)) if self.sparse
                else int((self.stacked != 0).sum()))
