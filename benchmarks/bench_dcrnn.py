@@ -24,6 +24,7 @@ to the .json beside it, which the paper's DCRNN section reads.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -66,23 +67,31 @@ def time_lab(series, mean, std, train, mode, args, device):
     setup = time.perf_counter() - t0
     model = lab_model(series, mean, std, mode, args, device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, eps=1e-3)
-    times = []
     batches = src.batches(0)
+
+    def loss_of(step):
+        x, y = next(batches)
+        return dcrnn.loss(dcrnn.forward(model, x, y, step, True), y)
+    times = timed_steps(f"lab ({mode})", model, opt, loss_of, args, device)
+    return setup, store.resident_bytes(), times, src.steps_per_epoch
+
+
+def timed_steps(name: str, model, opt, loss_of, args, device) -> list[float]:
+    """Seconds of each training step after the warm-up: batch, forward, loss, backward, clipping 5, Adam."""
+    times = []
     for step in range(args.warmup + args.steps):
         sync(device)
         t = time.perf_counter()
-        x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        loss = dcrnn.loss(dcrnn.forward(model, x, y, step, True), y)
-        loss.backward()
+        loss_of(step).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         opt.step()
         sync(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - t)
-        print(f"  lab ({mode}) step {step + 1}/{args.warmup + args.steps}: {1e3 * (time.perf_counter() - t):.0f} ms",
+        print(f"  {name} step {step + 1}/{args.warmup + args.steps}: {1e3 * (time.perf_counter() - t):.0f} ms",
               flush=True)
-    return setup, store.resident_bytes(), times, src.steps_per_epoch
+    return times
 
 
 def time_public(series, mean, std, train, args, device):
@@ -101,26 +110,16 @@ def time_public(series, mean, std, train, args, device):
     public.load_lab_weights(model, lab_model(series, mean, std, "dense", args, device))
     opt = torch.optim.Adam(model.parameters(), lr=0.01, eps=1e-3)
     rng = np.random.default_rng(0)
-    times = []
     it = iter(loader)
-    for step in range(args.warmup + args.steps):
-        sync(device)
-        t = time.perf_counter()
+
+    def loss_of(step):
         x, y = public.to_device(*next(it), device)
-        opt.zero_grad(set_to_none=True)
         out = model(x, y, step, rng) * std + mean
         truth = y * std + mean  # the port unscales the labels: float error hides some zeros from the mask
         mask = (truth != 0).float()
         mask = mask / mask.mean()
-        loss = torch.nan_to_num((out - truth).abs() * mask).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
-        sync(device)
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t)
-        print(f"  public step {step + 1}/{args.warmup + args.steps}: {1e3 * (time.perf_counter() - t):.0f} ms",
-              flush=True)
+        return torch.nan_to_num((out - truth).abs() * mask).mean()
+    times = timed_steps("public", model, opt, loss_of, args, device)
     return setup, held, times, len(loader.xs) // args.batch
 
 
@@ -151,6 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=15, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--time_steps", type=int, default=0, help="use the first N time steps only (0: all; for a quick "
+                                                               "check of the benchmark itself)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = p.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -158,6 +159,10 @@ def main(argv=None) -> int:
 
     traffic.generate(args.shape, args.data_dir)
     series = traffic.load("synthetic", args.data_dir, args.shape)
+    if args.time_steps:
+        n = args.time_steps
+        series = dataclasses.replace(series, speeds=series.speeds[:n], time_of_day=series.time_of_day[:n],
+                                     slot_of_week=series.slot_of_week[:n])
     mean, std = series.scaler()
     train = series.splits()["train"]
     diff = same_function(series, mean, std, args, device)

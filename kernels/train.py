@@ -54,7 +54,8 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
         choices = f" {{{','.join(prm.choices)}}}" if prm.choices else ""
         groups[prm.group].add_argument(f"--{prm.name}", dest=prm.name, default=argparse.SUPPRESS,
                                        metavar=prm.type.__name__.upper(),
-                                       help=f"{prm.doc}{choices} (default: {_default_text(prm, wls)})", **kw)
+                                       help=f"{prm.doc}{choices} (default: {_default_text(prm, wls)})"
+                                       .replace("%", "%%"), **kw)  # argparse formats help with %
     return p
 
 

@@ -98,7 +98,7 @@ def test_workload_defaults_and_explicit_values():
     ({"lr_gamma": 0.5}, "'lr_gamma' is a parameter of workload cnn, not resnet18"),
     ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, synthetic, not 'cifar10'"),
     ({"workload": "cnn", "lr_gama": 0.5}, "unknown parameter 'lr_gama'.*did you mean 'lr_gamma'"),
-    ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, or give module:OBJECT"),
+    ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, dcrnn, or give module:OBJECT"),
     ({"workload": "no_such_module:X"}, "cannot import no_such_module"),
 ])
 def test_cross_workload_and_unknown_parameters_are_errors(raw, needle):
@@ -118,10 +118,12 @@ def test_help_groups_common_then_each_workload():
     p = run_cli("--help")
     out = p.stdout
     assert p.returncode == 0
-    i_common, i_res, i_cnn = (out.index(h) for h in ("common parameters:", "workload resnet18:", "workload cnn:"))
-    assert i_common < i_res < i_cnn
+    i_common, i_res, i_cnn, i_dcrnn = (out.index(h) for h in ("common parameters:", "workload resnet18:",
+                                                              "workload cnn:", "workload dcrnn:"))
+    assert i_common < i_res < i_cnn < i_dcrnn
     assert out.index("\n  --width") > i_res and out.index("\n  --lr_gamma") > i_cnn and out.index("\n  --gpus") < i_res
-    assert "per workload: resnet18 0.2, cnn 1.0" in " ".join(out.split())
+    assert out.index("\n  --gp ") > i_dcrnn
+    assert "per workload: resnet18 0.2, cnn 1.0, dcrnn 0.01" in " ".join(out.split())
 
 
 def test_param_names_are_unique_across_workloads():

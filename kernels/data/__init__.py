@@ -72,14 +72,12 @@ DATASETS: dict[str, DataSet] = {
                         "size and .npy header of every shard against the manifest before a run; sha256 of every "
                         "shard with `lab bigmnist verify`", _check_bigmnist, "lab bigmnist build", streamed=True),
     "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", "", _check_digits),
-    "metr-la": DataSet("METR-LA (207 Los Angeles highway loop detectors, 5-minute speeds, March-June 2012)",
-                       "the h5 key, shape and 5-minute index, the adjacency triple, and that both name the same "
-                       "sensors in the same order, before a run; sha256 of both files recorded by `lab fetch`",
+    "metr-la": DataSet("METR-LA (207 Los Angeles traffic sensors)",
+                       "structure of both files and matching sensors, before a run",
                        _check_traffic("metr-la"), "lab fetch metr-la --from DIR", num_classes=0),
-    "pems-bay": DataSet("PEMS-BAY (325 Bay Area sensors, 5-minute speeds, January-May 2017)",
+    "pems-bay": DataSet("PEMS-BAY (325 Bay Area traffic sensors)",
                         "as METR-LA", _check_traffic("pems-bay"), "lab fetch pems-bay --from DIR", num_classes=0),
-    "synthetic": DataSet("synthetic data (random images; for DCRNN a generated traffic series in the METR-LA "
-                         "formats)", ""),
+    "synthetic": DataSet("synthetic images or traffic series", ""),
 }
 
 

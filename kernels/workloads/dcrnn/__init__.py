@@ -276,7 +276,7 @@ def report(model, info=None) -> dict:
 
 WORKLOAD = Workload(
     name="dcrnn",
-    title="DCRNN (diffusion convolutional recurrent network)",
+    title="DCRNN, a diffusion-convolutional recurrent network",
     datasets=("synthetic", "metr-la", "pems-bay"),
     params=PARAMS,
     defaults={"precision": "fp32", "batch": 64, "epochs": 100, "lr": 0.01},
