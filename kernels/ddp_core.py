@@ -231,10 +231,7 @@ class Trainer:
         up to two optimizer moments per parameter, and the record."""
         tensors = [*self.model.parameters(), *self.model.buffers()]
         need = 2 * 3 * sum(t.numel() * t.element_size() for t in tensors) + (16 << 20)
-        probe = run_dir
-        while not probe.exists():
-            probe = probe.parent
-        free = shutil.disk_usage(probe).free
+        probe, free = sysinfo.free_space(run_dir)
         if free < need:
             raise ConfigError(f"parameter 'results_dir': {probe} has {free / 2**20:,.0f} MiB free, this run needs "
                               f"about {need / 2**20:,.0f} MiB for its checkpoints and record; free space there or "

@@ -263,3 +263,13 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
+
+
+def free_space(path: Path) -> tuple[Path, int]:
+    """(the nearest existing directory at or above `path`, its free bytes): room on the disk a path will go to."""
+    import shutil
+
+    probe = Path(path)
+    while not probe.exists():
+        probe = probe.parent
+    return probe, shutil.disk_usage(probe).free

@@ -38,7 +38,6 @@ import io
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.sysinfo import free_space
 
 RECORD = np.dtype([("image", np.uint8, (28, 28)), ("label", np.uint8)])
 RECORD_BYTES = RECORD.itemsize  # 785
@@ -325,10 +325,7 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
     full = shard_bytes(spec.shard_samples)
     need = sum(full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i))
                for i in todo) + (shard_bytes(len(yt)) if task == 0 else 0)
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    _, free = free_space(out)
     if need > free:
         raise ConfigError(f"--out: {out} has {_human(free)} free but this build needs {_human(need)} "
                           f"({len(todo)} shards of up to {_human(shard_bytes(spec.shard_samples))}); free space, "

@@ -29,7 +29,6 @@ edges, sensor noise and missing readings (outages and dropped samples, stored as
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pickle
@@ -40,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.data.download import sha256sum
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.sysinfo import free_space
 
 SEQ_LEN = HORIZON = 12
 STEP_MIN = 5
@@ -347,7 +348,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
     """Copy METR-LA / PEMS-BAY from a directory, or download the graph where it is reachable; verify both."""
     import shutil
 
-    from kernels.data.download import download, sha256sum
+    from kernels.data.download import download
 
     spec = SETS[name]
     d = directory(name, root)
@@ -489,7 +490,7 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
     label = label or f"{t_steps}x{n}"
     d = Path(d)
     h5, pkl, done = d / "speeds.h5", d / "adj_mx.pkl", d / "GENERATED.json"
-    free = _free_bytes(d)
+    _, free = free_space(d)
     need = t_steps * n * (4 if float32 else 8) + (n * n * 4) + (64 << 20)
     if free < need:
         raise ConfigError(f"--root: {d} has {free / 2**20:,.0f} MiB free, the {label} set needs about "
@@ -550,27 +551,10 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
         f.writelines(f"{ids[a]},{ids[b]},{dv * 1609.34:.1f}\n" for a, b, dv in dist_rows)  # metres, as the CSV
     done.write_text(json.dumps({"shape": label, "seed": seed, "time_steps": t_steps, "sensors": n,
                                 "missing_frac": round(float((speeds == 0).mean()), 4),
-                                "sha256": {f.name: _sha(f) for f in (h5, pkl)}}, indent=1) + "\n")
+                                "sha256": {f.name: sha256sum(f) for f in (h5, pkl)}}, indent=1) + "\n")
     progress(f"synthetic {shape}: {t_steps:,} x {n} written to {d} ({time.perf_counter() - t0:.1f} s, "
              f"{100 * float((speeds == 0).mean()):.1f} % missing)")
     return d
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _free_bytes(d: Path) -> int:
-    import shutil
-
-    probe = d
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
 
 
 # --------------------------------------------------------------------- the CLI
