@@ -64,7 +64,11 @@ def wait_for(cond, timeout=120, what="condition"):
 
 
 def epochs_done(run_dir: Path) -> int:
+    """Epochs finished AND checkpointed: metrics.csv gets its row before the checkpoint is written, so a
+    fault injected on the row alone may land before there is anything to resume from."""
     p = run_dir / "metrics.csv"
+    if not (run_dir / "checkpoint.pt.sha256").exists():  # written last, after the checkpoint itself
+        return 0
     return max(0, len(p.read_text().splitlines()) - 1) if p.exists() else 0
 
 
@@ -380,11 +384,15 @@ def test_slurm_usr1_checkpoints_requeues_and_finishes_identically(slurm, tmp_pat
 def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
     """A real time limit (--time=1) on a run far longer than a minute, with no requeue allowed: the run
     checkpoints (on the warning or on the limit's SIGTERM) and records 'preempted'; the same run id resumes."""
-    job = _submit(slurm, tmp_path, "--time=1", "--export=ALL,LAB_MAX_REQUEUES=0", epochs=300)
+    job = _submit(slurm, tmp_path, "--time=10", "--export=ALL,LAB_MAX_REQUEUES=0", epochs=300)
+    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
+    # the limit drops to 1 minute once the run is underway, so a slow start on a loaded machine cannot
+    # use up the whole minute before there is a run to checkpoint
+    wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch under Slurm")
     t0 = time.monotonic()
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], env=_slurm_env(slurm, tmp_path), check=True)
     _wait_job(slurm, tmp_path, job, timeout=240)
     took = time.monotonic() - t0
-    run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
     s = summary(run)
     record_fault("Slurm: time limit of 1 min reached", 60 + 90, took, 75, s["status"])
     assert took < 60 + 90 and s["status"] == "preempted", (took, s["status"], s.get("error"))
