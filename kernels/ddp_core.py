@@ -202,6 +202,8 @@ class Trainer:
         probe_x, probe_y = self.train_src.probe(2)
         self.flops = model_flops_per_sample(copy.deepcopy(model), probe_x, wl.loss, probe_y,
                                             forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
+        # gradient sizes in registration order: what DDP's buckets are made of (the scaling predictor's input)
+        self.grad_param_bytes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
         self.device_name = sysinfo.device_name(dev)
         self.peak = peak_tflops(self.device_name, cfg.precision) if dev.type == "cuda" else None
 
@@ -732,6 +734,7 @@ class Trainer:
             "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
             "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "grad_param_bytes": self.grad_param_bytes,
         }
         summary.update(probe or {})
         io = getattr(self, "io", None)  # the run's headline beside the I/O figures, for the I/O tables

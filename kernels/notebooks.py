@@ -39,19 +39,21 @@ def staging_dir() -> Path:
 
 
 # ------------------------------------------------------------ in the notebook
-def parameters_cell() -> str:
-    """The body of 01_train's `parameters` cell: literals only, one per line, each documented.
+def parameters_cell(params=None) -> str:
+    """The body of a `parameters` cell: literals only, one per line, each documented.
 
-    The common parameters come first, then a section per registered workload; a
-    per-workload common parameter is None, meaning "the workload's default".
+    01_train's (default): the common parameters first, then a section per registered
+    workload; a per-workload common parameter is None, meaning "the workload's default".
+    `params`: another notebook's table (03_commbench's, kernels/comm/bench.PARAMS).
     """
-    params = table()
+    params = table() if params is None else list(params)
     width = max(len(f"{p.name} = {p.default!r}") for p in params)
     lines, group = [], None
     for p in params:
         if p.group != group:
             group = p.group
             lines.append("# --- common parameters" if group == "common" else
+                         "# --- communication benchmark (lab comm bench --help)" if group == "commbench" else
                          f"# --- workload {group}: its own parameters, used only when workload is '{group}'")
         code = f"{p.name} = {p.default!r}"
         lines.append(f"{code:<{width}}  # {p.doc}")
@@ -138,14 +140,14 @@ NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
 PARAMS_MARK = '# %% tags=["parameters"]'
 
 
-def with_parameters_cell(source: str) -> str:
+def with_parameters_cell(source: str, params=None) -> str:
     """`source` (a py:percent notebook) with its parameters cell regenerated from the parameter table."""
     head, sep, rest = source.partition(PARAMS_MARK + "\n")
     if not sep:
         raise ValueError(f"no {PARAMS_MARK} cell")
     nxt = rest.find("\n# %%")
     tail = rest[nxt:] if nxt >= 0 else "\n"
-    return head + sep + parameters_cell() + "\n" + tail
+    return head + sep + parameters_cell(params) + "\n" + tail
 
 
 def twin_ipynb(py: Path) -> dict:
@@ -162,15 +164,18 @@ def twin_ipynb(py: Path) -> dict:
 
 
 def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Regenerate 01_train's parameters cell, then write every .py source's .ipynb twin.
+    """Regenerate the parameters cells of 01_train and 03_commbench, then write every .py source's .ipynb twin.
 
     The .py is always the source (jupytext --sync would take the newer file,
     which after a checkout may be the .ipynb).
     """
     import jupytext
 
-    train = directory / "01_train.py"
-    train.write_text(with_parameters_cell(train.read_text()))
+    from kernels.comm.bench import PARAMS as COMM_PARAMS
+
+    for name, params in (("01_train.py", None), ("03_commbench.py", COMM_PARAMS)):
+        src = directory / name
+        src.write_text(with_parameters_cell(src.read_text(), params))
     written = []
     for py in sorted(directory.glob("*.py")):
         out = py.with_suffix(".ipynb")

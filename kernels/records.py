@@ -101,6 +101,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
     "exposed_comm_ms": "comm_probe_sync_ms - comm_probe_nosync_ms: communication not hidden behind backward",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
+    "grad_param_bytes": "bytes of each trainable parameter's gradient, in registration order (DDP's buckets are made "
+                        "of them; the scaling predictor reads them)",
     "attempts": "the run's attempts: start, end, status and cause of each (a resumed run has several)",
     "checksum": "sha256 of the rest of the file; a reader refuses a file whose content does not match",
     "io": "the input pipeline's I/O over the whole run (all attempts), per rank and in total: see below",

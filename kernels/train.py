@@ -134,12 +134,13 @@ def exit_cause(code: int) -> str:
     return f"exited with status {code}"
 
 
-def spawn_local(cfg: RunConfig, stdout=None) -> int:
+def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, run_dir=None) -> int:
     """Start cfg.gpus rank processes here; stream their output; end them all if one fails.
 
     The ranks die with the launcher (PR_SET_PDEATHSIG), so none is ever orphaned. The
     launcher's own SIGTERM is forwarded (the ranks checkpoint within term_grace_s); a
-    rank that does not leave in time, or is stopped (SIGSTOP), is killed.
+    rank that does not leave in time, or is stopped (SIGSTOP), is killed. `command` and `run_dir`
+    serve other rank programs (the communication benchmark): cfg then needs only `gpus` and `term_grace_s`.
     """
     from kernels.dist import free_port
 
@@ -153,7 +154,7 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
         env = {**os.environ, **extra, "RANK": str(rank), "WORLD_SIZE": str(cfg.gpus), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "local"}
-        procs.append(subprocess.Popen(worker_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        procs.append(subprocess.Popen(command or worker_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, preexec_fn=_die_with_parent))
     pumps = [threading.Thread(target=_pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
              for r, p in enumerate(procs)]
@@ -174,7 +175,7 @@ def spawn_local(cfg: RunConfig, stdout=None) -> int:
     for t in pumps:
         t.join(timeout=5)
     if rc not in (0, EXIT_PREEMPTED):
-        run_dir = cfg.results_root / cfg.run_id
+        run_dir = run_dir or cfg.results_root / cfg.run_id
         if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by the local launcher)"):
             print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
     return 128 - rc if rc < 0 else rc  # a rank killed by signal N: 128+N, as a shell reports it
@@ -280,8 +281,9 @@ def check_allocation(cfg: RunConfig, environ=None) -> None:
                           f"or use `lab submit notebooks/01_train.ipynb --gpus {cfg.gpus} --gpus-per-node {per_node} ...`")
 
 
-def srun_command(cfg: RunConfig, environ=None) -> list[str]:
-    """The srun line that starts cfg.gpus ranks over the current allocation.
+def srun_command(cfg: RunConfig, environ=None, command: list[str] | None = None, extra=()) -> list[str]:
+    """The srun line that starts cfg.gpus ranks over the current allocation (running `command`, default the
+    training rank; `extra`: more srun options, such as --mpi for an MPI program).
 
     With LAB_CONTAINER set (an Apptainer image), every rank runs inside it.
     """
@@ -292,15 +294,16 @@ def srun_command(cfg: RunConfig, environ=None) -> list[str]:
     cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--wait=60", "--export=ALL"]
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
-    worker = worker_command(cfg)
+    cmd += list(extra)
+    worker = command or worker_command(cfg)
     if env.get("LAB_CONTAINER"):  # the same wrapper as the batch script: binds and --nv decided in one place
         worker = [str(PROJECT_ROOT / "apptainer" / "run.sh"), "exec", "python3", *worker[1:]]
     return cmd + worker
 
 
-def run_srun(cfg: RunConfig, stdout=None) -> int:
+def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
     stdout = stdout or sys.stdout
-    cmd = srun_command(cfg)
+    cmd = cmd or srun_command(cfg)
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -85,6 +85,13 @@ COMMANDS: dict[str, str] = {
     "--replicas 2 --shard-samples 1000": RUN,
     "lab bigmnist verify /tmp/bigmnist-small": RUN,
     "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1": RUN,
+    # --- communication
+    "lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M": RUN,
+    "lab comm bench --backend mpi --gpus 2 --max_bytes 1M": RUN,
+    "lab comm fit": RUN,
+    "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/03_commbench.ipynb "
+    "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs the notebook with gloo on the local two-node "
+                                 "Slurm",
     # --- DCRNN
     "python -m kernels.data.traffic generate --shape metr-la": RUN,
     "python -m kernels.data.traffic info synthetic": RUN,
@@ -184,6 +191,14 @@ def test_documented_commands_run_as_written(tmp_path):
     (new,) = set(runs.iterdir()) - before
     s = json.loads((new / "summary.json").read_text())
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "~95 % test accuracy in seconds"
+
+    _sh("lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M", env)
+    if shutil.which("mpirun") or os.environ.get("CI") == "true":
+        _sh("lab comm bench --backend mpi --gpus 2 --max_bytes 1M", env)
+    recs = [json.loads(p.read_text()) for p in (tmp_path / "comm").glob("*/summary.json")]
+    assert recs and all(r["status"] == "complete" and r["wrong"] == 0 for r in recs), recs
+    fit = _sh("lab comm fit", env).stdout
+    assert "all_reduce" in fit and "intra-node" in fit, fit
 
     p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
     assert "traffic-synthetic-metr-la" in p.stdout

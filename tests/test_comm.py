@@ -1,0 +1,201 @@
+"""Collective microbenchmarks (real gloo ranks, real Open MPI under mpirun, the real local Slurm),
+the alpha-beta fit and the data-parallel step model."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from kernels.comm import bench, predict
+from kernels.comm.collectives import OPS
+from kernels.params import ConfigError
+
+SMALL = ["--max_bytes", "4K", "--iters", "3", "--warmup", "1"]
+
+
+def comm(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernels.comm", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def only_record(root) -> bench.Path:
+    dirs = [d for d in root.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+# ------------------------------------------------------------------ definitions
+def test_bandwidths_follow_the_nccl_tests_definitions():
+    mib, t = 1024 * 1024, 100e-6
+    algbw = mib / t / 1e9
+    assert bench.bandwidths(OPS["all_reduce"], mib, t, 4) == pytest.approx((algbw, algbw * 2 * 3 / 4))
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bench.bandwidths(OPS[op], mib, t, 8) == pytest.approx((algbw, algbw * 7 / 8))
+    for op in ("broadcast", "reduce", "send_recv"):
+        assert bench.bandwidths(OPS[op], mib, t, 8) == pytest.approx((algbw, algbw))
+    # sizes of the split collectives are per-rank count x ranks, rounded down to whole elements per rank
+    assert OPS["all_gather"].counts(1000, 3, 4) == (83, 83 * 3 * 4)
+    assert OPS["all_reduce"].counts(1000, 3, 2) == (500, 1000)
+    assert OPS["all_to_all"].counts(8, 4, 4) == (0, 0)  # too small for 4 ranks: skipped, not printed as 8 B
+
+
+def test_sizes_and_parameters_are_checked_before_anything_runs():
+    assert bench.resolve({"min_bytes": "8", "max_bytes": "64", "factor": 2}).sizes == [8, 16, 32, 64]
+    assert bench.resolve({"min_bytes": "1K", "max_bytes": "1M", "factor": 32}).sizes == [1024, 32768, 1048576]
+    for raw, words in (({"ops": "allreduce"}, "unknown op 'allreduce'"),
+                       ({"backend": "infiniband"}, "parameter 'backend'"),
+                       ({"min_bytes": "1M", "max_bytes": "8K"}, "sizes out of order"),
+                       ({"max_bytes": "lots"}, "parameter 'max_bytes'"),
+                       ({"factor": 1}, "parameter 'factor'"),
+                       ({"dtypes": "fp64"}, "unknown dtype 'fp64'"),
+                       ({"backend": "mpi", "dtypes": "fp32,bf16"}, "MPI has no standard bf16"),
+                       ({"root": 2, "gpus": 2}, "parameter 'root'"),
+                       ({"bogus": 1}, "unknown parameter 'bogus'")):
+        with pytest.raises(ConfigError, match=words):
+            bench.resolve(raw)
+
+
+def test_bad_input_exits_2_and_leaves_no_record(tmp_path):
+    cases = [(["--backend", "nccl"], "nccl needs GPUs"),
+             (["--ops", "all_reduce,alltoall"], "did you mean"),
+             (["--launcher", "srun"], "srun needs a Slurm allocation"),
+             (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
+             (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for args, words in cases:
+        p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", *args, "--results_dir", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 2 and words in p.stderr, (args, p.stderr)
+    assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ real runs
+@pytest.mark.slow
+def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
+    p = comm("bench", "--backend", "gloo", "--gpus", 2, "--dtypes", "fp32,bf16,fp16", *SMALL,
+             "--results_dir", tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = only_record(tmp_path)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "complete" and s["wrong"] == 0 and s["unsupported"] == {}
+    assert s["ranks"] == 2 and s["placement"] == "intra-node"
+    rows = bench.read_record(run)["rows"]
+    sizes = bench.resolve({"max_bytes": "4K"}).sizes
+    for dt in ("fp32", "bf16", "fp16"):
+        for op in OPS:
+            sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
+            assert len(sel) == sum(1 for s_ in sizes if OPS[op].counts(s_, 2, bench.DTYPES[dt][1])[0]), (op, dt)
+            for r in sel:
+                for f in ("out", "in"):
+                    if r[f"time_us_{f}"] is not None:
+                        assert r[f"wrong_{f}"] == 0 and r[f"time_us_min_{f}"] <= r[f"time_us_{f}"] <= r[f"time_us_max_{f}"]
+                        assert r[f"busbw_{f}"] == pytest.approx(r[f"algbw_{f}"] * OPS[op].factor(2), rel=1e-3)
+    text = (run / "commbench.txt").read_text()
+    assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in text
+    assert "#        (B)    (elements)" in text and text.count("# Avg bus bandwidth") == 21
+    assert "# Out of bounds values : 0 OK" in text
+    assert "# OSU-style Allreduce Latency Test" in (run / "osu.txt").read_text()
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["versions"]["torch"] and len(cfg["rank_list"]) == 2 and cfg["params"]["backend"] == "gloo"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+def test_mpi_commbench_under_mpirun(tmp_path):
+    p = comm("bench", "--backend", "mpi", "--gpus", 2, *SMALL, "--results_dir", tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "launcher: mpirun -np 2" in p.stdout
+    run = only_record(tmp_path)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "complete" and s["wrong"] == 0 and s["backend"] == "mpi"
+    cfg = json.loads((run / "config.json").read_text())
+    assert "Open MPI" in cfg["versions"]["mpi_library"] or "MPICH" in cfg["versions"]["mpi_library"]
+    rows = bench.read_record(run)["rows"]
+    # MPI has the in-place forms torch.distributed lacks: all_reduce both ways, checked
+    ar = [r for r in rows if r["op"] == "all_reduce"]
+    assert ar and all(r["wrong_out"] == 0 and r["wrong_in"] == 0 for r in ar)
+
+
+@pytest.mark.slow
+def test_a_failing_rank_leaves_a_failed_record_not_a_running_one(tmp_path):
+    """A rank killed mid-benchmark: the launcher ends the other and marks the record failed."""
+    import time
+
+    import psutil
+
+    log = open(tmp_path / "log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "kernels.comm", "bench", "--backend", "gloo", "--gpus", "2",
+                             "--max_bytes", "64M", "--iters", "50", "--results_dir", str(tmp_path / "c")], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "c").glob("*/summary.json")):
+        assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()
+        time.sleep(0.2)
+    psutil.Process(proc.pid).children()[1].kill()
+    assert proc.wait(timeout=60) != 0
+    s = json.loads(next((tmp_path / "c").glob("*/summary.json")).read_text())
+    # rank 0 records what it saw (its peer gone), or the launcher does (a rank killed): never 'running'
+    assert s["status"] == "failed" and s["error"] and s["finished_utc"], s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_commbench_notebook_on_two_slurm_nodes(slurm, tmp_path, ranks):
+    from test_slurm import sbatch
+
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", f"--ntasks-per-node={ranks // 2}", "--gpus-per-node=0"],
+                          ["notebooks/03_commbench.ipynb", "-p", "backend", "gloo", "-p", "gpus", ranks,
+                           "-p", "ops", "all_reduce,all_gather,reduce_scatter,send_recv", "-p", "max_bytes", "64K",
+                           "-p", "iters", "3", "-p", "warmup", "1"])
+    assert rc == 0, log
+    run = only_record(tmp_path / "comm")
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "complete" and s["wrong"] == 0 and s["nodes"] == 2 and s["placement"] == "inter-node"
+    assert f"-j{job}" in run.name and "launcher: srun" in log
+    assert "# Avg bus bandwidth" in log and "# Out of bounds values : 0 OK" in log
+    assert list(run.glob("03_commbench-*.html")), "the executed notebook is filed with the record"
+
+
+# ------------------------------------------------------------------ the model
+def test_alpha_beta_fit_recovers_known_parameters_from_noisy_timings():
+    rng = np.random.default_rng(3)
+    alpha, bw = 25e-6, 3.2e9
+    pts = []
+    for n in (2, 4, 8):
+        for k in range(3, 27, 2):
+            s = 2 ** k
+            t = OPS["all_reduce"].steps(n) * alpha + OPS["all_reduce"].factor(n) * s / bw
+            pts.append((n, s, t * (1 + rng.normal(0, 0.03))))
+    f = predict.fit_points("all_reduce", pts)
+    assert f["alpha_s"] == pytest.approx(alpha, rel=0.08)
+    assert f["busbw_Bps"] == pytest.approx(bw, rel=0.05)
+    assert f["rms_rel_err"] < 0.06
+
+
+def test_buckets_follow_ddp_first_bucket_then_cap():
+    mib = 1024 * 1024
+    params = [4 * mib] * 10 + [mib // 4] * 4  # backward meets the small ones first
+    assert predict.buckets(params, 25.0) == [mib, 28 * mib, 12 * mib]
+    assert sum(predict.buckets(params, 1.0)) == sum(params)
+
+
+def test_step_model_overlap_and_core_sharing():
+    fit = {"alpha_s": 0.0, "busbw_Bps": 1e9}
+    mib = 1024 * 1024
+    one = predict.predict_step(0.3, [mib] * 4, 1, 1, fit, None)
+    assert one["step_s"] == pytest.approx(0.3) and one["exposed_comm_s"] == 0
+    # 4 MiB at 2 ranks: 4 x 1 MiB x (2-1)/2*2 / 1 GB/s = 4.19 ms of reduction, hidden but for the last bucket
+    two = predict.predict_step(0.3, [mib] * 4, 2, 1, fit, None)
+    assert two["comm_s"] == pytest.approx(4 * mib / 1e9)
+    assert two["exposed_comm_s"] == pytest.approx(mib / 1e9)
+    serial = predict.predict_step(0.3, [mib] * 4, 2, 1, fit, None, overlap=False)
+    assert serial["exposed_comm_s"] == pytest.approx(two["comm_s"])
+    assert predict.cpu_share(4, 1, 2, on_gpu=False) == 2 and predict.cpu_share(8, 1, 2, on_gpu=True) == 1
+    strong = predict.predict_step(0.3, [mib], 4, 2, fit, fit, mode="strong")
+    assert strong["compute_s"] == pytest.approx(0.3 / 4) and strong["algorithm"] in ("ring (flat)", "hierarchical")
