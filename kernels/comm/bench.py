@@ -264,7 +264,7 @@ FORM_NAMES = {"out": "out-of-place", "in": "in-place"}
 
 def header() -> list[str]:
     return ["#",
-            f"#                                                              out-of-place                       in-place",
+            "#                                                              out-of-place                       in-place",
             "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       "
             ]
