@@ -302,6 +302,8 @@ def srun_command(cfg: RunConfig, environ=None, command: list[str] | None = None,
 
 
 def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
+    """Run a launcher's command line (srun by default; mpirun for MPI ranks), printing it and streaming its
+    output; returns its exit status."""
     stdout = stdout or sys.stdout
     cmd = cmd or srun_command(cfg)
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)

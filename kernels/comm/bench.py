@@ -26,7 +26,6 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -559,12 +558,7 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
         extra = [f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"] if cfg.backend == "mpi" else []
         rc = train.run_srun(cfg, stdout, train.srun_command(cfg, command=command, extra=extra))
     else:
-        cmd = mpirun_command(cfg, command)
-        print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        train._pump(proc.stdout, "", stdout)
-        rc = proc.wait()
+        rc = train.run_srun(cfg, stdout, mpirun_command(cfg, command))
     if rc != 0 and records.mark_failed(run_dir, f"a rank {train.exit_cause(rc)} (seen by the {launcher} launcher)"):
         print(f"commbench: marked {run_dir} failed", file=stdout, flush=True)
     return rc, run_dir

@@ -156,7 +156,7 @@ def predict_step(t1_s: float, bucket_bytes: list[int], n: int, nodes: int, intra
     cpu_share >= 1 slows compute when ranks share cores; overlap: reductions may run under backward."""
     compute1 = max(t1_s - data_s, 0.0)
     compute = compute1 * (1.0 / n if mode == "strong" else 1.0) * cpu_share
-    comm, algo = 0.0, "none"
+    algo = "none"
     times = []
     for b in bucket_bytes:
         t, algo = allreduce_time(b, n, nodes, intra, inter)
