@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-quick reliability bench demo notebooks paper lab clean-venv records-doc help
+.PHONY: setup horovod test test-quick reliability bench demo notebooks paper lab clean-venv records-doc help
 
 help:
 	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, embedded digits (no network, no GPU)"
@@ -13,6 +13,7 @@ help:
 	@echo "make paper   analyse the records, then build the paper, the EuroHPC proposal and the slides"
 	@echo "make lab     JupyterLab on this repository (notebooks/*.py open as notebooks)"
 	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0)"
+	@echo "make horovod build Horovod 0.28.1 into .venv (patched for C++17; ~3 min; engine=horovod)"
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
 	@echo "make reliability the fault-injection suite, and its measured table into README.md"
@@ -31,7 +32,15 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
 	touch $(STAMP)
 
-test: setup
+# Horovod 0.28.1 from the PyPI sdist (sha256-checked) with C++17 in the three places torch >= 2.1
+# needs it (kernels/comm/horovod.py says which and why); Gloo and MPI here, NCCL where CUDA is.
+HOROVOD_STAMP := $(VENV)/.horovod
+horovod: $(HOROVOD_STAMP)
+$(HOROVOD_STAMP): $(STAMP)
+	$(BIN)/python -m kernels.comm.horovod build
+	touch $@
+
+test: setup horovod
 	$(BIN)/python -m pytest -q
 
 test-quick: setup

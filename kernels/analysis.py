@@ -94,12 +94,15 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
             "hosts": len(cfg.get("hosts") or []) or 1,
             "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
             "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
-            "step_ms": summ.get("step_ms_p50"), "epoch_s": summ.get("epoch_s_median"),
+            "step_ms": summ.get("step_ms_p50"), "step_ms_p90": summ.get("step_ms_p90"),
+            "epoch_s": summ.get("epoch_s_median"),
             "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
             "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
             "train_flops_per_sample": summ.get("train_flops_per_sample"),
             "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
             "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
+            "engine": params.get("engine", "ddp"), "grad_param_bytes": summ.get("grad_param_bytes"),
+            **placement(cfg),
         })
         io = summ.get("io") or {}
         ranks = io.get("ranks") or []
@@ -118,6 +121,29 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
         rows.append(row)
     return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
             pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
+
+
+def system_of(config: dict) -> str:
+    """Which machine a record (run or commbench) was measured on: the Slurm cluster's name, else rank 0's host."""
+    slurm = config.get("slurm") or {}
+    name = slurm.get("SLURM_CLUSTER_NAME") or slurm.get("slurm_cluster_name")
+    if name:
+        return str(name)
+    hosts = config.get("hosts") or [h.get("host") for h in config.get("rank_list") or []]
+    return str(hosts[0]) if hosts else ""
+
+
+def placement(config: dict) -> dict:
+    """What the step predictor needs of where a run's ranks sat: its system, ranks on the busiest physical host
+    (emulated Slurm nodes can share one), compute threads per rank, and that host's cores."""
+    ranks = config.get("ranks") or []
+    per_host: dict[str, int] = {}
+    for r in ranks:
+        per_host[r.get("host")] = per_host.get(r.get("host"), 0) + 1
+    threads = [r["threads"] for r in ranks if r.get("threads")]
+    return {"system": system_of(config), "ranks_per_host": max(per_host.values()) if per_host else 1,
+            "threads": max(threads) if threads else None,
+            "host_cores": (config.get("system") or {}).get("cpu_cores")}
 
 
 def version_mix(runs: pd.DataFrame) -> dict[str, list]:
@@ -202,10 +228,12 @@ def optimisation_gains(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float]) -> tuple[pd.DataFrame, float]:
+def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
+               predicted: dict[int, tuple[float, str]] | None = None) -> tuple[pd.DataFrame, float]:
     """Node-hours of a planned study from measured time per epoch.
 
-    For each planned N: T(N) = measured time per epoch at N when measured, else
+    For each planned N: T(N) = measured time per epoch at N when measured, else the
+    step predictor's T(N) where `predicted` has it ({N: (seconds, source)}), else
     T(N0) * N0 / (N * E_assumed) from the largest measured N0 < N, or, below
     every measured N, the upper bound T(N0) * N0 / N from the smallest one. Node-hours per point =
     nodes(N) * epochs * T(N) / 3600 * runs_per_point * repeats; the total adds
@@ -221,6 +249,8 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float]) -> tuple[pd.DataFr
         n = int(n)
         if n in measured:
             t, source = measured[n], "measured"
+        elif predicted and n in predicted:
+            t, source = predicted[n]
         elif any(m < n for m in measured):
             n0 = max(m for m in measured if m < n)
             t, source = measured[n0] * n0 / (n * eff), f"from N={n0} at E={eff:g}"

@@ -207,8 +207,16 @@ class Trainer:
         self.device_name = sysinfo.device_name(dev)
         self.peak = peak_tflops(self.device_name, cfg.precision) if dev.type == "cuda" else None
 
-        self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                       bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+        self.hvd = None
+        if cfg.engine == "horovod":  # Horovod averages the gradients; the model itself is not wrapped
+            from kernels.comm.horovod import Engine
+
+            self.hvd = Engine(cfg)
+            self.hvd.check_world(self.renv.global_rank, self.world)
+            self.ddp = model
+        else:
+            self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                           bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
         # Weights are initialised from the common seed (and DDP broadcasts rank 0's anyway); from
         # here on each rank draws its own random numbers (dropout), or all ranks would drop the
         # same units of their different samples.
@@ -219,6 +227,8 @@ class Trainer:
         if self.recipe.schedule_unit not in ("step", "epoch"):
             raise ValueError(f"workload {wl.name}: schedule_unit must be 'step' or 'epoch'")
         self.opt, self.sched = self.recipe.optimizer, self.recipe.scheduler
+        if self.hvd is not None:
+            self.opt = self.hvd.wrap(model, self.opt, cfg.micro_batches)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
         self.autocast = (torch.autocast(dev.type, dtype=DTYPES[cfg.precision])
                          if cfg.precision in DTYPES else nullcontext())
@@ -321,8 +331,10 @@ class Trainer:
             if state is None:
                 state, _, _ = ckpt.load(self.run_dir)
             self._resume_state = None
-            self.ddp.module.load_state_dict(state["model"])
+            self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
+            if self.hvd is not None:
+                self.hvd.broadcast_state(self.opt)
             self.scaler.load_state_dict(state["scaler"])
             self.sched.load_state_dict(state["scheduler"])
             ckpt.set_rng_state(state["rng"][self.renv.global_rank])
@@ -344,7 +356,7 @@ class Trainer:
             self.log(f"resuming {self.run_id} from epoch {state['epoch'] + 1} step {state['step_in_epoch']} "
                      f"(global step {state['global_step']})")
         hosts = all_gather_object({"host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
-                                   "device": self.device_name,
+                                   "device": self.device_name, "threads": torch.get_num_threads(),
                                    "global_rank": self.renv.global_rank, "local_rank": self.renv.local_rank})
         if self.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -370,6 +382,7 @@ class Trainer:
                 "model_variant": self.variant, "tf32": self.device.type == "cuda",
                 **self.flops, "peak_tflops": self.peak,
                 "nodes": len({r["node"] for r in ranks}),
+                **(self.hvd.facts() if self.hvd is not None else {"engine": "ddp"}),
             },
             "git": sysinfo.git_info(),
             "versions": sysinfo.software_versions(),
@@ -396,6 +409,13 @@ class Trainer:
             self.io = self._io_summary(all_gather_object(self._io_state()))
             self.workload_report = self._workload_report()
             self._write_summary(status, probe, error=self.stop_note if status == "preempted" else None)
+            if status == "complete":  # the lines Horovod's synthetic benchmark prints, for scripts that grep them
+                from kernels.comm.horovod import seed_lines
+
+                t = self.state["timing"]["step_ms"]
+                for line in seed_lines([self.cfg.batch * 1e3 / x for x in t if x > 0], self.world,
+                                       self.device.type == "cuda"):
+                    self.log(line)
             self.log(f"{status}: {self.run_dir}")
             return status
         except BaseException as e:
@@ -543,11 +563,12 @@ class Trainer:
 
     def _step(self, x, y, sums, global_step: int) -> None:
         cfg, wl = self.cfg, self.wl
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
         mb = cfg.micro_batches
         for i, (xm, ym) in enumerate(zip(_chunks(x, mb), _chunks(y, mb))):
             # Gradients are all-reduced once per step, on the last micro-batch.
-            sync = self.ddp.no_sync() if i < mb - 1 else nullcontext()
+            # (Horovod's optimizer counts the micro-batches itself: backward_passes_per_step)
+            sync = self.ddp.no_sync() if i < mb - 1 and self.hvd is None else nullcontext()
             with sync:
                 with self.autocast:
                     out = wl.forward(self.train_model, xm, ym, global_step, True)
@@ -558,17 +579,21 @@ class Trainer:
                 sums[0] += loss.detach().double() * n
                 sums[1] += n
                 self._add_metrics(sums, _detach(out), ym)
+        early = self.hvd is not None and (self.recipe.clip_grad_norm or self.scaler.is_enabled())
+        if early:  # Horovod: average the gradients before they are unscaled or clipped
+            self.opt.synchronize()
         if self.recipe.clip_grad_norm:
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.recipe.clip_grad_norm)
-        self.scaler.step(self.opt)
+        with (self.opt.skip_synchronize() if early else nullcontext()):
+            self.scaler.step(self.opt)
         self.scaler.update()
         if self.recipe.schedule_unit == "step":
             self.sched.step()
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
-        model = self.ddp.module  # no DDP hooks: shards may differ by one batch between ranks
+        model = self.model  # no DDP hooks: shards may differ by one batch between ranks
         model.eval()
         sums = self._zero_sums()
         for x, y in self.eval_src.batches():
@@ -651,7 +676,7 @@ class Trainer:
         partial = all_gather_object(self.state["partial_sums"])  # every rank's sums of an interrupted epoch
         if self.is_rank0:
             st = self.state
-            ckpt.save(self.run_dir, rng=rng, io=io, partial_sums=partial if partial[0] is not None else None, model=self.ddp.module.state_dict(),
+            ckpt.save(self.run_dir, rng=rng, io=io, partial_sums=partial if partial[0] is not None else None, model=self.model.state_dict(),
                       optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
                       scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
                       global_step=st["global_step"], rows=st["rows"], timing=st["timing"],
@@ -669,6 +694,9 @@ class Trainer:
         n = self.cfg.comm_probe_steps
         if self.world == 1 or n == 0:
             return {}
+        if self.hvd is not None:
+            self.log("comm probe: skipped with engine=horovod (its gradient hooks cannot be switched off per step)")
+            return {}
         # a fixed batch of this rank's size that does not go through the training stream (a streamed
         # source would read, and count, its first windows again)
         x, y = self.train_src.probe(self.cfg.per_rank_batch)
@@ -677,7 +705,7 @@ class Trainer:
         def timed(sync: bool) -> float:
             times = []
             for i in range(n + 2):  # two warm-ups
-                self.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
                 synchronize(self.device)
                 t0 = time.perf_counter()
                 with (nullcontext() if sync else self.ddp.no_sync()):
@@ -691,7 +719,7 @@ class Trainer:
 
         nosync = timed(False)
         sync = timed(True)
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
         s, ns = all_reduce([sync, nosync], self.device)
         s, ns = s / self.world, ns / self.world
         self.log(f"comm probe: fwd+bwd {s:.2f} ms with all-reduce, {ns:.2f} ms without: "
@@ -752,7 +780,7 @@ class Trainer:
 
     def _workload_report(self) -> tuple[dict | None, list[dict]]:
         """(rank 0's shared part of the workload's report, one entry per rank: its memory and its own part)."""
-        mine = self.wl.report(self.ddp.module, self.data_info) if self.wl.report is not None else {}
+        mine = self.wl.report(self.model, self.data_info) if self.wl.report is not None else {}
         entry = {"rank": self.renv.global_rank, "host": sysinfo.host(),
                  "peak_mem_gib": round(peak_memory_gib(self.device), 4), **(mine.get("rank") or {})}
         ranks = all_gather_object(entry)

@@ -1,7 +1,7 @@
 """Where this process sits in the world, and the process group's lifecycle.
 
 Rank, world size and local rank come from torchrun's variables (RANK,
-WORLD_SIZE, LOCAL_RANK) or, in a Slurm step, from SLURM_PROCID / SLURM_NTASKS /
+WORLD_SIZE, LOCAL_RANK), from horovodrun's (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK) or, in a Slurm step, from SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID with MASTER_ADDR = the allocation's first host and MASTER_PORT
 derived from the job id; explicit MASTER_ADDR/MASTER_PORT always win. With none
 of these the process is a world of one and needs no launcher.
@@ -69,6 +69,10 @@ def rank_env(environ: dict | None = None) -> RankEnv:
         return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
                        env.get("LAB_LAUNCHER") or "torchrun")
+    if "HOROVOD_RANK" in env and "HOROVOD_SIZE" in env:  # horovodrun (engine=horovod): it passes MASTER_* on
+        return RankEnv(int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"]), int(env.get("HOROVOD_LOCAL_RANK", 0)),
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
+                       env.get("LAB_LAUNCHER") or "horovodrun")
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
         hosts = expand_hostlist(nodelist) if nodelist else []

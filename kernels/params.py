@@ -75,8 +75,12 @@ COMMON: tuple[Param, ...] = (
     Param("epochs", int, PER_WORKLOAD, "training epochs (None: the workload's default)"),
     Param("lr", float, PER_WORKLOAD, "peak learning rate of the workload's optimizer for the global batch "
                                      "(None: the workload's recipe)"),
+    Param("engine", str, "ddp", "data-parallel engine: ddp (torch DistributedDataParallel) or horovod (Horovod's "
+                                "DistributedOptimizer; build it with `make horovod`)", ("ddp", "horovod")),
     Param("bucket_cap_mb", float, 25.0, "DDP gradient bucket size in MiB"),
     Param("gradient_as_bucket_view", bool, True, "DDP: gradients are views into the all-reduce buckets (saves a copy)"),
+    Param("hvd_fusion_mb", float, 128.0, "horovod: tensor fusion threshold in MiB (HOROVOD_FUSION_THRESHOLD)"),
+    Param("hvd_cycle_ms", float, 1.0, "horovod: cycle time in ms between fusion rounds (HOROVOD_CYCLE_TIME)"),
     Param("pipeline", str, "auto", "auto (stream for sets streamed from disk, else device), device (data resident "
                                    "on the device, batched on-device transforms), stream (shards read sequentially "
                                    "by background threads) or dataloader (torch DataLoader baseline)",
@@ -360,6 +364,9 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
         need(cfg.pipeline != "stream",
              f"parameter 'pipeline': stream reads a set of shards from disk and '{cfg.dataset}' is held in memory; "
              f"use pipeline=device or dataloader, or dataset=bigmnist")
+    from kernels.comm.horovod import check_config
+
+    check_config(cfg)
     if wl.check is not None:
         wl.check(cfg)
 
@@ -405,6 +412,10 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
             raise ConfigError(
                 f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "
                 f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores")
+    if cfg.engine == "horovod":
+        from kernels.comm.horovod import check_built
+
+        check_built()
     _check_writable(cfg.results_root)
     from kernels.workloads import get_workload
 

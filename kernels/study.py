@@ -40,9 +40,13 @@ from kernels.params import PROJECT_ROOT, ConfigError, exit_status, resolve, resu
 from kernels.train import geometry
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
-              "notebook": "notebook to run (default notebooks/01_train.ipynb)",
+              "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
               "cluster": "cluster profile: a name in clusters/ or a path",
               "mode": "strong | weak | sweep", "gpus": "list of GPU counts", "repeats": "runs per point (>= 1)",
+              "ranks_per_node": "list of ranks per node to sweep at each GPU count (default: the cluster's)",
+              "serial": "true: run the points one at a time (every array throttled to one task, arrays after each "
+                        "other), for timings on nodes that share a machine",
+              "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
               "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
               "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
 CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
@@ -123,6 +127,8 @@ class Study:
     cluster: dict
     mode: str
     points: list[Point]
+    env: dict = None
+    serial: bool = False
 
     @property
     def state_dir(self) -> Path:
@@ -131,7 +137,20 @@ class Study:
     @property
     def runs_dir(self) -> Path:
         rd = self.points[0].params.get("results_dir") if self.points else ""
-        return Path(rd) if rd else results_home() / "runs"
+        return Path(rd) if rd else results_home() / ("comm" if is_commbench(self.notebook) else "runs")
+
+
+def is_commbench(notebook: str) -> bool:
+    return Path(notebook).stem == "03_commbench"
+
+
+def _notebook_params(notebook: str, fixed: dict):
+    """(parameter names, resolve function, what to call them) of the study's notebook."""
+    if is_commbench(notebook):
+        from kernels.comm import bench
+
+        return [p.name for p in bench.PARAMS], bench.resolve, "03_commbench"
+    return [p.name for p in table(str(fixed.get("workload") or ""))], resolve, "01_train"
 
 
 def load(path: Path) -> Study:
@@ -172,49 +191,77 @@ def load(path: Path) -> Study:
                           f"(and not 'batch', which becomes batch_per_gpu x gpus)")
     if mode != "weak" and per_gpu is not None:
         raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
-    known = [p.name for p in table(str(fixed.get("workload") or ""))]
+    notebook = spec.get("notebook", "notebooks/01_train.ipynb")
+    if not (PROJECT_ROOT / notebook).is_file():
+        raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
+    known, check, nb_name = _notebook_params(notebook, fixed)
+    if is_commbench(notebook) and mode == "weak":
+        raise ConfigError(f"{where}: key 'mode': a commbench study has no batch to hold fixed; use strong (a list "
+                          f"of rank counts) or sweep (a grid of 03_commbench parameters at each count)")
     for k in (*fixed, *sweep):
         if k not in known:
             close = difflib.get_close_matches(str(k), known, n=1)
-            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of 01_train"
+            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of {nb_name}"
                               + (f"; did you mean '{close[0]}'?" if close else ""))
         if k in ("gpus", "run_id", "label", "launcher"):
             raise ConfigError(f"{where}: key '{k}' is set by the study itself; remove it")
     cluster = load_cluster(str(spec.get("cluster", "local")))
     per_node = cluster["gpus_per_node"] or cluster["ranks_per_node"]
+    rpn_list = spec.get("ranks_per_node", [per_node])
+    if not isinstance(rpn_list, list) or not rpn_list or not all(isinstance(x, int) and x >= 1 for x in rpn_list):
+        raise ConfigError(f"{where}: key 'ranks_per_node' must be a non-empty list of integers >= 1, got {rpn_list!r}")
+    if per_node and max(rpn_list) > per_node:
+        raise ConfigError(f"{where}: key 'ranks_per_node': {max(rpn_list)} exceeds the {per_node} per node of cluster "
+                          f"'{cluster['name']}'")
 
     points, seen = [], set()
     combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
     base_seed = int(fixed.get("seed", 0))
+    shapes = []
     for n in gpus:
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"{where}: key 'gpus': {n!r} is not a GPU count >= 1")
-        try:
-            nodes, tasks = geometry(n, per_node)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node)") from None
-        if cluster["max_nodes"] and nodes > cluster["max_nodes"]:
-            raise ConfigError(f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
-                              f"has {cluster['max_nodes']} (max_nodes)")
+        for rpn in rpn_list:
+            try:
+                nodes, tasks = geometry(n, rpn)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node"
+                                  f"{'' if len(rpn_list) == 1 else f'; ranks_per_node {rpn}'})") from None
+            if cluster["max_nodes"] and nodes > cluster["max_nodes"]:
+                if len(rpn_list) > 1:  # a nodes x ranks-per-node grid: the shapes that fit are run
+                    continue
+                raise ConfigError(f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
+                                  f"has {cluster['max_nodes']} (max_nodes)")
+            if (n, nodes, tasks) not in shapes:  # n <= rpn: one node whatever rpn is; run that shape once
+                shapes.append((n, nodes, tasks))
+        if not any(sh[0] == n for sh in shapes):
+            raise ConfigError(f"{where}: key 'gpus': {n} fits no ranks_per_node of {rpn_list} on cluster "
+                              f"'{cluster['name']}' ({cluster['max_nodes']} nodes, max_nodes)")
+    for n, nodes, tasks in shapes:
         for combo in combos:
             for r in range(repeats):
-                params = {**fixed, **combo, "seed": base_seed + r, "label": name}
+                params = {**fixed, **combo, "label": name}
+                if not is_commbench(notebook):
+                    params["seed"] = base_seed + r
                 if mode == "weak":
                     params["batch"] = per_gpu * n
-                key = json.dumps({"gpus": n, **params}, sort_keys=True, default=str)
+                key = json.dumps({"gpus": n, "nodes": nodes, "repeat": r, **params}, sort_keys=True, default=str)
                 if key in seen:
                     raise ConfigError(f"{where}: duplicate point gpus={n} {combo}")
                 seen.add(key)
                 params["run_id"] = f"{name}-p{len(points):03d}"
                 try:
-                    resolve({**params, "gpus": n})
+                    check({**params, "gpus": n})
                 except ConfigError as e:
                     raise ConfigError(f"{where}: point gpus={n} {combo}: {e}") from None
                 points.append(Point(len(points), n, r, params, nodes, tasks))
-    notebook = spec.get("notebook", "notebooks/01_train.ipynb")
-    if not (PROJECT_ROOT / notebook).is_file():
-        raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
-    return Study(name, path, notebook, cluster, mode, points)
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
+    serial = spec.get("serial", False)
+    if not isinstance(serial, bool):
+        raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
+    return Study(name, path, notebook, cluster, mode, points, {str(k): str(v) for k, v in env.items()}, serial)
 
 
 # -------------------------------------------------------------- submission
@@ -262,12 +309,13 @@ def run_sbatch(cmd: list[str], what: str) -> str:
 def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: Path) -> list[str]:
     c = study.cluster
     logs = results_root() / "logs"
-    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}", f"--job-name={study.name}",
+    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}" + ("%1" if study.serial else ""), f"--job-name={study.name}",
            f"--nodes={nodes}", f"--ntasks-per-node={tasks}",
            f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
            f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
-    cmd += cluster_options(c)
-    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file), **{k: str(v) for k, v in c["env"].items()}}
+    cmd += cluster_options(c) + (["--dependency=singleton"] if study.serial else [])
+    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file), **{k: str(v) for k, v in c["env"].items()},
+           **(study.env or {})}
     if c["container"]:
         env["LAB_CONTAINER"] = c["container"]
     if c["nccl_ifname"]:

@@ -84,8 +84,8 @@ def choose_launcher(cfg: RunConfig, environ=None) -> str:
     env = os.environ if environ is None else environ
     if cfg.launcher != "auto":
         return cfg.launcher
-    if ("RANK" in env and "WORLD_SIZE" in env) or "SLURM_STEP_ID" in env:
-        return "none"  # started by torchrun or srun: this process is one rank
+    if ("RANK" in env and "WORLD_SIZE" in env) or "SLURM_STEP_ID" in env or "HOROVOD_RANK" in env:
+        return "none"  # started by torchrun, srun or horovodrun: this process is one rank
     if "SLURM_JOB_ID" in env:
         return "srun"  # a batch script or salloc shell: spread the ranks over the allocation
     return "none" if cfg.gpus == 1 else "local"
@@ -330,13 +330,45 @@ def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig
     return launcher, cfg
 
 
+def spawn_horovodrun(cfg: RunConfig, stdout=None) -> int:
+    """engine=horovod on this machine: horovodrun starts the ranks (Gloo controller); the lab's process group
+    meets at MASTER_ADDR/MASTER_PORT, which horovodrun passes on to every rank."""
+    from kernels.comm.horovod import horovodrun_command
+    from kernels.dist import free_port
+
+    stdout = stdout or sys.stdout
+    extra = {**_thread_env(cfg, cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+             "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "horovodrun"}
+    cmd = horovodrun_command(cfg, worker_command(cfg))
+    print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**os.environ, **extra}, start_new_session=True)
+    try:
+        _pump(proc.stdout, "", stdout)
+        rc = proc.wait()
+    finally:  # interrupted: horovodrun and its ranks go with us
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=FAILURE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    if rc not in (0, EXIT_PREEMPTED):
+        run_dir = cfg.results_root / cfg.run_id
+        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by horovodrun)"):
+            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    return rc
+
+
 def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
     if launcher == "none":
         from kernels import ddp_core
 
         return EXIT_PREEMPTED if ddp_core.run(cfg) == "preempted" else 0
     if launcher == "local":
-        return spawn_local(cfg, stdout)
+        return spawn_horovodrun(cfg, stdout) if cfg.engine == "horovod" else spawn_local(cfg, stdout)
+    if cfg.engine == "horovod":  # srun starts MPI ranks: Horovod's MPI controller
+        return run_srun(cfg, stdout, srun_command(cfg, extra=[f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"]))
     return run_srun(cfg, stdout)
 
 

@@ -16,7 +16,7 @@ from kernels.comm import bench, predict
 from kernels.comm.collectives import OPS
 from kernels.params import ConfigError
 
-SMALL = ["--max_bytes", "4K", "--iters", "3", "--warmup", "1"]
+SMALL = ["--max_bytes", "4K", "--iters", "3", "--warmup", "1", "--repeats", "1"]
 
 
 def comm(*args, env=None, timeout=300) -> subprocess.CompletedProcess:

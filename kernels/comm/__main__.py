@@ -4,6 +4,7 @@
     python -m kernels.comm show    RECORD_DIR                                        print a record's tables
     python -m kernels.comm fit     [--comm DIR]                                      alpha-beta fits of the records
     python -m kernels.comm predict --run RUN_DIR --gpus 1,2,4 [--gpus_per_node 2]    data-parallel step prediction
+    python -m kernels.comm validate [--runs DIR --comm DIR --label L]               predicted vs measured steps
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from kernels.comm import predict
 
-    cmds = {"bench": bench, "show": show, "fit": predict.fit_main, "predict": predict.predict_main}
+    cmds = {"bench": bench, "show": show, "fit": predict.fit_main, "predict": predict.predict_main,
+            "validate": predict.validate_main}
     if not argv or argv[0] not in cmds:
         print(__doc__, file=sys.stderr if argv else sys.stdout)
         return 2 if argv else 0

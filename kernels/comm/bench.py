@@ -5,9 +5,11 @@
 
 For every collective and dtype, sizes go from min_bytes to max_bytes by `factor` (nccl-tests'
 -b/-e/-f); each size runs once and is checked element by element (#wrong), then warms up and
-is timed over `iters` back-to-back calls, out of place and in place where the API has the
-form. The time is the mean over ranks of each rank's average per call (min and max over
-ranks are kept, as OSU's -f prints them). Every run leaves a record in
+is timed over `iters` back-to-back calls, `repeats` times, out of place and in place where the
+API has the form. A loop's time is the mean over ranks of each rank's average per call (min and
+max over ranks are kept, as OSU's -f prints them); the table reports the loop with the median
+time and the CSV also keeps the fastest and slowest loop (time_us_lo/hi), since shared machines
+are noisy. Every run leaves a record in
 results/comm/<id>/: config.json (parameters, ranks, hosts, devices, versions), results.csv
 (one row per collective, dtype and size), summary.json (status, average bus bandwidth,
 unsupported forms), commbench.txt (the nccl-tests table) and osu.txt (OSU-style latency).
@@ -48,7 +50,9 @@ PARAMS: tuple[Param, ...] = (
     Param("max_bytes", str, "16M", "largest size in bytes (nccl-tests -e)", (), "commbench"),
     Param("factor", int, 2, "size multiplier between steps (nccl-tests -f), at least 2", (), "commbench"),
     Param("warmup", int, 5, "untimed calls per size after the checked one (nccl-tests -w)", (), "commbench"),
-    Param("iters", int, 20, "timed calls per size (nccl-tests -n)", (), "commbench"),
+    Param("iters", int, 20, "timed calls per size in one timed loop (nccl-tests -n)", (), "commbench"),
+    Param("repeats", int, 3, "timed loops per size; the table reports the loop with the median time (noise)", (),
+          "commbench"),
     Param("check", bool, True, "check every result element by element (#wrong; nccl-tests -c)", (), "commbench"),
     Param("root", int, 0, "root rank of broadcast and reduce", (), "commbench"),
     Param("timeout_min", float, 5.0, "process-group timeout in minutes (a collective that hangs fails after this)",
@@ -163,8 +167,8 @@ def resolve(raw: dict) -> CommConfig:
         raise ConfigError(f"parameter 'factor': {v['factor']}; sizes grow by an integer factor of at least 2")
     if v["gpus"] < 1:
         raise ConfigError(f"parameter 'gpus': {v['gpus']}; at least 1 rank")
-    if v["iters"] < 1 or v["warmup"] < 0:
-        raise ConfigError("parameters 'iters' and 'warmup': need iters >= 1 and warmup >= 0")
+    if v["iters"] < 1 or v["warmup"] < 0 or v["repeats"] < 1:
+        raise ConfigError("parameters 'iters', 'warmup' and 'repeats': need iters >= 1, warmup >= 0 and repeats >= 1")
     if not 0 <= v["root"] < v["gpus"]:
         raise ConfigError(f"parameter 'root': {v['root']} is not a rank of gpus={v['gpus']} (0..{v['gpus'] - 1})")
     if v["backend"] == "mpi":
@@ -309,8 +313,9 @@ def osu_block(op: str, dtype: str, rows: list[dict], facts: dict) -> list[str]:
     return lines + [""]
 
 
-COLUMNS = ["op", "backend", "dtype", "ranks", "nodes", "placement", "size_bytes", "count", "redop", "root", "iters"] + [
-    f"{k}_{f}" for f in ("out", "in") for k in ("time_us", "time_us_min", "time_us_max", "algbw", "busbw", "wrong")]
+COLUMNS = ["op", "backend", "dtype", "ranks", "nodes", "placement", "size_bytes", "count", "redop", "root", "iters",
+           "repeats"] + [f"{k}_{f}" for f in ("out", "in") for k in ("time_us", "time_us_min", "time_us_max", "time_us_lo",
+                                                                    "time_us_hi", "algbw", "busbw", "wrong")]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -469,7 +474,8 @@ def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], di
     sizes = cfg.sizes
     emit(f"# commbench (kernels/comm): backend {cfg.backend}, {n} rank(s) on {facts['nodes']} node(s) "
          f"({facts['placement']}), minBytes {sizes[0]} maxBytes {sizes[-1]} step: {cfg.factor}(factor) "
-         f"warmup iters: {cfg.warmup} iters: {cfg.iters} validation: {int(cfg.check)}")
+         f"warmup iters: {cfg.warmup} iters: {cfg.iters} x {cfg.repeats} loops (median reported) "
+         f"validation: {int(cfg.check)}")
     for op in cfg.op_list:
         o = OPS[op]
         for dtype in cfg.dtype_list:
@@ -490,7 +496,8 @@ def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], di
                     continue
                 r = {"op": op, "backend": cfg.backend, "dtype": dtype, "ranks": n, "nodes": facts["nodes"],
                      "placement": facts["placement"], "size_bytes": nbytes, "count": count,
-                     "redop": "sum" if o.reduces else "none", "root": cfg.root if o.rooted else -1, "iters": cfg.iters}
+                     "redop": "sum" if o.reduces else "none", "root": cfg.root if o.rooted else -1, "iters": cfg.iters,
+                     "repeats": cfg.repeats}
                 for form in ("out", "in"):
                     if form in FORMS[runner.api][op]:
                         r.update(_time_one(cfg, runner, o, form, count, dtype, nbytes, n))
@@ -510,16 +517,20 @@ def _time_one(cfg: CommConfig, runner, o, form: str, count: int, dtype: str, nby
     for _ in range(cfg.warmup):
         runner.run()
     runner.sync()
-    runner.barrier()
-    t0 = time.perf_counter()
-    for _ in range(cfg.iters):
-        runner.run()
-    runner.sync()
-    dt = (time.perf_counter() - t0) / cfg.iters
-    mean, lo, hi = runner.reduce_times(dt)
+    loops = []
+    for _ in range(cfg.repeats):
+        runner.barrier()
+        t0 = time.perf_counter()
+        for _ in range(cfg.iters):
+            runner.run()
+        runner.sync()
+        loops.append(runner.reduce_times((time.perf_counter() - t0) / cfg.iters))  # (mean, min, max) over ranks
+    loops.sort()
+    mean, lo, hi = loops[len(loops) // 2]
     algbw, busbw = bandwidths(o, nbytes, mean, n)
     return {f"time_us_{form}": round(mean * 1e6, 3), f"time_us_min_{form}": round(lo * 1e6, 3),
-            f"time_us_max_{form}": round(hi * 1e6, 3), f"algbw_{form}": float(f"{algbw:.6g}"),
+            f"time_us_max_{form}": round(hi * 1e6, 3), f"time_us_lo_{form}": round(loops[0][0] * 1e6, 3),
+            f"time_us_hi_{form}": round(loops[-1][0] * 1e6, 3), f"algbw_{form}": float(f"{algbw:.6g}"),
             f"busbw_{form}": float(f"{busbw:.6g}"), f"wrong_{form}": wrong}
 
 

@@ -18,6 +18,8 @@ the fits:
   all_reduce; flat ring over all N ranks at the inter-node fit when M > 1, or hierarchical
   (intra-node reduce_scatter, inter-node all_reduce of 1/g of the bytes, intra-node all_gather);
   the cheaper of the two is taken, as NCCL chooses;
+- stragglers: a synchronised step waits for the slowest rank; the compute is stretched by the median of
+  the maximum of N draws from the 1-rank step-time distribution (lognormal through its p50 and p90);
 - overlap: buckets become ready during backward (2/3 of compute, in proportion to their bytes)
   and are reduced one after another; the part of the last reduction that outlasts backward is
   exposed. On CPUs whose cores are all busy computing, the reduction competes with backward
@@ -85,34 +87,51 @@ def load_comm_records(comm_dir: Path) -> list[dict]:
     return out
 
 
-def fits(records: list[dict], form: str = "auto") -> dict:
-    """{(backend, op, dtype, placement, system): fit} from complete commbench records. `form`: which timing
-    column (out, in, or auto: out-of-place where the API has it, else in-place)."""
+def fits(records: list[dict], form: str = "auto", by: str = "system") -> dict:
+    """{(backend, op, dtype, placement, key): fit} from complete commbench records. key: the system the record
+    was measured on (by="system": Slurm cluster name, else host; kernels/analysis.system_of) or its label
+    (by="label": e.g. a paper/systems.yaml key). `form`: which timing column (out, in, or auto: out-of-place
+    where the API has it, else in-place)."""
+    from kernels.analysis import system_of
+
     groups: dict[tuple, list] = {}
     for rec in records:
-        system = rec["config"].get("params", {}).get("label") or ""
+        key = system_of(rec["config"]) if by == "system" else rec["config"].get("params", {}).get("label") or ""
         for r in rec["rows"]:
             t = r.get("time_us_out") if form in ("out", "auto") else None
             if t is None and form in ("in", "auto"):
                 t = r.get("time_us_in")
-            if t is None:
+            if t is None or t == "":
                 continue
-            key = (r["backend"], r["op"], r["dtype"], r["placement"], system)
-            groups.setdefault(key, []).append((int(r["ranks"]), int(r["size_bytes"]), float(t) * 1e-6))
+            k = (r["backend"], r["op"], r["dtype"], r["placement"], key)
+            groups.setdefault(k, []).append((int(r["ranks"]), int(r["size_bytes"]), float(t) * 1e-6))
     out = {}
-    for key, pts in groups.items():
+    for k, pts in groups.items():
         try:
-            out[key] = fit_points(key[1], pts)
+            out[k] = fit_points(k[1], pts)
         except ValueError:
             continue
     return out
 
 
 def fit_table(fitted: dict) -> list[dict]:
-    return [{"backend": k[0], "op": k[1], "dtype": k[2], "placement": k[3], "label": k[4],
+    return [{"backend": k[0], "op": k[1], "dtype": k[2], "placement": k[3], "system": k[4],
              "alpha_us": round(f["alpha_s"] * 1e6, 3), "busbw_GBps": round(f["busbw_Bps"] / 1e9, 4),
              "ranks": ",".join(map(str, f["ranks"])), "points": f["points"],
              "rms_rel_err": round(f["rms_rel_err"], 4)} for k, f in sorted(fitted.items())]
+
+
+def published_fits(system: dict) -> dict:
+    """all_reduce 'fits' from a paper/systems.yaml entry's published link bandwidths (GB/s per direction):
+    intra-node from the GPU interconnect per GPU, inter-node from the node's network injection bandwidth (a
+    ring's busbw cannot beat the slowest link); alpha from the entry's assumed latencies."""
+    out = {}
+    for placement, bw, lat in (("intra-node", "intranode_GBps", "intranode_latency_us"),
+                               ("inter-node", "internode_GBps", "internode_latency_us")):
+        if system.get(bw):
+            out[placement] = {"alpha_s": float(system.get(lat) or 0.0) * 1e-6, "busbw_Bps": float(system[bw]) * 1e9,
+                              "points": 0, "ranks": [], "rms_rel_err": None, "source": "published"}
+    return out
 
 
 # ------------------------------------------------------------------ the step model
@@ -177,6 +196,18 @@ def predict_step(t1_s: float, bucket_bytes: list[int], n: int, nodes: int, intra
             "step_s": step, "algorithm": algo, "buckets": len(bucket_bytes)}
 
 
+def straggler_factor(p50: float | None, p90: float | None, n: int) -> float:
+    """How much longer a synchronised step is than one rank's median: every step waits for the slowest of n
+    ranks, whose time is the median of the maximum of n draws from the 1-rank step-time distribution, taken as
+    lognormal through its recorded p50 and p90 (1 when n = 1 or the spread is unknown)."""
+    from statistics import NormalDist
+
+    if n <= 1 or not p50 or not p90 or p90 <= p50:
+        return 1.0
+    sigma = math.log(p90 / p50) / NormalDist().inv_cdf(0.9)
+    return math.exp(sigma * NormalDist().inv_cdf(0.5 ** (1.0 / n)))
+
+
 def cpu_share(ranks_per_node: int, threads_per_rank: int, cores: int, on_gpu: bool) -> float:
     """How much slower each rank computes when the node's ranks share its cores (1 on GPUs)."""
     if on_gpu or cores <= 0:
@@ -200,17 +231,24 @@ def run_inputs(run_dir: Path) -> dict:
     if not grads:
         raise ConfigError(f"--run {run_dir}: the record has no gradient sizes (grad_param_bytes); it predates them: "
                           f"run the 1-rank point again")
+    from kernels.analysis import system_of
+
     t1 = s["step_ms_p50"] / 1e3
-    return {"t1_s": t1, "data_s": t1 * (s.get("data_wait_frac") or 0.0), "param_bytes": grads,
+    p90 = s.get("step_ms_p90")
+    return {"t1_s": t1, "system": system_of(c), "p90_s": p90 / 1e3 if p90 else None, "data_s": t1 * (s.get("data_wait_frac") or 0.0), "param_bytes": grads,
             "bucket_cap_mb": float(params.get("bucket_cap_mb", 25.0)), "batch": int(params.get("batch") or 0),
             "device": s.get("device_name", ""), "run_id": s.get("run_id")}
 
 
 def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: str, mode: str, cores: int,
-            dtype: str = "fp32", label: str = "", threads: int = 1) -> list[dict]:
+            dtype: str = "fp32", system: str = "", threads: int = 1) -> list[dict]:
     on_gpu = not str(run["device"]).startswith("CPU")
-    intra = fitted.get((backend, "all_reduce", dtype, "intra-node", label))
-    inter = fitted.get((backend, "all_reduce", dtype, "inter-node", label))
+    intra = fitted.get((backend, "all_reduce", dtype, "intra-node", system))
+    inter = fitted.get((backend, "all_reduce", dtype, "inter-node", system))
+    if intra is None and inter is None:
+        have = sorted({f"{k[0]} on {k[4] or '?'}" for k in fitted if k[1] == "all_reduce"})
+        raise ConfigError(f"--system {system!r} --backend {backend}: no all_reduce fit; the commbench records have "
+                          f"{', '.join(have) or 'none'}. Run commbench there first, or pick one of those")
     bks = buckets(run["param_bytes"], run["bucket_cap_mb"])
     out = []
     for n in ranks:
@@ -218,13 +256,94 @@ def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: s
         g = min(n, per_node)
         share = cpu_share(g, threads, cores, on_gpu)
         busy = not on_gpu and g * threads >= cores
-        p = predict_step(run["t1_s"], bks, n, nodes, intra, inter, mode, share, overlap=not busy, data_s=run["data_s"])
+        p = predict_step(run["t1_s"], bks, n, nodes, intra, inter, mode,
+                         share * straggler_factor(run["t1_s"], run.get("p90_s"), n), overlap=not busy,
+                         data_s=run["data_s"])
         base = run["t1_s"]
         p["samples_per_s"] = (run["batch"] * (1 if mode == "strong" else n)) / p["step_s"] if run["batch"] else None
         p["efficiency"] = (base / (n * p["step_s"]) if mode == "strong" else base / p["step_s"])
         p["mode"], p["cpu_share"], p["overlap"] = mode, share, not busy
         out.append(p)
     return out
+
+
+# ------------------------------------------------------------------ predicted vs measured
+VALIDATION_COLUMNS = ["mode", "series", "system", "backend", "gpus", "nodes", "per_rank_batch", "repeats",
+                      "measured_step_ms", "measured_step_ms_min", "measured_step_ms_max", "predicted_step_ms",
+                      "error", "measured_efficiency", "predicted_efficiency", "compute_ms", "comm_ms", "exposed_ms",
+                      "cpu_share", "algorithm"]
+
+
+def _share(row, on_gpu: bool) -> float:
+    if on_gpu:
+        return 1.0
+    return cpu_share(int(row["ranks_per_host"]), int(row["threads"] or 1), int(row["host_cores"] or 0), False)
+
+
+def validation(runs, comm_records: list[dict]):
+    """Predicted against measured step time for every series of the run records (kernels/analysis.load_runs)
+    that has a 1-rank point with gradient sizes, multi-rank points, and all_reduce fits on the same system and
+    backend. One row per (series, N): medians over repeats; error = predicted / measured - 1."""
+    import pandas as pd
+
+    from kernels.analysis import CONFIG_KEYS, series_name
+
+    if runs.empty or "grad_param_bytes" not in runs:
+        return pd.DataFrame(columns=VALIDATION_COLUMNS)
+    fitted = fits(comm_records)
+    runs = runs.assign(_key=runs.apply(lambda r: tuple(r[k] for k in CONFIG_KEYS) + (r["engine"], r["system"],
+                                                                                      r["backend"]), axis=1))
+    rows = []
+    for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
+        for (key, fixed), series in runs.groupby(["_key", by], sort=True):
+            base = series[(series["gpus"] == 1) & series["grad_param_bytes"].notna()]
+            if base.empty or series["gpus"].nunique() < 2 or (mode == "weak" and series["batch"].nunique() < 2):
+                continue
+            system, backend = key[-2], key[-1]
+            intra = fitted.get((backend, "all_reduce", "fp32", "intra-node", system))
+            inter = fitted.get((backend, "all_reduce", "fp32", "inter-node", system))
+            if intra is None and inter is None:
+                continue
+            b0 = base.iloc[0]
+            on_gpu = not str(b0["device"]).startswith("CPU")
+            t1 = float(base["step_ms"].median()) / 1e3
+            p90_1 = float(base["step_ms_p90"].median()) / 1e3 if "step_ms_p90" in base and \
+                base["step_ms_p90"].notna().any() else None
+            data1 = t1 * float(base["data_wait_frac"].median() or 0.0)
+            share1 = _share(b0, on_gpu)
+            bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or 25.0))
+            name = series_name(dict(zip(CONFIG_KEYS, key)), by, fixed)
+            for n, pts in series.groupby("gpus"):
+                p0 = pts.iloc[0]
+                nodes = int(pts["nodes"].max())
+                share = _share(p0, on_gpu)
+                busy = not on_gpu and int(p0["ranks_per_host"]) * int(p0["threads"] or 1) >= int(p0["host_cores"] or 1)
+                # compute scales with the per-rank batch and with how many ranks share a host's cores
+                comp1 = (t1 - data1) * float(p0["per_rank_batch"]) / float(b0["per_rank_batch"]) * share / share1
+                comp1 *= straggler_factor(t1, p90_1, int(n))
+                try:
+                    p = predict_step(comp1, bks, int(n), nodes, intra, inter, "weak", 1.0,
+                                     overlap=not busy, data_s=0.0)
+                except ValueError:
+                    continue
+                pred = p["step_s"] + data1
+                meas = float(pts["step_ms"].median()) / 1e3
+                rows.append({"mode": mode, "series": name, "system": system, "backend": backend, "gpus": int(n),
+                             "nodes": nodes, "per_rank_batch": int(p0["per_rank_batch"]), "repeats": len(pts),
+                             "measured_step_ms": 1e3 * meas, "measured_step_ms_min": float(pts["step_ms"].min()),
+                             "measured_step_ms_max": float(pts["step_ms"].max()), "predicted_step_ms": 1e3 * pred,
+                             "error": pred / meas - 1 if n > 1 else None,
+                             "measured_efficiency": _eff(t1, meas, p0, b0),
+                             "predicted_efficiency": _eff(t1, pred, p0, b0),
+                             "compute_ms": 1e3 * p["compute_s"], "comm_ms": 1e3 * p["comm_s"],
+                             "exposed_ms": 1e3 * p["exposed_comm_s"], "cpu_share": share / share1,
+                             "algorithm": p["algorithm"]})
+    return pd.DataFrame(rows, columns=VALIDATION_COLUMNS)
+
+
+def _eff(t1: float, tn: float, point, base) -> float:
+    """Efficiency from step times: per-device throughput at n over that of the 1-rank point."""
+    return (float(point["per_rank_batch"]) / tn) / (float(base["per_rank_batch"]) / t1)
 
 
 # ------------------------------------------------------------------ command line
@@ -244,7 +363,7 @@ def fit_main(argv: list[str]) -> int:
     if a.json:
         print(json.dumps(table, indent=2))
         return 0
-    cols = ["backend", "op", "dtype", "placement", "label", "alpha_us", "busbw_GBps", "ranks", "points", "rms_rel_err"]
+    cols = ["backend", "op", "dtype", "placement", "system", "alpha_us", "busbw_GBps", "ranks", "points", "rms_rel_err"]
     print("  ".join(f"{c:>12}" for c in cols))
     for r in table:
         print("  ".join(f"{str(r[c]):>12}" for c in cols))
@@ -261,6 +380,8 @@ def predict_main(argv: list[str]) -> int:
     ap.add_argument("--gpus_per_node", type=int, default=2, help="ranks per node")
     ap.add_argument("--comm", type=Path, default=results_home() / "comm", help="commbench records")
     ap.add_argument("--backend", default="gloo", help="backend of the fits to use")
+    ap.add_argument("--system", default=None, help="system whose fits to use (default: the one the run was "
+                                                   "measured on; `lab comm fit` lists them)")
     ap.add_argument("--mode", choices=("weak", "strong"), default="weak")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="CPU cores per node (core sharing)")
     ap.add_argument("--threads", type=int, default=1, help="compute threads per CPU rank (OMP_NUM_THREADS)")
@@ -269,8 +390,9 @@ def predict_main(argv: list[str]) -> int:
         ranks = [int(x) for x in a.gpus.split(",")]
     except ValueError:
         raise ConfigError(f"--gpus {a.gpus!r}: give rank counts such as 1,2,4") from None
-    rows = predict(run_inputs(a.run), ranks, a.gpus_per_node, _fitted_from(a.comm), a.backend, a.mode, a.cores,
-                   threads=a.threads)
+    run = run_inputs(a.run)
+    rows = predict(run, ranks, a.gpus_per_node, _fitted_from(a.comm), a.backend, a.mode, a.cores,
+                   system=run["system"] if a.system is None else a.system, threads=a.threads)
     print(f"{'ranks':>6} {'nodes':>6} {'step_ms':>9} {'compute_ms':>11} {'comm_ms':>9} {'exposed_ms':>11} "
           f"{'samples/s':>10} {'eff':>6}  algorithm")
     for r in rows:
@@ -278,6 +400,34 @@ def predict_main(argv: list[str]) -> int:
         print(f"{r['ranks']:>6} {r['nodes']:>6} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>11.2f} "
               f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_comm_s']:>11.2f} {sps:>10} {r['efficiency']:>6.2f}  "
               f"{r['algorithm']}")
+    return 0
+
+
+def validate_main(argv: list[str]) -> int:
+    from kernels.analysis import load_runs
+
+    ap = argparse.ArgumentParser(prog="lab comm validate", description="predicted against measured step times of "
+                                 "every series with a 1-rank point and commbench fits on the same system")
+    ap.add_argument("--runs", type=Path, default=results_home() / "runs", help="run records")
+    ap.add_argument("--comm", type=Path, default=results_home() / "comm", help="commbench records")
+    ap.add_argument("--label", action="append", default=[], help="only runs with this label or study (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = ap.parse_args(argv)
+    runs, _, _ = load_runs(a.runs, {"labels": a.label, "studies": a.label} if a.label else None)
+    table = validation(runs, load_comm_records(a.comm))
+    if table.empty:
+        raise ConfigError(f"no series to validate in {a.runs}: it needs a 1-rank run and multi-rank runs of the same "
+                          f"configuration, and commbench all_reduce records of the same system and backend in {a.comm}")
+    if a.json:
+        print(table.to_json(orient="records", indent=2))
+        return 0
+    print(f"{'series':<44} {'ranks':>5} {'nodes':>5} {'measured_ms':>12} {'predicted_ms':>13} {'error':>7} "
+          f"{'eff_meas':>8} {'eff_pred':>8}  system/backend")
+    for _, r in table.iterrows():
+        err = f"{100 * r['error']:+.1f}%" if r["error"] is not None and r["error"] == r["error"] else "base"
+        print(f"{r['series'][:44]:<44} {r['gpus']:>5} {r['nodes']:>5} {r['measured_step_ms']:>12.2f} "
+              f"{r['predicted_step_ms']:>13.2f} {err:>7} {r['measured_efficiency']:>8.2f} "
+              f"{r['predicted_efficiency']:>8.2f}  {r['system']}/{r['backend']}")
     return 0
 
 

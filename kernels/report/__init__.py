@@ -4,7 +4,7 @@ Everything the paper, the proposal and the slides show comes from here:
     <out>/figures/*.pdf|png     figures (PDF for LaTeX, PNG for slides/README)
     <out>/tables/*.tex          booktabs tables, generated sentences and framed gaps (\\input by the documents)
     <out>/tables/numbers.tex    \\newcommand macros for numbers the static text quotes
-One module per section (lab contents and validation, scaling, I/O, DCRNN, profiling,
+One module per section (lab contents and validation, scaling, I/O, DCRNN, communication, profiling,
 the resource request); each reads the selected records from a Context and writes
 its files and macros. A sentence is generated only when its numbers exist;
 missing data gives a framed "Gap:" note, never "n/a" in prose. Files are
@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from kernels import analysis
-from kernels.report import dcrnn, io, lab, profiling, request, scaling
+from kernels.report import comm, dcrnn, io, lab, profiling, request, scaling
 from kernels.report.context import Context
 from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
 
-SECTIONS = (lab, scaling, io, dcrnn, profiling, request)  # request uses the scaling and I/O results: keep it last
+SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, request)  # request uses the scaling and I/O results: keep it last
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
@@ -101,7 +101,8 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
     select = plan.get("select") if select is None else select
     runs, problems, excluded = analysis.load_runs(runs_dir, select)
     plan = {**plan, "select": select, "gpus_per_node": systems[plan["system"]]["gpus_per_node"]}
-    ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out))
+    ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out),
+                  comm_dir=Path(runs_dir).parent / "comm")
     plan_macros(ctx)
     for section in SECTIONS:
         section.section(ctx)

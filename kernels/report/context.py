@@ -17,6 +17,7 @@ class Context:
     plan: dict                  # paper/plan.yaml (with gpus_per_node of the target system)
     systems: dict               # paper/systems.yaml
     out: Path                   # <results>: figures/ and tables/ go here
+    comm_dir: Path | None = None  # commbench records (results/comm beside results/runs)
     macros: dict[str, str] = field(default_factory=dict)
     written: dict[str, bool] = field(default_factory=dict)
     results: dict = field(default_factory=dict)   # data frames for the notebook

@@ -58,7 +58,8 @@ def section(ctx: Context) -> None:
         ctx.put("slide_request.tex", "\\item " + tex_escape("No measured time per epoch yet: no request.") + "\n")
         ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
         return
-    table, total = analysis.node_hours(plan, epoch_by_n)
+    predicted, pred_note = predicted_epochs(ctx, scal, main, epoch_by_n)
+    table, total = analysis.node_hours(plan, epoch_by_n, predicted)
     io_hours, io_note = io_study_hours(ctx)
     total += io_hours
     ctx.put("io_request_text.tex", io_note)
@@ -80,7 +81,7 @@ def section(ctx: Context) -> None:
     else:
         text += ("They were measured on the target system's GPU model; points without a measurement use the assumed "
                  "efficiency above and are replaced by measurements as the study proceeds.")
-    ctx.put("request_text.tex", text + "\n")
+    ctx.put("request_text.tex", pred_note + text + "\n")
     ctx.put("slide_request.tex",
             f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
             f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
@@ -89,6 +90,72 @@ def section(ctx: Context) -> None:
     ctx.macro("labNodeHours", num(total, 4))
     ctx.macro("labNodeHoursRequest", num(ask))
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
+
+
+def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:
+    """Time per epoch at the planned GPU counts without a measurement, from the step predictor
+    (kernels/comm/predict.py): a 1-rank record with gradient sizes, strong scaling at its global batch on the
+    target system's GPUs, with the all-reduce fits of commbench records labelled with the system's key, else
+    the system's published link bandwidths. ({}, gap note) when there is no such record."""
+    from kernels.comm import predict
+
+    runs = ctx.runs
+    if runs.empty or "grad_param_bytes" not in runs:
+        return {}, ""
+    base = runs[(runs["gpus"] == 1) & runs["grad_param_bytes"].notna() & ~runs["dataset"].isin(STREAMED)]
+    if not main.empty:
+        same = base[base["batch"].isin(main["batch"])]
+        base = same if not same.empty else base
+    if base.empty:
+        return {}, gap_note("points without a measurement use the assumed efficiency: no selected 1-rank record "
+                            "carries gradient sizes for the step predictor")
+    b = base.sort_values("started_utc").iloc[-1]
+    key, system = ctx.plan["system"], ctx.system
+    recs = [r for r in selected_comm_all(ctx) if (r["config"].get("params") or {}).get("label") == key]
+    fitted = predict.fits(recs, by="label")
+    intra = fitted.get(("nccl", "all_reduce", "fp32", "intra-node", key))
+    inter = fitted.get(("nccl", "all_reduce", "fp32", "inter-node", key))
+    if intra or inter:
+        source, how = "predicted (fitted)", f"NCCL all-reduce fits of {len(recs)} commbench record(s) of the system"
+    else:
+        pub = predict.published_fits(system)
+        intra, inter = pub.get("intra-node"), pub.get("inter-node")
+        source = "predicted (published bw)"
+        how = (f"the system's published link bandwidths ({num(system.get('intranode_GBps'))}\,GB/s per GPU inside "
+               f"a node, {num(system.get('internode_GBps'))}\,GB/s per node between nodes, latencies assumed; "
+               f"paper/systems.yaml), no commbench record of it being selected")
+    if intra is None and inter is None:
+        return {}, ""
+    t1 = float(b["step_ms"]) / 1e3
+    data = t1 * float(b["data_wait_frac"] or 0.0)
+    bks = predict.buckets(list(b["grad_param_bytes"]), float(b["bucket_cap_mb"] or 25.0))
+    gpn = int(ctx.plan["gpus_per_node"])
+    epoch1 = float(b["epoch_s"] or b["steps_per_epoch"] * t1)
+    out = {}
+    for n in ctx.plan["gpus"]:
+        n = int(n)
+        if n in epoch_by_n or n == 1:
+            continue
+        nodes = -(-n // gpn)
+        try:
+            p90 = b["step_ms_p90"] / 1e3 if b.get("step_ms_p90") else None
+            p = predict.predict_step(t1, bks, n, nodes, intra, inter, "strong",
+                                     predict.straggler_factor(t1, p90, n), overlap=True, data_s=data)
+        except ValueError:
+            continue
+        out[n] = (epoch1 * p["step_s"] / t1, source)
+    note = (f"Points without a measurement are predicted by the step model (Sec.~communication of the paper; "
+            f"\texttt{{kernels/comm/predict.py}}) from the 1-rank record {tex_escape(b['run_id'])} "
+            f"({num(1e3 * t1)}\,ms per step, {num(sum(b['grad_param_bytes']) / 1e6)}\,MB of gradients in "
+            f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs, "
+            f"with {how}. ") if out else ""
+    return out, note
+
+
+def selected_comm_all(ctx: Context) -> list[dict]:
+    from kernels.comm.predict import load_comm_records
+
+    return load_comm_records(ctx.comm_dir) if ctx.comm_dir and ctx.comm_dir.is_dir() else []
 
 
 def io_study_hours(ctx: Context) -> tuple[float, str]:
