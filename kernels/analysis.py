@@ -30,7 +30,7 @@ from kernels.stats import median_ci
 # The configuration that defines "the same experiment" apart from gpus and batch.
 CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
                "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
-               "synthetic_shape", "rnn_units", "gp")
+               "synthetic_shape", "rnn_units", "gp", "engine")
 # Optimisations compared before/after, with the "before" value.
 FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": 25.0, "channels_last": False,
            "compile": False}
@@ -204,6 +204,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
 def series_name(key: dict, by: str, fixed) -> str:
     what = f"B={fixed}" if by == "batch" else f"b={fixed}/rank"
     extras = [f"{k}={key[k]}" for k in ("precision", "pipeline") if key.get(k) is not None]
+    extras += [f"engine={key['engine']}"] if key.get("engine") not in (None, "ddp") else []
     return f"{key['workload']} {key['dataset']} {what} " + " ".join(extras)
 
 

@@ -97,7 +97,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown)",
     "tflops_per_device": "achieved TFLOP/s per device at the headline throughput",
     "mfu": "tflops_per_device / peak_tflops (empty when the peak is unknown)",
-    "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run)",
+    "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run, and "
+                          "with engine=horovod, whose hooks cannot be switched off)",
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
     "exposed_comm_ms": "comm_probe_sync_ms - comm_probe_nosync_ms: communication not hidden behind backward",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",

@@ -141,6 +141,23 @@ if png.exists():
 result["dcrnn"]
 
 # %% [markdown]
+# ## Communication: collectives, fits, the step predictor, DDP against Horovod
+# The commbench records beside the runs (`results/comm/`): per backend and collective the latency at
+# the smallest size and the bus bandwidth at the largest; the alpha-beta fits per backend, collective,
+# placement and system; the step predictor against every measured series that has a 1-rank run and
+# fits on its system (error = predicted / measured - 1; `probe_exposed_ms` is the run's own measure of
+# the communication backward did not hide, `exposed_ms` the model's); DDP against Horovod where both ran.
+
+# %%
+display(result["comm_compare"])
+display(result["comm_fits"])
+png = out_path / "figures" / "predictor.png"
+if png.exists():
+    display(Image(filename=str(png)))
+display(result["predictor"])
+result["engines"]
+
+# %% [markdown]
 # ## Resource request for the proposal
 
 # %%

@@ -89,6 +89,18 @@ COMMANDS: dict[str, str] = {
     "lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M": RUN,
     "lab comm bench --backend mpi --gpus 2 --max_bytes 1M": RUN,
     "lab comm fit": RUN,
+    "lab study submit studies/commbench_local.yaml": "skip: needs the local Slurm; "
+        "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (smaller sizes)",
+    "lab study submit studies/predictor_local.yaml": "skip: needs the local Slurm; "
+        "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (fewer steps, one repeat)",
+    "lab comm validate --label predictor_local --markdown results/bench/predictor-local-slurm.md":
+        "skip: reads the records of the two studies above (test_comm.py runs validate on its own records)",
+    "lab sweep submit sweeps/allreduce_latency.yaml": "skip: needs a Slurm cluster; test_study.py submits it on the "
+                                                      "local one (a smaller grid)",
+    "lab sweep collect sweeps/allreduce_latency.yaml": "skip: collects the submission above (test_study.py)",
+    "make horovod": RUN,
+    "lab train --engine horovod --gpus 2 --dataset digits --width 16 --precision fp32 --epochs 1": RUN,
+    "lab study submit studies/horovod_strong.yaml --dry-run": RUN,
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/03_commbench.ipynb "
     "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs the notebook with gloo on the local two-node "
                                  "Slurm",
@@ -199,6 +211,19 @@ def test_documented_commands_run_as_written(tmp_path):
     assert recs and all(r["status"] == "complete" and r["wrong"] == 0 for r in recs), recs
     fit = _sh("lab comm fit", env).stdout
     assert "all_reduce" in fit and "intra-node" in fit, fit
+
+    from kernels.comm.horovod import import_error
+
+    if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
+        assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild
+        before = set(runs.iterdir())
+        p = _sh("lab train --engine horovod --gpus 2 --dataset digits --width 16 --precision fp32 --epochs 1", env)
+        assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
+        (new,) = set(runs.iterdir()) - before
+        s = json.loads((new / "summary.json").read_text())
+        assert s["status"] == "complete", s
+    p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
+    assert p.stdout.count("sbatch --parsable") == 5 and "--nodes=4 --ntasks-per-node=16" in p.stdout
 
     p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
     assert "traffic-synthetic-metr-la" in p.stdout

@@ -291,3 +291,42 @@ def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
         [(1, 10, 0, "10"), (1, 100, 0, "100"), (2, 10, 0, "20"), (2, 100, 0, "200")]
     for r in rows:  # each index keeps its own command line
         assert (Path(r["stdout"]).parent / "command.txt").read_text().strip().endswith(f"{r['n']} {r['m']}")
+
+
+@pytest.mark.slow
+def test_mpi_allreduce_sweep_compiles_runs_and_collects_one_table(slurm, tmp_path, monkeypatch):
+    """sweeps/allreduce_latency.yaml with a smaller grid: the setup compiles the C program with mpicc, each array
+    task runs it under mpirun over the allocation, and collect parses every task's line into one table."""
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+    spec = yaml.safe_load((ROOT / "sweeps" / "allreduce_latency.yaml").read_text())
+    spec["grid"] = {"ranks": [2, 4], "bytes": [8, 65536]}
+    path = tmp_path / "allreduce_latency.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    p = cli("kernels.sweep", "submit", path, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "sweeps" / "allreduce_latency" / "allreduce_latency").is_file()  # built by the setup
+    wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
+    rows = sweep.collect(sweep.load(path))
+    assert sorted((r["ranks"], r["bytes"]) for r in rows) == [(2, 8), (2, 65536), (4, 8), (4, 65536)]
+    for r in rows:
+        assert r["exit_code"] == 0 and r["wrong"] == 0 and r["nranks"] == r["ranks"] and r["size_bytes"] == r["bytes"]
+        assert 0 < r["min_us"] <= r["avg_us"] <= r["max_us"]
+    table = (tmp_path / "sweeps" / "allreduce_latency" / "table.csv").read_text().splitlines()
+    assert set(table[0].split(",")) >= {"index", "ranks", "bytes", "exit_code", "avg_us", "busbw_GBps", "wrong"}
+    assert len(table) == 5
+    p = cli("kernels.sweep", "collect", path, env=env)
+    assert p.returncode == 0 and "avg_us" in p.stdout and "table.csv" in p.stdout, p.stdout + p.stderr
+
+
+def test_sweep_setup_failure_submits_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "bad", "cluster": "local", "setup": "exit 3", "command": "echo {n}",
+                                    "grid": {"n": [1]}, "parse": "(?P<n>\\d+)"}))
+    p = cli("kernels.sweep", "submit", path)
+    assert p.returncode == 2 and "setup failed (exit 3), nothing submitted" in p.stderr, p.stderr
+    assert not (tmp_path / "sweeps" / "bad" / "commands.txt").exists()
+    path.write_text(yaml.safe_dump({"name": "bad", "command": "echo {n}", "grid": {"n": [1]}, "parse": "\\d+"}))
+    p = cli("kernels.sweep", "submit", path, "--dry-run")
+    assert p.returncode == 2 and "key 'parse' needs named groups" in p.stderr, p.stderr

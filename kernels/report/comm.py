@@ -71,7 +71,7 @@ def engine_rows(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "engine" not in runs or runs["engine"].nunique() < 2:
         return pd.DataFrame(columns=list(ENGINE_COLUMNS))
     rows = []
-    keys = [k for k in CONFIG_KEYS if k in runs] + ["gpus", "batch"]
+    keys = [k for k in CONFIG_KEYS if k in runs and k != "engine"] + ["gpus", "batch"]
     for vals, g in runs.groupby(keys, dropna=False):
         med = g.groupby("engine")["samples_per_s"].median()
         if {"ddp", "horovod"} <= set(med.index):

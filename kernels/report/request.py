@@ -121,8 +121,8 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
         pub = predict.published_fits(system)
         intra, inter = pub.get("intra-node"), pub.get("inter-node")
         source = "predicted (published bw)"
-        how = (f"the system's published link bandwidths ({num(system.get('intranode_GBps'))}\,GB/s per GPU inside "
-               f"a node, {num(system.get('internode_GBps'))}\,GB/s per node between nodes, latencies assumed; "
+        how = (rf"the system's published link bandwidths ({num(system.get('intranode_GBps'))}\,GB/s per GPU inside "
+               rf"a node, {num(system.get('internode_GBps'))}\,GB/s per node between nodes, latencies assumed; "
                f"paper/systems.yaml), no commbench record of it being selected")
     if intra is None and inter is None:
         return {}, ""
@@ -134,8 +134,8 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
     out = {}
     for n in ctx.plan["gpus"]:
         n = int(n)
-        if n in epoch_by_n or n == 1:
-            continue
+        if n in epoch_by_n or n == 1 or int(b["batch"]) % n:
+            continue  # measured, or the base's global batch does not split over n ranks: not predicted
         nodes = -(-n // gpn)
         try:
             p90 = b["step_ms_p90"] / 1e3 if b.get("step_ms_p90") else None
@@ -144,9 +144,9 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
         except ValueError:
             continue
         out[n] = (epoch1 * p["step_s"] / t1, source)
-    note = (f"Points without a measurement are predicted by the step model (Sec.~communication of the paper; "
-            f"\texttt{{kernels/comm/predict.py}}) from the 1-rank record {tex_escape(b['run_id'])} "
-            f"({num(1e3 * t1)}\,ms per step, {num(sum(b['grad_param_bytes']) / 1e6)}\,MB of gradients in "
+    note = (f"Points without a measurement are predicted by the step model (the paper's communication section; "
+            rf"\texttt{{kernels/comm/predict.py}}) from the 1-rank record {tex_escape(b['run_id'])} "
+            rf"({num(1e3 * t1)}\,ms per step, {num(sum(b['grad_param_bytes']) / 1e6)}\,MB of gradients in "
             f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs, "
             f"with {how}. ") if out else ""
     return out, note
