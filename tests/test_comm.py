@@ -250,6 +250,20 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     p = comm("validate", "--runs", tmp_path / "runs", "--comm", tmp_path / "comm", env=env)
     assert p.returncode == 0 and "lab/gloo" in p.stdout and "%" in p.stdout, p.stdout + p.stderr
 
+    # the same records feed the paper's communication section: its tables, sentence and the predictor figure
+    from kernels import report
+
+    plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
+    systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
+    res = report.build(tmp_path / "runs", tmp_path / "report", plan, systems,
+                       select={"labels": ["predictor_local", "commbench_local"]})
+    assert len(res["predictor"]) == 3 and len(res["comm_compare"]) == 3
+    tables = tmp_path / "report" / "tables"
+    assert "Gap" not in (tables / "predictor_table.tex").read_text()
+    assert "all-reduce fits are gloo inter-node on lab" in (tables / "comm_text.tex").read_text()
+    assert (tmp_path / "report" / "figures" / "predictor.pdf").exists()
+    assert "includegraphics" in (tables / "fig_predictor.tex").read_text()
+
 
 def test_straggler_factor_and_published_fits():
     # lognormal through p50=100, p90=130: the median of the slowest of 2 is the 0.707 quantile

@@ -225,8 +225,10 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
             env["HOROVOD_WITH_MPI"] = "1"
         import torch
 
-        if torch.cuda.is_available() or shutil.which("nvcc"):
+        if torch.version.cuda and (torch.cuda.is_available() or shutil.which("nvcc")):
             env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+        else:  # a CPU build of torch: no GPU operations, whatever nvcc may be on PATH
+            env.pop("HOROVOD_GPU_OPERATIONS", None)
         _say(f"building with {jobs} job(s): torch {torch.__version__}, Gloo"
              f"{', MPI' if 'HOROVOD_WITH_MPI' in env else ''}{', NCCL' if 'HOROVOD_GPU_OPERATIONS' in env else ''}"
              f" (log: {tmp}/build.log while it runs)")
@@ -240,8 +242,10 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
                 built = len(re.findall(r"Building CXX object", log.read_text(errors="replace")))
                 _say(f"{time.time() - t0:5.0f} s, {built} objects compiled")
         if proc.returncode != 0:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise ConfigError(f"the horovod build failed (exit {proc.returncode}); the end of its log:\n{tail}")
+            text = log.read_text(errors="replace").splitlines()
+            errors = [ln for ln in text if re.search(r"CMake Error|error:|Error \d", ln)][:20]
+            raise ConfigError(f"the horovod build failed (exit {proc.returncode}); its errors:\n" + "\n".join(errors) +
+                              "\nand the end of its log:\n" + "\n".join(text[-15:]))
     check = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True)
     if check.returncode != 0:
         raise ConfigError(f"horovod built but does not import: {check.stderr.strip()[-400:]}")
