@@ -125,7 +125,7 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
         return None
     out = outdir(sweep)
     out.mkdir(parents=True, exist_ok=True)
-    if sweep["setup"]:
+    if sweep.get("setup"):  # (sweeps built in code, such as bigMNIST's build array, have none)
         print(f"setup: {sweep['setup']}", flush=True)
         p = subprocess.run(sweep["setup"], shell=True, cwd=out, capture_output=True, text=True)
         (out / "setup.log").write_text(p.stdout + p.stderr)
