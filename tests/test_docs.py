@@ -99,7 +99,7 @@ COMMANDS: dict[str, str] = {
                                                       "local one (a smaller grid)",
     "lab sweep collect sweeps/allreduce_latency.yaml": "skip: collects the submission above (test_study.py)",
     "make horovod": RUN,
-    "lab train --engine horovod --gpus 2 --dataset digits --width 16 --precision fp32 --epochs 1": RUN,
+    "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2": RUN,
     "lab study submit studies/horovod_strong.yaml --dry-run": RUN,
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/03_commbench.ipynb "
     "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs the notebook with gloo on the local two-node "
@@ -217,7 +217,7 @@ def test_documented_commands_run_as_written(tmp_path):
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
         assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild
         before = set(runs.iterdir())
-        p = _sh("lab train --engine horovod --gpus 2 --dataset digits --width 16 --precision fp32 --epochs 1", env)
+        p = _sh("lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2", env)
         assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
         (new,) = set(runs.iterdir()) - before
         s = json.loads((new / "summary.json").read_text())

@@ -79,8 +79,9 @@ def section(ctx: Context) -> None:
                  f"recomputed from the first records on the target system (milestone M1) before the scaling runs "
                  f"start, and the figure above is replaced by that result.")
     else:
-        text += ("They were measured on the target system's GPU model; points without a measurement use the assumed "
-                 "efficiency above and are replaced by measurements as the study proceeds.")
+        text += ("They were measured on the target system's GPU model; points without a measurement "
+                 + ("are predicted as described above" if predicted else
+                    "use the assumed efficiency (no 1-rank record with gradient sizes is selected)") + " and are replaced by measurements as the study proceeds.")
     ctx.put("request_text.tex", pred_note + text + "\n")
     ctx.put("slide_request.tex",
             f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
@@ -107,8 +108,7 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
         same = base[base["batch"].isin(main["batch"])]
         base = same if not same.empty else base
     if base.empty:
-        return {}, gap_note("points without a measurement use the assumed efficiency: no selected 1-rank record "
-                            "carries gradient sizes for the step predictor")
+        return {}, ""
     b = base.sort_values("started_utc").iloc[-1]
     key, system = ctx.plan["system"], ctx.system
     recs = [r for r in selected_comm_all(ctx) if (r["config"].get("params") or {}).get("label") == key]
