@@ -89,3 +89,22 @@ def test_bf16_and_an_unbuilt_horovod_are_refused_before_any_record(tmp_path):
                 env={"PYTHONPATH": str(fake)})
     assert p.returncode == 2 and "make horovod" in p.stderr and "engine=ddp" in p.stderr, p.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_horovod_notebook_under_slurm_uses_srun_and_the_mpi_controller(slurm, tmp_path):
+    """01_train with engine=horovod through slurm/papermill_run.sbatch: srun --mpi=pmix starts the ranks and
+    Horovod runs its MPI controller. One node: the two emulated nodes share one PMIx directory, so srun's PMIx
+    cannot span them here (a real cluster's nodes do not)."""
+    from test_slurm import sbatch
+
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0"],
+                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "engine", "horovod", "-p", "precision",
+                           "fp32", "-p", "dataset", "digits", "-p", "width", "8", "-p", "epochs", "2", "-p", "batch",
+                           "64", "-p", "log_every", "0"])
+    assert rc == 0, log
+    assert "--mpi=pmix" in log and "Total img/sec on 2 CPU(s)" in log
+    run = next((tmp_path / "runs").glob(f"*-j{job}"))
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["derived"]["engine"] == "horovod" and cfg["derived"]["controller"] == "mpi"
+    assert cfg["derived"]["launch_source"] == "slurm"
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
