@@ -26,7 +26,7 @@ ENGINE_COLUMNS = {"series": ("Configuration", "s"), "gpus": ("Ranks", "d"), "ddp
 
 
 def selected_comm(ctx: Context) -> list[dict]:
-    recs = predict.load_comm_records(ctx.comm_dir) if ctx.comm_dir and ctx.comm_dir.is_dir() else []
+    recs = ctx.comm_records
     sel = ctx.plan.get("select") or {}
     names = set(sel.get("labels") or []) | set(sel.get("studies") or [])
     if not names:
@@ -47,21 +47,19 @@ def compare_rows(recs: list[dict]) -> pd.DataFrame:
                 by_op.setdefault(r["op"], []).append(r)
         for op, rs in by_op.items():
             rs = sorted(rs, key=lambda r: r["size_bytes"])
-
-            def t(r):
-                v = r.get("time_us_out")
-                return v if v not in (None, "") else r.get("time_us_in")
-
-            def bw(r):
-                v = r.get("busbw_out")
-                return v if v not in (None, "") else r.get("busbw_in")
-
             rows.append({"backend": rs[0]["backend"], "op": op, "ranks": int(rs[0]["ranks"]),
                          "nodes": int(rs[0]["nodes"]), "system": system, "small_bytes": int(rs[0]["size_bytes"]),
-                         "small_us": t(rs[0]), "large_bytes": int(rs[-1]["size_bytes"]), "large_busbw": bw(rs[-1])})
+                         "small_us": _form(rs[0], "time_us"), "large_bytes": int(rs[-1]["size_bytes"]),
+                         "large_busbw": _form(rs[-1], "busbw")})
     cols = list(COMPARE_COLUMNS)
     return pd.DataFrame(rows, columns=cols).sort_values(["op", "backend", "ranks", "nodes"]) if rows else \
         pd.DataFrame(columns=cols)
+
+
+def _form(row: dict, column: str):
+    """A CSV row's out-of-place value of `column`, else its in-place one (the API may have only that form)."""
+    v = row.get(f"{column}_out")
+    return v if v not in (None, "") else row.get(f"{column}_in")
 
 
 def engine_rows(runs: pd.DataFrame) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,13 @@ class Context:
     @property
     def system(self) -> dict:
         return self.systems[self.plan["system"]]
+
+    @cached_property
+    def comm_records(self) -> list[dict]:
+        """Every complete commbench record in comm_dir, read once for all sections (unselected)."""
+        from kernels.comm.predict import load_comm_records
+
+        return load_comm_records(self.comm_dir) if self.comm_dir and self.comm_dir.is_dir() else []
 
     @property
     def tables(self) -> Path:

@@ -111,7 +111,7 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
         return {}, ""
     b = base.sort_values("started_utc").iloc[-1]
     key, system = ctx.plan["system"], ctx.system
-    recs = [r for r in selected_comm_all(ctx) if (r["config"].get("params") or {}).get("label") == key]
+    recs = [r for r in ctx.comm_records if (r["config"].get("params") or {}).get("label") == key]
     fitted = predict.fits(recs, by="label")
     intra = fitted.get(("nccl", "all_reduce", "fp32", "intra-node", key))
     inter = fitted.get(("nccl", "all_reduce", "fp32", "inter-node", key))
@@ -150,12 +150,6 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
             f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs, "
             f"with {how}. ") if out else ""
     return out, note
-
-
-def selected_comm_all(ctx: Context) -> list[dict]:
-    from kernels.comm.predict import load_comm_records
-
-    return load_comm_records(ctx.comm_dir) if ctx.comm_dir and ctx.comm_dir.is_dir() else []
 
 
 def io_study_hours(ctx: Context) -> tuple[float, str]:
