@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup horovod test test-quick reliability bench demo notebooks paper lab clean-venv records-doc help
 
 help:
-	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, embedded digits (no network, no GPU)"
+	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, and 02_profile on 2, embedded digits (no network, no GPU)"
 	@echo "make notebooks  regenerate the parameters cell and the .ipynb twins of notebooks/*.py"
 	@echo "make paper   analyse the records, then build the paper, the EuroHPC proposal and the slides"
 	@echo "make lab     JupyterLab on this repository (notebooks/*.py open as notebooks)"
@@ -57,13 +57,14 @@ bench: setup
 	$(BIN)/python benchmarks/bench_dcrnn.py
 
 # The main job, offline and on CPU: notebooks/01_train through Papermill for 1
-# and 2 processes on the embedded digits. A narrow ResNet-18 (width 16, same
+# and 2 processes on the embedded digits, then notebooks/02_profile on 2 (traces, breakdown, verdict). A narrow ResNet-18 (width 16, same
 # topology) so it takes seconds on a laptop; the product default is width 64.
 # Executed notebooks and their HTML land beside the run records in results/runs/.
 DEMO_P := -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 -p width 16 -p precision fp32 -p label demo
 demo: setup
 	$(BIN)/lab run notebooks/01_train.ipynb -p gpus 1 $(DEMO_P)
 	$(BIN)/lab run notebooks/01_train.ipynb -p gpus 2 $(DEMO_P)
+	$(BIN)/lab run notebooks/02_profile.ipynb -p gpus 2 $(DEMO_P) -p profile_wait 5
 
 # Regenerate 01_train's parameters cell from kernels/params.py and the .ipynb
 # twins from the py:percent sources (the .py is always the source).

@@ -35,6 +35,9 @@ from kernels import records, sysinfo
 from kernels.dist import all_gather_object, all_reduce, broadcast_object, process_group, rank_env, select_device
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.params import ConfigError, RunConfig, device_type
+from kernels.profiling import monitor as res_monitor
+from kernels.profiling import verdict
+from kernels.profiling.trace import StepProfiler
 from kernels.stats import step_summary, thin
 from kernels.timers import StepTimer, synchronize
 from kernels.workloads import get_workload
@@ -223,6 +226,15 @@ class Trainer:
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.renv.global_rank + 1))
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
         self.steps_per_epoch = self.train_src.steps_per_epoch
+        if cfg.profile_steps:
+            end = cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps
+            total = cfg.epochs * self.steps_per_epoch
+            if end > total:
+                raise ConfigError(
+                    f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait "
+                    f"{cfg.profile_wait} + profile_warmup {cfg.profile_warmup} + profile_steps {cfg.profile_steps}) "
+                    f"but the run has {total} steps ({cfg.epochs} epoch(s) of {self.steps_per_epoch}); no step would "
+                    f"be profiled: lower profile_wait or profile_steps, or raise epochs")
         self.recipe = wl.build_optimizer(cfg, model, self.steps_per_epoch)
         if self.recipe.schedule_unit not in ("step", "epoch"):
             raise ValueError(f"workload {wl.name}: schedule_unit must be 'step' or 'epoch'")
@@ -289,7 +301,9 @@ class Trainer:
     OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps", "checkpoint_every",
                              "stop_after_steps", "timeout_min", "startup_timeout_min", "hang_timeout_min",
                              "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
-                             "launcher", "allow_config_change", "oversubscribe", "num_workers", "prefetch_factor"})
+                             "launcher", "allow_config_change", "oversubscribe", "num_workers", "prefetch_factor",
+                             "profile_steps", "profile_wait", "profile_warmup", "profile_with", "profile_memory",
+                             "profile_shapes", "profile_dir", "profile_hta", "monitor_hz"})
 
     def _config_changes(self, old: dict) -> list[dict]:
         new = self.cfg.to_dict()
@@ -404,10 +418,13 @@ class Trainer:
             self._prepare()
             self.watchdog.beat()
             self._open_record()
+            self._start_monitor()
             status = self._train()
             probe = self._comm_probe() if status == "complete" else {}
+            self.profile = self._collect_profile(probe)
             self.io = self._io_summary(all_gather_object(self._io_state()))
             self.workload_report = self._workload_report()
+            self._stop_monitor()
             self._write_summary(status, probe, error=self.stop_note if status == "preempted" else None)
             if status == "complete":  # the lines Horovod's synthetic benchmark prints, for scripts that grep them
                 from kernels.comm.horovod import seed_lines
@@ -425,11 +442,62 @@ class Trainer:
             raise
         finally:
             self.watchdog.stopped = True
+            self._stop_monitor()
             if self.lock is not None:
                 self.lock.release()
             close = getattr(getattr(self, "train_src", None), "close", None)
             if close is not None:
                 close()  # reader threads and open shards
+
+    @property
+    def trace_dir(self) -> Path:
+        return Path(self.cfg.profile_dir) / self.run_id if self.cfg.profile_dir else self.run_dir / "traces"
+
+    # ------------------------------------------------------- monitor, profile
+    def _start_monitor(self) -> None:
+        """Local rank 0 of each node samples its node (GPUs and host) into monitor/<node>.csv."""
+        self.monitor = None
+        if self.cfg.monitor_hz and self.renv.local_rank == 0:
+            node = os.environ.get("SLURMD_NODENAME", sysinfo.host())
+            self.monitor = res_monitor.Monitor(self.run_dir / "monitor" / f"{node}.csv", node, self.cfg.monitor_hz)
+            self.monitor.start()
+
+    def _stop_monitor(self) -> None:
+        mon, self.monitor = getattr(self, "monitor", None), None
+        if mon is not None:
+            mon.stop()
+
+    def _collect_profile(self, probe: dict) -> dict | None:
+        """Each rank analyses its own trace; rank 0 writes the breakdown files, runs HTA, returns the summary."""
+        from kernels.profiling import breakdown, collect
+
+        prof = getattr(self, "prof", None)
+        if prof is None or not prof.active or prof.external:
+            return None
+        mine = None
+        if prof.trace_path is not None:
+            try:
+                mine = breakdown.analyse(prof.trace_path)
+                mine["rank"] = self.renv.global_rank
+                mine["trace_path"] = str(prof.trace_path)
+            except ValueError as e:
+                self.log(f"profile: rank {self.renv.global_rank}'s trace could not be analysed: {e}")
+        per_rank = all_gather_object(mine)
+        if not self.is_rank0:
+            return None
+        got = [r for r in per_rank if r is not None]
+        if not got:
+            return {"status": "no trace: the profiled window did not complete"}
+        if len(got) < len(per_rank):
+            self.log(f"profile: {len(per_rank) - len(got)} rank(s) left no trace; the breakdown covers {len(got)}")
+        traces = {r["rank"]: Path(r.pop("trace_path")) for r in got}
+        out = collect.write(self.run_dir, got, traces, self.cfg.profile_hta, probe,
+                            title=f"{self.run_id}: {self.world} rank(s) on {self.device_name}")
+        self.log(f"profile: {out['steps']} step(s) x {len(got)} rank(s), {out['profiled_ms_per_step']:.1f} ms per "
+                 f"step ({out['timeline']} timeline): " + ", ".join(
+                     f"{c} {100 * v:.1f}%" for c, v in sorted(out["share"].items(), key=lambda kv: -kv[1])[:5]))
+        self.log(f"profile: {out['comm_crosscheck']}; HTA {out['hta']['status']}")
+        return {"status": "complete", **out}
 
     def _hung(self, why: str) -> None:
         """The watchdog's verdict: stacks to stderr, the record says failed, and the process ends."""
@@ -450,6 +518,10 @@ class Trainer:
         Called every sync_check_steps steps and at each epoch's end: the only host sync it
         adds is that one read of the result.
         """
+        with self.prof.maybe("communication") if getattr(self, "prof", None) else nullcontext():
+            return self._agree_flags(sums)
+
+    def _agree_flags(self, sums: torch.Tensor) -> str | None:
         flags = torch.stack([torch.ones((), dtype=torch.float64, device=self.device) * (self.stops.pending() is not None),
                              (~torch.isfinite(sums[0])).double()])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -465,8 +537,20 @@ class Trainer:
         return None
 
     def _train(self) -> str:
-        cfg, st = self.cfg, self.state
+        cfg = self.cfg
         timer = StepTimer(self.device)
+        self.prof = prof = StepProfiler(cfg, self.device, self.renv.global_rank, self.trace_dir, self.log)
+        profiled = (range(cfg.profile_wait, cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps)
+                    if cfg.profile_steps else range(0))
+        self.train_window = [time.time(), None]
+        try:
+            return self._epochs(timer, prof, profiled)
+        finally:
+            prof.close()
+            self.train_window[1] = time.time()
+
+    def _epochs(self, timer: StepTimer, prof: StepProfiler, profiled: range) -> str:
+        cfg, st = self.cfg, self.state
         steps_this_attempt = 0  # warm-up (compilation, autotuning) recurs in every new process
         for epoch in range(st["epoch"], cfg.epochs):
             self.ddp.train()
@@ -481,12 +565,15 @@ class Trainer:
             step = start
             while True:
                 timer.start()
-                batch = next(batches, None)
+                with prof.maybe("data"):
+                    batch = next(batches, None)
                 if batch is None:
                     break
                 timer.data_ready()
                 self._step(*batch, sums, st["global_step"])
-                timer.done(timed=steps_this_attempt >= cfg.timing_warmup_steps)
+                # profiled steps (the profiler's warm-up and active steps, and the trace export) are not timed
+                timer.done(timed=steps_this_attempt >= cfg.timing_warmup_steps and steps_this_attempt not in profiled)
+                prof.step()
                 steps_this_attempt += 1
                 st["global_step"] += 1
                 step += 1
@@ -570,10 +657,11 @@ class Trainer:
             # (Horovod's optimizer counts the micro-batches itself: backward_passes_per_step)
             sync = self.ddp.no_sync() if i < mb - 1 and self.hvd is None else nullcontext()
             with sync:
-                with self.autocast:
+                with self.prof.maybe("forward"), self.autocast:
                     out = wl.forward(self.train_model, xm, ym, global_step, True)
                     loss = wl.loss(out, ym)
-                self.scaler.scale(loss / mb).backward()
+                with self.prof.maybe("backward"):  # DDP's all-reduce runs inside, as buckets fill
+                    self.scaler.scale(loss / mb).backward()
             with torch.no_grad():
                 n = _batch_len(ym)
                 sums[0] += loss.detach().double() * n
@@ -581,15 +669,17 @@ class Trainer:
                 self._add_metrics(sums, _detach(out), ym)
         early = self.hvd is not None and (self.recipe.clip_grad_norm or self.scaler.is_enabled())
         if early:  # Horovod: average the gradients before they are unscaled or clipped
-            self.opt.synchronize()
-        if self.recipe.clip_grad_norm:
-            self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.recipe.clip_grad_norm)
-        with (self.opt.skip_synchronize() if early else nullcontext()):
-            self.scaler.step(self.opt)
-        self.scaler.update()
-        if self.recipe.schedule_unit == "step":
-            self.sched.step()
+            with self.prof.maybe("communication"):
+                self.opt.synchronize()
+        with self.prof.maybe("optimizer"):
+            if self.recipe.clip_grad_norm:
+                self.scaler.unscale_(self.opt)
+                torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.recipe.clip_grad_norm)
+            with (self.opt.skip_synchronize() if early else nullcontext()):
+                self.scaler.step(self.opt)
+            self.scaler.update()
+            if self.recipe.schedule_unit == "step":
+                self.sched.step()
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
@@ -685,11 +775,17 @@ class Trainer:
         self.watchdog.beat()
 
     def _comm_probe(self) -> dict:
-        """Fwd+bwd with and without gradient all-reduce on one fixed batch.
+        """Fwd+bwd with and without gradient all-reduce on one fixed batch, in pairs.
 
-        The difference is the communication that backward did not hide. Runs
-        after training and after the last checkpoint, so it changes nothing
-        that is kept; gradients are discarded and no optimizer step is taken.
+        The difference is the communication that backward did not hide. Each timed
+        iteration starts after a barrier (no rank carries another's lateness into it);
+        the two variants alternate in order, pair by pair, so drift (clocks, the page
+        cache, a neighbour) falls on both; each pair's difference is averaged over the
+        ranks. The result is the median difference with a distribution-free 90 %
+        confidence interval of that median: when the interval holds zero (or lies
+        below it) the exposed communication is "below noise", recorded as such with
+        its upper bound, never as a negative number. Runs after training and after the
+        last checkpoint; gradients are discarded, no optimizer step is taken.
         """
         n = self.cfg.comm_probe_steps
         if self.world == 1 or n == 0:
@@ -702,30 +798,38 @@ class Trainer:
         x, y = self.train_src.probe(self.cfg.per_rank_batch)
         self.ddp.train()
 
-        def timed(sync: bool) -> float:
-            times = []
-            for i in range(n + 2):  # two warm-ups
-                self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
-                synchronize(self.device)
-                t0 = time.perf_counter()
-                with (nullcontext() if sync else self.ddp.no_sync()):
-                    with self.autocast:
-                        loss = self.wl.loss(self.wl.forward(self.train_model, x, y, 0, True), y)
-                    loss.backward()
-                synchronize(self.device)
-                if i >= 2:
-                    times.append((time.perf_counter() - t0) * 1e3)
-            return median(times)
+        def once(sync: bool) -> float:
+            self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
+            synchronize(self.device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            with (nullcontext() if sync else self.ddp.no_sync()):
+                with self.autocast:
+                    loss = self.wl.loss(self.wl.forward(self.train_model, x, y, 0, True), y)
+                loss.backward()
+            synchronize(self.device)
+            return (time.perf_counter() - t0) * 1e3
 
-        nosync = timed(False)
-        sync = timed(True)
-        self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
-        s, ns = all_reduce([sync, nosync], self.device)
-        s, ns = s / self.world, ns / self.world
-        self.log(f"comm probe: fwd+bwd {s:.2f} ms with all-reduce, {ns:.2f} ms without: "
-                 f"{s - ns:.2f} ms exposed communication per step")
-        return {"comm_probe_sync_ms": round(s, 4), "comm_probe_nosync_ms": round(ns, 4),
-                "exposed_comm_ms": round(s - ns, 4)}
+        pairs = []
+        for i in range(n + 2):  # two warm-up pairs
+            first_sync = i % 2 == 1
+            a = once(first_sync)
+            b = once(not first_sync)
+            if i >= 2:
+                pairs.append((a, b) if first_sync else (b, a))
+        self.opt.zero_grad()
+        sums = all_reduce([v for p in pairs for v in p], self.device)
+        mean = [v / self.world for v in sums]
+        sync_ms, nosync_ms = mean[0::2], mean[1::2]
+        out = probe_result(sync_ms, nosync_ms)
+        self.log(f"comm probe: fwd+bwd {out['comm_probe_sync_ms']:.2f} ms with all-reduce, "
+                 f"{out['comm_probe_nosync_ms']:.2f} ms without (medians of {len(pairs)} pairs): " +
+                 (f"{out['exposed_comm_ms']:.2f} ms exposed communication per step (90 % CI "
+                  f"{out['exposed_comm_ci_ms'][0]:.2f} to {out['exposed_comm_ci_ms'][1]:.2f})"
+                  if out["exposed_comm_status"] == "measured" else
+                  f"exposed communication not distinguishable from zero (90 % CI "
+                  f"{out['exposed_comm_ci_ms'][0]:.2f} to {out['exposed_comm_ci_ms'][1]:.2f} ms)"))
+        return out
 
     # --------------------------------------------------------------- record
     def _write_summary(self, status: str, probe: dict | None = None, error: str | None = None) -> dict | None:
@@ -761,10 +865,25 @@ class Trainer:
             **self.flops, "peak_tflops": self.peak, "tflops_per_device": _r(tflops, 5),
             "mfu": _r(mfu(per_dev, self.flops["train_flops_per_sample"], self.peak), 5),
             "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
+            "exposed_comm_status": None, "exposed_comm_ci_ms": None, "comm_probe_pairs": None,
             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
             "grad_param_bytes": self.grad_param_bytes,
         }
         summary.update(probe or {})
+        summary["device_type"] = self.device.type
+        prof = getattr(self, "profile", None)
+        summary["profile"] = prof
+        mon = None
+        if status != "running" and self.cfg.monitor_hz:
+            try:
+                merged = res_monitor.merge(self.run_dir)
+                window = getattr(self, "train_window", None)
+                mon = res_monitor.summarise(merged, tuple(window) if window and window[1] else None)
+            except Exception as e:  # the monitor's files must never cost the run its record
+                mon = {"error": f"{type(e).__name__}: {e}"}
+        summary["monitor"] = mon
+        summary["bottleneck"] = (verdict.decide(summary, mon, prof if prof and prof.get("share") else None)
+                                 if status != "running" else None)
         io = getattr(self, "io", None)  # the run's headline beside the I/O figures, for the I/O tables
         summary["io"] = {**io, "samples_per_s": summary["samples_per_s"]} if io else None
         shared, ranks = getattr(self, "workload_report", (None, None))
@@ -857,3 +976,37 @@ def _detach(out):
 
 def _r(v, nd: int = 3):
     return None if v is None else round(float(v), nd)
+
+
+def median_ci(values: list[float], level: float = 0.90) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median (order statistics; the sign test's binomial)."""
+    from math import comb
+
+    v = sorted(values)
+    n = len(v)
+    if n < 6:  # too few pairs for a 90 % interval: the full range
+        return v[0], v[-1]
+    alpha = 1 - level
+    k = 0  # the largest k with P(Binomial(n, 1/2) <= k) <= alpha / 2
+    cum = 0.0
+    for j in range(n):
+        cum += comb(n, j) / 2 ** n
+        if cum > alpha / 2:
+            break
+        k = j + 1
+    k = max(k, 1)
+    return v[k - 1], v[n - k]
+
+
+def probe_result(sync_ms: list[float], nosync_ms: list[float]) -> dict:
+    """The comm probe's record: medians, the paired differences' median and its 90 % CI, and whether it is
+    distinguishable from zero (the CI's lower end above zero)."""
+    diffs = [a - b for a, b in zip(sync_ms, nosync_ms)]
+    lo, hi = median_ci(diffs)
+    d = median(diffs)
+    resolved = lo > 0
+    return {"comm_probe_sync_ms": round(median(sync_ms), 4), "comm_probe_nosync_ms": round(median(nosync_ms), 4),
+            "comm_probe_pairs": len(diffs),
+            "exposed_comm_ms": round(d, 4) if resolved else None,
+            "exposed_comm_status": "measured" if resolved else "below noise",
+            "exposed_comm_ci_ms": [round(lo, 4), round(hi, 4)]}

@@ -164,7 +164,7 @@ def twin_ipynb(py: Path) -> dict:
 
 
 def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Regenerate the parameters cells of 01_train and 03_commbench, then write every .py source's .ipynb twin.
+    """Regenerate the parameters cells of 01_train, 02_profile and 03_commbench, then write every .py source's .ipynb twin.
 
     The .py is always the source (jupytext --sync would take the newer file,
     which after a checkout may be the .ipynb).
@@ -172,8 +172,10 @@ def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     import jupytext
 
     from kernels.comm.bench import PARAMS as COMM_PARAMS
+    from kernels.profiling import notebook_params
 
-    for name, params in (("01_train.py", None), ("03_commbench.py", COMM_PARAMS)):
+    for name, params in (("01_train.py", None), ("02_profile.py", notebook_params()),
+                         ("03_commbench.py", COMM_PARAMS)):
         src = directory / name
         src.write_text(with_parameters_cell(src.read_text(), params))
     written = []

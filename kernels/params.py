@@ -102,6 +102,20 @@ COMMON: tuple[Param, ...] = (
     Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
     Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to "
                                        "expose communication (0: off; needs gpus > 1)"),
+    Param("profile_steps", int, 0, "profile this many training steps (0: off): one gzipped Chrome trace per rank, "
+                                   "a breakdown by operator category and the top operators in the run directory"),
+    Param("profile_wait", int, 10, "profiling: steps skipped before the profiler starts (compilation, autotuning)"),
+    Param("profile_warmup", int, 2, "profiling: steps the profiler traces and discards before the active steps"),
+    Param("profile_with", str, "torch", "profiling: torch (torch.profiler traces) or external (Nsight wraps the "
+                                        "ranks: NVTX ranges and cudaProfilerStart/Stop around the active steps)",
+          ("torch", "external")),
+    Param("profile_memory", bool, False, "profiling: record tensor allocations (larger traces)"),
+    Param("profile_shapes", bool, True, "profiling: record operator input shapes"),
+    Param("profile_dir", str, "", "profiling: where the traces go (empty: <run directory>/traces)"),
+    Param("profile_hta", str, "auto", "profiling: Holistic Trace Analysis on GPU traces: auto (when installed), "
+                                      "on (required), off", ("auto", "on", "off")),
+    Param("monitor_hz", float, 2.0, "resource monitor samples per second on each node (GPU via NVML, host via "
+                                    "psutil) into monitor.csv; 0: off; at most 5 (NVML refreshes slower)"),
     Param("log_every", int, 50, "print a progress line every N steps (0: per epoch only)"),
     Param("checkpoint_every", int, 1, "checkpoint every N epochs (0: never; a run then cannot resume)"),
     Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); "
@@ -334,8 +348,19 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
     need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
     for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps",
-                 "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps"):
+                 "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps", "profile_steps",
+                 "profile_wait", "profile_warmup"):
         need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
+    need(0 <= cfg.monitor_hz <= 5, f"parameter 'monitor_hz': samples per second in 0 (off) .. 5, got "
+                                   f"{cfg.monitor_hz} (NVML refreshes utilisation every 1/6 to 1 s)")
+    need(cfg.profile_with != "external" or cfg.profile_steps > 0,
+         "parameter 'profile_with': external marks the capture window of the active steps; set profile_steps > 0")
+    if cfg.profile_steps and cfg.stop_after_steps:
+        end = cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps
+        need(end <= cfg.stop_after_steps,
+             f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {cfg.profile_wait} + "
+             f"profile_warmup {cfg.profile_warmup} + profile_steps {cfg.profile_steps}) but stop_after_steps="
+             f"{cfg.stop_after_steps} stops the run before; lower profile_wait or profile_steps")
     need(cfg.prefetch_factor >= 1, "parameter 'prefetch_factor': must be >= 1")
     need(cfg.window_mb > 0, f"parameter 'window_mb': must be > 0, got {cfg.window_mb}")
     need(cfg.read_mb >= 1, f"parameter 'read_mb': reads of at least 1 MiB, got {cfg.read_mb}")
@@ -417,6 +442,14 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
 
         check_built()
     _check_writable(cfg.results_root)
+    if cfg.profile_steps and cfg.profile_dir:
+        _check_writable(Path(cfg.profile_dir), "profile_dir")
+    if cfg.profile_steps and cfg.profile_hta == "on" and cfg.profile_with == "torch":
+        from kernels.profiling import hta
+
+        if not hta.installed():
+            raise ConfigError(f"parameter 'profile_hta': on, but HolisticTraceAnalysis is not installed; "
+                              f"`{hta.INSTALL}` into this environment, or use profile_hta=auto")
     from kernels.workloads import get_workload
 
     wl = get_workload(cfg.workload)
@@ -425,14 +458,14 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
     check_dataset(cfg.dataset, cfg.data_root)
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, name: str = "results_dir") -> None:
     probe = Path(path).resolve()
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
-            f"parameter 'results_dir': {path} is not writable (nearest existing: {probe}); "
-            f"pass results_dir=<a writable directory>")
+            f"parameter '{name}': {path} is not writable (nearest existing: {probe}); "
+            f"pass {name}=<a writable directory>")
 
 
 def describe_markdown() -> str:

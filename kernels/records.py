@@ -5,6 +5,8 @@ A record is a directory results/runs/<run_id>/ holding:
     metrics.csv   one row per completed epoch; units in the column names
     summary.json  the run's outcome; `status` says whether it is complete
     checkpoint.pt latest checkpoint (a run resumes from it)
+    monitor.csv   the resource monitor's samples, all nodes (monitor/<node>.csv while the run lasts)
+    traces/, breakdown.csv, top_ops.csv, breakdown.png   profiled runs (profile_steps > 0)
 Files are written atomically (temp file + rename), so a reader never sees half a
 file. Only `status == "complete"` marks a finished run: a run that failed says
 "failed" with the error, one stopped on purpose says "stopped", one in progress
@@ -100,7 +102,22 @@ SUMMARY_FIELDS: dict[str, str] = {
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run, and "
                           "with engine=horovod, whose hooks cannot be switched off)",
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
-    "exposed_comm_ms": "comm_probe_sync_ms - comm_probe_nosync_ms: communication not hidden behind backward",
+    "exposed_comm_ms": "communication not hidden behind backward: the median over the probe's pairs of (with sync - "
+                       "without), each pair after a barrier, in alternating order; empty when not distinguishable "
+                       "from zero (exposed_comm_status), never negative",
+    "exposed_comm_status": "measured (the 90 % CI of the median difference lies above zero) or below noise",
+    "exposed_comm_ci_ms": "distribution-free 90 % confidence interval [low, high] of the median difference, ms",
+    "comm_probe_pairs": "timed pairs behind the probe's medians (comm_probe_steps)",
+    "device_type": "cuda or cpu",
+    "profile": "profile_steps > 0: the breakdown over the ranks' traces (timeline host|device, steps, "
+               "profiled_ms_per_step, share and ms_per_step by category, share_range over ranks, top_ops, "
+               "hidden_comm_ms_per_step on GPUs, traces, comm_crosscheck, hta status and results); see breakdown.csv",
+    "monitor": "the resource monitor over the training loop: samples, hz, gpus, gpu_util_mean_pct, gpu_util_p95_pct, "
+               "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
+               "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
+    "bottleneck": "the verdict (data | communication | compute | launch-overhead | unknown), its reason, the evidence "
+                  "(data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the thresholds "
+                  "(kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "grad_param_bytes": "bytes of each trainable parameter's gradient, in registration order (DDP's buckets are made "
                         "of them; the scaling predictor reads them)",
@@ -406,6 +423,10 @@ def schema_markdown() -> str:
         "Each run leaves `results/runs/<run_id>/` with `config.json` (resolved parameters and provenance: git commit",
         "and dirty flag, Python/torch/CUDA/cuDNN/NCCL versions, host names, device names, Slurm job/array ids),",
         "`metrics.csv` (one row per epoch) and `summary.json`; only `status: complete` marks a finished run.",
+        "Every run also leaves `monitor.csv` (the resource monitor: one sampler per node; columns in",
+        "kernels/profiling/monitor.py); a profiled run (`profile_steps > 0`) leaves `traces/rank<R>-<job>.pt.trace.json.gz`",
+        "(one Chrome/Perfetto trace per rank), `breakdown.csv` (ms per step and share by operator category, per rank",
+        "and `all`), `top_ops.csv` and `breakdown.png`.",
         "",
         f"## metrics.csv (schema version {SCHEMA_VERSION})",
         "",

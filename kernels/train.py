@@ -27,7 +27,8 @@ from kernels.params import (PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, 
                             table, unknown_name_error)
 
 
-LAUNCHER_ENV = "LAB_LAUNCHER"  # set by this module's local launcher, so the record names it
+LAUNCHER_ENV = "LAB_LAUNCHER"
+RANK_WRAPPER_ENV = "LAB_RANK_WRAPPER"  # a command prefix for every srun rank (the Nsight wrappers set it)  # set by this module's local launcher, so the record names it
 
 
 def _default_text(p, workloads) -> str:
@@ -298,6 +299,8 @@ def srun_command(cfg: RunConfig, environ=None, command: list[str] | None = None,
     worker = command or worker_command(cfg)
     if env.get("LAB_CONTAINER"):  # the same wrapper as the batch script: binds and --nv decided in one place
         worker = [str(PROJECT_ROOT / "apptainer" / "run.sh"), "exec", "python3", *worker[1:]]
+    if env.get(RANK_WRAPPER_ENV):  # a profiler around each rank (slurm/profile_nsys.sbatch, profile_ncu.sbatch)
+        worker = shlex.split(env[RANK_WRAPPER_ENV]) + worker
     return cmd + worker
 
 
@@ -307,8 +310,10 @@ def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
     stdout = stdout or sys.stdout
     cmd = cmd or srun_command(cfg)
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
+    # LAB_RUN_DIR: where a rank wrapper (nsys -o %q{LAB_RUN_DIR}/...) puts its reports
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                 "LAB_RUN_DIR": str(cfg.results_root / cfg.run_id)})
     _pump(proc.stdout, "", stdout)
     return proc.wait()
 

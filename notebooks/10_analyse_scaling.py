@@ -158,6 +158,21 @@ display(result["predictor"])
 result["engines"]
 
 # %% [markdown]
+# ## Profiling and the bottleneck verdict
+# Profiled records (`profile_steps > 0`): the share of a profiled step per operator category (mean over
+# ranks; host timeline on CPUs, device timeline on GPUs) and the run's verdict. Then every record's
+# verdict by series and rank count, with the median evidence (data wait, exposed communication and
+# device utilisation as % of the step or of the time, MFU): does the bottleneck move from compute to
+# communication as the ranks grow? Thresholds: `kernels/profiling/verdict.py`.
+
+# %%
+png = out_path / "figures" / "profile_breakdown.png"
+if png.exists():
+    display(Image(filename=str(png)))
+display(result["profile"])
+result["bottleneck"]
+
+# %% [markdown]
 # ## Resource request for the proposal
 
 # %%

@@ -34,6 +34,16 @@ COMMANDS: dict[str, str] = {
     ". .venv/bin/activate": RUN,
     "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
     "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a notebook",
+    # --- profiling
+    "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8":
+        "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
+    "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 2 --profile_steps 3": RUN,
+    "python -m kernels.profiling breakdown results/runs/<run_id>":
+        "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
+    "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8":
+        "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool error",
+    "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
+        "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
     # --- training
     "lab train --help": RUN,
     "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3": RUN,
@@ -176,10 +186,13 @@ def test_documented_commands_run_as_written(tmp_path):
 
     _sh("make demo", env)
     demo = [json.loads(p.read_text()) for p in runs.glob("*-demo-*/summary.json")]
-    assert len(demo) == 2 and all(s["status"] == "complete" and s["final_eval_acc"] > 0.9 for s in demo), demo
+    assert len(demo) == 3 and all(s["status"] == "complete" and s["final_eval_acc"] > 0.9 for s in demo), demo
     for s in demo:
-        executed = list((runs / s["run_id"]).glob("01_train-local-*.ipynb"))
+        nb = "02_profile" if s["profile"] else "01_train"
+        executed = list((runs / s["run_id"]).glob(f"{nb}-local-*.ipynb"))
         assert executed and executed[0].with_suffix(".html").exists()
+    (prof,) = [s for s in demo if s["profile"]]
+    assert prof["world_size"] == 2 and len(list((runs / prof["run_id"] / "traces").glob("*.gz"))) == 2
 
     _sh("make paper", env)
     _sh("ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf"
@@ -187,6 +200,12 @@ def test_documented_commands_run_as_written(tmp_path):
     _sh("make paper SYSTEM=leonardo-booster", env)
     _sh("make paper STUDY=strong_resnet18", env)  # no such records here: the documents say so and still build
     assert (tmp_path / "pdf" / "proposal.pdf").stat().st_size > 10_000
+
+    before = set(runs.iterdir())
+    _sh("lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 2 --profile_steps 3", env)
+    (new,) = set(runs.iterdir()) - before
+    s = json.loads((new / "summary.json").read_text())
+    assert s["profile"]["status"] == "complete" and (new / "breakdown.csv").exists() and s["bottleneck"]["verdict"]
 
     p = _sh(". .venv/bin/activate && command -v lab && command -v python", env)
     assert str(venv_bin / "lab") in p.stdout

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 
 from conftest import ROOT
@@ -75,6 +76,27 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     # the job log shows the environment overrides and the streamed progress
     assert "env: NCCL_DEBUG=WARN" in log and "env: TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in log
     assert "srun --ntasks=4 --nodes=2" in log and "epoch 1/1 done" in log
+
+
+def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_verdict(slurm, tmp_path):
+    """The issue's acceptance run: 02_profile through the batch script, 4 ranks on the two emulated nodes."""
+    res = tmp_path / "runs"
+    p = [*TINY_P, "-p", "epochs", "2", "-p", "profile_wait", "1", "-p", "profile_warmup", "1", "-p", "profile_steps",
+         "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res]
+    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
+                          ["notebooks/02_profile.ipynb", "-p", "gpus", "4", *p])
+    assert rc == 0, log
+    run = res / f"resnet18-digits-g4-j{job}"
+    traces = sorted(t.name for t in (run / "traces").iterdir())
+    assert traces == [f"rank{r}-j{job}.pt.trace.json.gz" for r in range(4)]
+    bd = pd.read_csv(run / "breakdown.csv")
+    assert set(bd["rank"].astype(str)) == {"0", "1", "2", "3", "all"}
+    mon = pd.read_csv(run / "monitor.csv")
+    assert sorted(mon["node"].unique()) == ["n1", "n2"]  # one sampler per node
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["profile"]["ranks"] == 4 and summary["monitor"]["nodes"] == 2
+    assert summary["bottleneck"]["verdict"] in ("data", "communication", "compute")
+    assert (run / f"02_profile-{job}.ipynb").exists() and (run / f"02_profile-{job}.html").exists()
 
 
 def test_bad_parameter_fails_the_job_with_the_reason_and_no_record(slurm, tmp_path):

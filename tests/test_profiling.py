@@ -1,0 +1,360 @@
+"""Profiling: 02_profile under Papermill (2 real ranks), traces, breakdown, monitor, verdict, comm probe, wrappers."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from kernels.ddp_core import median_ci, probe_result
+from kernels.params import ConfigError, check_environment, resolve
+from kernels.profiling import breakdown, tools, verdict
+from kernels.profiling.monitor import summarise
+
+from conftest import ROOT
+
+NB = ROOT / "notebooks" / "02_profile.ipynb"
+HZ = 5.0
+PROFILE_P = ["-p", "gpus", "2", "-p", "dataset", "digits", "-p", "width", "8", "-p", "epochs", "2", "-p", "batch", "64",
+             "-p", "precision", "fp32", "-p", "train_samples", "512", "-p", "test_samples", "64",
+             "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "6", "-p", "log_every", "0",
+             "-p", "profile_wait", "2", "-p", "profile_warmup", "1", "-p", "profile_steps", "3",
+             "-p", "monitor_hz", str(HZ), "-p", "checkpoint_every", "0"]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One 2-rank profiled run of notebooks/02_profile.ipynb through the runner (Papermill), as make demo does."""
+    tmp = tmp_path_factory.mktemp("profile")
+    env = {**os.environ, "LAB_RESULTS": str(tmp)}
+    p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", str(NB), *PROFILE_P,
+                        "-p", "results_dir", str(tmp / "runs")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
+    return run, json.loads((run / "summary.json").read_text()), p.stdout + p.stderr
+
+
+def test_one_valid_trace_per_rank_carrying_its_rank(profiled):
+    run, summary, _ = profiled
+    traces = sorted((run / "traces").glob("*.pt.trace.json.gz"))
+    assert [t.name for t in traces] == ["rank0-local.pt.trace.json.gz", "rank1-local.pt.trace.json.gz"]
+    for i, t in enumerate(traces):
+        with gzip.open(t, "rt") as f:
+            trace = json.load(f)
+        assert trace["distributedInfo"]["rank"] == i and trace["distributedInfo"]["world_size"] == 2
+        steps = {e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+        assert len(steps) == 3  # profile_steps active steps, after the wait and warm-up steps
+        phases = {e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("lab:")}
+        assert {"lab:data", "lab:forward", "lab:backward", "lab:optimizer"} <= phases
+    assert summary["profile"]["traces"] == [f"traces/{t.name}" for t in traces]
+
+
+def test_breakdown_covers_the_profiled_time_with_a_resnet_steps_categories(profiled):
+    run, summary, _ = profiled
+    bd = pd.read_csv(run / "breakdown.csv")
+    assert set(bd["rank"].astype(str)) == {"0", "1", "all"}
+    for rank, g in bd.groupby(bd["rank"].astype(str)):
+        total = g["profiled_ms_per_step"].iloc[0]
+        assert g["ms_per_step"].sum() == pytest.approx(total, rel=0.02), rank
+        assert g["share"].sum() == pytest.approx(1.0, abs=0.02)
+        got = g.set_index("category")["share"]
+        for cat in ("convolution", "normalisation", "optimizer", "communication"):
+            assert got[cat] > 0, (rank, cat)
+        assert got["convolution"] == got.max()  # a ResNet step on a CPU is mostly convolution
+    # the same figures are in the summary; the top operators are named and categorised
+    prof = summary["profile"]
+    assert prof["status"] == "complete" and prof["timeline"] == "host" and prof["ranks"] == 2
+    assert sum(prof["share"].values()) == pytest.approx(1.0, abs=0.02)
+    ops = pd.read_csv(run / "top_ops.csv")
+    assert ops[ops["rank"] == "all"]["category"].iloc[0] == "convolution"
+    assert (run / "breakdown.png").stat().st_size > 10_000
+    assert prof["hta"]["status"].startswith("skipped: the traces have no GPU kernels")
+    # the trace's communication time is put beside the probe's
+    assert prof["comm_crosscheck"].startswith("trace: ") and "probe: " in prof["comm_crosscheck"]
+
+
+def test_profiled_steps_are_not_timed(profiled):
+    _, summary, _ = profiled
+    # 16 steps: 1 timing warm-up; steps 2..5 (profile_wait 2, warm-up 1, 3 active) are profiled, not timed
+    assert summary["steps_done"] == 16 and summary["timed_steps"] == 16 - 1 - 4
+
+
+def test_monitor_samples_at_the_rate_with_cpu_values_and_empty_gpu_columns(profiled):
+    run, summary, _ = profiled
+    mon = pd.read_csv(run / "monitor.csv")
+    assert list(mon["node"].unique()) == [os.uname().nodename]
+    assert len(mon) >= 5
+    gaps = mon["t_s"].diff().dropna()
+    assert gaps.median() == pytest.approx(1 / HZ, rel=0.15)  # the stated rate, and never a burst
+    assert gaps.min() >= 0.5 / HZ
+    assert mon["cpu_util_pct"].between(0, 100).all() and mon["cpu_util_pct"].mean() > 20  # 2 ranks train
+    assert mon["host_mem_used_gib"].gt(0).all()
+    for c in ("gpu", "gpu_util_pct", "gpu_mem_used_mib", "gpu_power_w", "gpu_temp_c", "sm_clock_mhz"):
+        assert mon[c].isna().all(), c  # empty on a CPU-only machine, not zero
+    m = summary["monitor"]
+    assert m["gpus"] == 0 and m["gpu_util_mean_pct"] is None and m["energy_j"] is None
+    assert m["hz"] == pytest.approx(HZ, rel=0.15) and 0 < m["cpu_util_mean_pct"] <= 100
+
+
+def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profiled):
+    run, summary, out = profiled
+    b = summary["bottleneck"]
+    assert b["verdict"] in verdict.VERDICTS and b["reason"]
+    assert b["thresholds"] == {"data_wait_frac": 0.05, "comm_frac": 0.2, "device_util": 0.8}
+    assert b["evidence"]["data_wait_frac"] == summary["data_wait_frac"]
+    (nb,) = run.glob("02_profile-local-*.ipynb")
+    assert nb.with_suffix(".html").exists()
+    text = json.dumps(json.loads(nb.read_text()))
+    assert f"bottleneck: {b['verdict']}" in text and "image/png" in text
+    assert "profile: 3 step(s) x 2 rank(s)" in out
+
+
+def test_comm_probe_is_never_negative(profiled):
+    _, summary, _ = profiled
+    assert summary["comm_probe_pairs"] == 6
+    lo, hi = summary["exposed_comm_ci_ms"]
+    assert lo <= hi
+    if summary["exposed_comm_status"] == "measured":
+        assert summary["exposed_comm_ms"] > 0 and lo > 0
+    else:
+        assert summary["exposed_comm_status"] == "below noise" and summary["exposed_comm_ms"] is None
+    # a noisy probe whose "with sync" pass came out faster is reported as indistinguishable from zero
+    r = probe_result([100.0, 90.0, 104.0, 95.0, 99.0, 97.0, 93.0, 101.0, 96.0, 98.0], [101.0] * 10)
+    assert r["exposed_comm_status"] == "below noise" and r["exposed_comm_ms"] is None
+    assert r["exposed_comm_ci_ms"][0] < 0
+    r = probe_result([110.0 + i % 3 for i in range(10)], [100.0 + i % 2 for i in range(10)])
+    assert r["exposed_comm_status"] == "measured" and 8 <= r["exposed_comm_ms"] <= 12
+
+
+def test_median_ci_has_the_sign_test_coverage():
+    assert median_ci(list(range(10))) == (1, 8)       # x(2), x(9): 97.9 % >= 90 %
+    assert median_ci(list(range(20))) == (5, 14)      # x(6), x(15): 95.9 %
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)   # too few pairs: the full range
+
+
+# ------------------------------------------------------------- breakdown on device traces
+def _gpu_trace(tmp_path):
+    """A trace in kineto's format with GPU kernels: one profiled step of 1000 us on the device, a convolution,
+    a GEMM, an NCCL all-reduce half overlapped by the GEMM, a copy, and idle gaps."""
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1, "ts": 0, "dur": 1200},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "pid": 1, "tid": 1, "ts": 10, "dur": 50,
+         "args": {"External id": 11}},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#7", "pid": 0, "tid": 7, "ts": 100, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "sm90_xmma_fprop_implicit_gemm_bf16", "pid": 0, "tid": 7, "ts": 100,
+         "dur": 300, "args": {"External id": 11}},
+        {"ph": "X", "cat": "kernel", "name": "ampere_bf16_s16816gemm_128x128", "pid": 0, "tid": 7, "ts": 400,
+         "dur": 200},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
+         "ts": 500, "dur": 200},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 8, "ts": 750,
+         "dur": 50},
+        {"ph": "X", "cat": "kernel", "name": "void at::native::batch_norm_collect_statistics_kernel", "pid": 0,
+         "tid": 7, "ts": 900, "dur": 100},
+    ]
+    path = tmp_path / "rank0-j1.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ev}, f)
+    return path
+
+
+def test_device_breakdown_splits_hidden_and_exposed_communication(tmp_path):
+    a = breakdown.analyse(_gpu_trace(tmp_path))
+    assert a["timeline"] == "device" and a["gpu_kernels"] and a["rank"] == 0 and a["steps"] == 1
+    ms = a["ms_per_step"]
+    assert a["profiled_ms_per_step"] == pytest.approx(1.0)
+    assert sum(ms.values()) == pytest.approx(1.0)
+    assert ms["convolution"] == pytest.approx(0.3)       # named by its kernel
+    assert ms["gemm/linear"] == pytest.approx(0.2)
+    assert ms["communication"] == pytest.approx(0.1)     # 500-600 under the GEMM is hidden, 600-700 exposed
+    assert a["hidden_comm_ms_per_step"] == pytest.approx(0.1)
+    assert ms["memory copy"] == pytest.approx(0.05)
+    assert ms["normalisation"] == pytest.approx(0.1)
+    assert ms["idle"] == pytest.approx(0.25)             # 700-750, 800-900, 1000-1100
+    assert a["top_ops"][0]["name"].startswith("sm90_xmma_fprop")
+
+
+def test_category_rules(tmp_path):
+    assert breakdown.category_of("aten::cudnn_convolution") == "convolution"
+    assert breakdown.category_of("autograd::engine::evaluate_function: ConvolutionBackward0") == "convolution"
+    assert breakdown.category_of("NativeBatchNormBackward0") == "normalisation"
+    assert breakdown.category_of("aten::addmm") == "gemm/linear"
+    assert breakdown.category_of("nccl:all_reduce") == "communication"
+    assert breakdown.category_of("gloo:all_reduce") == "communication"
+    assert breakdown.category_of("aten::relu") == "elementwise/activation"
+    assert breakdown.category_of("aten::empty") is None  # generic: its caller's category
+    (tmp_path / "t.json").write_text('{"traceEvents": [')  # cut short, as by a full disk
+    with pytest.raises(ValueError, match="t.json is not a readable Chrome trace"):
+        breakdown.load(tmp_path / "t.json")
+    (tmp_path / "t.json").write_text('{"traceEvents": []}')
+    with pytest.raises(ValueError, match="no ProfilerStep#N ranges"):
+        breakdown.analyse(tmp_path / "t.json")
+
+
+# ------------------------------------------------------------- the verdict
+def _summary(**kw):
+    base = {"timed_steps": 50, "world_size": 4, "step_ms_p50": 100.0, "data_wait_frac": 0.01, "mfu": None,
+            "exposed_comm_status": "measured", "exposed_comm_ms": 5.0, "device_type": "cuda"}
+    return {**base, **kw}
+
+
+GPU_BUSY = {"gpus": 4, "gpu_util_mean_pct": 95.0}
+
+
+@pytest.mark.parametrize("summary,monitor,profile,want", [
+    (_summary(data_wait_frac=0.12), GPU_BUSY, None, "data"),
+    (_summary(exposed_comm_ms=35.0), GPU_BUSY, None, "communication"),
+    (_summary(), GPU_BUSY, None, "compute"),
+    (_summary(), {"gpus": 4, "gpu_util_mean_pct": 55.0}, None, "launch-overhead"),
+    (_summary(timed_steps=0), GPU_BUSY, None, "unknown"),
+    (_summary(data_wait_frac=None, exposed_comm_status=None, exposed_comm_ms=None), None, None, "unknown"),
+    # both over: the larger relative to its limit wins (comm 60 % is 3x its limit, data 8 % is 1.6x)
+    (_summary(data_wait_frac=0.08, exposed_comm_ms=60.0), GPU_BUSY, None, "communication"),
+    # no probe value: the trace's communication share decides
+    (_summary(exposed_comm_status=None, exposed_comm_ms=None), None,
+     {"share": {"communication": 0.3, "idle": 0.05}, "gpu_kernels": True, "timeline": "device"}, "communication"),
+    # a probe below noise is zero communication, not the trace's
+    (_summary(exposed_comm_status="below noise", exposed_comm_ms=None, device_type="cpu"), None, None, "compute"),
+    # GPU without NVML: the device trace's busy share decides launch overhead
+    (_summary(), None, {"share": {"communication": 0.05, "idle": 0.4}, "gpu_kernels": True, "timeline": "device"},
+     "launch-overhead"),
+])
+def test_verdict_reaches_every_class(summary, monitor, profile, want):
+    v = verdict.decide(summary, monitor, profile)
+    assert v["verdict"] == want, v
+    assert v["reason"] and v["thresholds"]["comm_frac"] == verdict.COMM
+
+
+# ------------------------------------------------------------- Nsight wrappers
+def test_nsys_wrapper_command():
+    pre = tools.nsys_prefix({})
+    assert pre == ["nsys", "profile", "--trace=cuda,nvtx,osrt,cudnn,cublas", "--capture-range=cudaProfilerApi",
+                   "--capture-range-end=stop", "--cuda-memory-usage=false", "--sample=none",
+                   "--force-overwrite=true", "--output=%q{LAB_RUN_DIR}/nsys/rank%q{SLURM_PROCID}-j%q{SLURM_JOB_ID}"]
+    p = subprocess.run(["bash", "slurm/profile_nsys.sbatch", "--print", "notebooks/02_profile.ipynb", "-p", "gpus",
+                        "4"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    wrapper, cmd = p.stdout.strip().splitlines()
+    assert shlex.split(wrapper.removeprefix("LAB_RANK_WRAPPER=")) == pre
+    assert shlex.split(cmd) == ["bash", str(ROOT / "slurm" / "papermill_run.sbatch"), "notebooks/02_profile.ipynb",
+                                "-p", "gpus", "4", "-p", "profile_with", "external"]
+
+
+def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path):
+    env = {"LAB_NCU_RANK": "1", "LAB_NCU_KERNELS": "conv|gemm", "LAB_NCU_SKIP": "5", "LAB_NCU_COUNT": "3"}
+    pre = tools.ncu_prefix(env)
+    assert pre[:2] == ["bash", "-c"] and pre[3] == "lab-ncu"
+    ncu = shlex.split(pre[2].split("then exec ", 1)[1].split(' "$@"', 1)[0])
+    assert ncu == ["ncu", "--target-processes", "all", "--profile-from-start", "off", "--kernel-name",
+                   "regex:conv|gemm", "--launch-skip", "5", "--launch-count", "3", "--set", "full",
+                   "--force-overwrite", "--export", "%q{LAB_RUN_DIR}/ncu/rank1-j%q{SLURM_JOB_ID}"]
+    # another rank runs its command unwrapped; the profiled rank needs ncu (absent here)
+    other = subprocess.run([*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0"},
+                           capture_output=True, text=True)
+    assert other.returncode == 0 and other.stdout == "rank ran\n"
+    mine = subprocess.run([*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1"},
+                          capture_output=True, text=True)
+    assert mine.returncode == 127 and "ncu" in mine.stderr
+    with pytest.raises(ValueError, match="LAB_NCU_RANK"):
+        tools.ncu_prefix({"LAB_NCU_RANK": "all"})
+
+
+@pytest.mark.parametrize("tool", ["nsys", "ncu"])
+def test_wrapper_refuses_to_start_without_the_tool(tool):
+    p = subprocess.run(["bash", f"slurm/profile_{tool}.sbatch", "notebooks/02_profile.ipynb", "-p", "gpus", "2"],
+                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 127
+    assert f"{tool} (Nsight" in p.stderr and "not on PATH" in p.stderr and "module load" in p.stderr
+    assert "papermill" not in p.stdout + p.stderr  # nothing ran
+
+
+def test_srun_line_puts_the_rank_wrapper_before_each_rank():
+    from kernels.train import srun_command
+
+    cfg = resolve({"gpus": 4, "dataset": "digits", "profile_steps": 3, "profile_with": "external"})
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
+           "LAB_RANK_WRAPPER": shlex.join(tools.nsys_prefix({}))}
+    cmd = srun_command(cfg, env)
+    i = cmd.index("nsys")
+    assert cmd[:i][0] == "srun" and cmd[i:i + len(tools.nsys_prefix({}))] == tools.nsys_prefix({})
+    assert cmd[i + len(tools.nsys_prefix({})):][1:3] == ["-m", "kernels.train"]
+
+
+# ------------------------------------------------------------- bad input, before any work
+@pytest.mark.parametrize("raw,needle", [
+    ({"profile_steps": 5, "profile_wait": 10, "stop_after_steps": 12}, "parameter 'profile_steps': the profiled window"),
+    ({"profile_with": "external"}, "parameter 'profile_with': external .* set profile_steps > 0"),
+    ({"monitor_hz": 10}, "parameter 'monitor_hz'"),
+    ({"profile_steps": -1}, "parameter 'profile_steps': must be >= 0"),
+    ({"profile_hta": "maybe"}, "parameter 'profile_hta': unknown value"),
+])
+def test_bad_profiling_parameters(raw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        resolve({"dataset": "digits", **raw})
+
+
+def test_unwritable_trace_dir_and_missing_hta_fail_before_any_work(tmp_path):
+    cfg = resolve({"dataset": "digits", "profile_steps": 2, "profile_dir": "/etc/hostname/traces",
+                   "results_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="parameter 'profile_dir': /etc/hostname/traces is not writable"):
+        check_environment(cfg)
+    from kernels.profiling import hta
+
+    if hta.installed():
+        pytest.skip("HolisticTraceAnalysis is installed here")
+    cfg = resolve({"dataset": "digits", "profile_steps": 2, "profile_hta": "on", "results_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="pip install HolisticTraceAnalysis"):
+        check_environment(cfg)
+
+
+def test_a_window_longer_than_the_run_fails_before_the_record(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "1",
+                        "--batch", "64", "--train_samples", "256", "--precision", "fp32", "--profile_steps", "5",
+                        "--results_dir", str(tmp_path), "--run_id", "w"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2
+    assert "parameter 'profile_steps': the profiled window ends at step 17" in p.stderr
+    assert "the run has 4 steps" in p.stderr
+    assert not (tmp_path / "w" / "summary.json").exists()
+
+
+def test_monitor_summary_integrates_power_per_gpu(tmp_path):
+    rows = []
+    for t in range(5):  # two GPUs at 100 W and 300 W for 4 s: 400 J + 1200 J
+        for gpu, w in ((0, 100.0), (1, 300.0)):
+            rows.append({"unix_s": 1000.0 + t, "t_s": float(t), "node": "a", "gpu": gpu, "gpu_util_pct": 90 + gpu,
+                         "gpu_mem_used_mib": 1000.0 * (gpu + 1), "gpu_power_w": w, "gpu_temp_c": 60,
+                         "sm_clock_mhz": 1980, "cpu_util_pct": 50.0, "host_mem_used_gib": 10.0,
+                         "net_rx_bytes": 100 * t, "net_tx_bytes": 0, "disk_read_bytes": 0, "disk_write_bytes": 0})
+    path = tmp_path / "monitor.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    m = summarise(path)
+    assert m["energy_j"] == pytest.approx(1600.0) and m["gpus"] == 2 and m["hz"] == pytest.approx(1.0)
+    assert m["gpu_util_mean_pct"] == pytest.approx(90.5) and m["gpu_mem_peak_mib"] == 2000.0
+    assert m["net_bytes"] == 400 and m["samples"] == 5
+    assert summarise(path, (1001.0, 1003.0))["energy_j"] == pytest.approx(800.0)  # the training loop's window only
+
+
+def test_breakdown_cli_reads_a_run_directory_again(profiled):
+    run, summary, _ = profiled
+    p = subprocess.run([sys.executable, "-m", "kernels.profiling", "breakdown", str(run)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "2 rank(s), 3 profiled steps" in p.stdout and "convolution" in p.stdout
+    assert f"{summary['profile']['profiled_ms_per_step']:.2f} ms per step" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "kernels.profiling", "breakdown", str(run.parent / "nothing-here")],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "has no traces" in p.stderr
+
+
+def test_readme_states_the_verdict_thresholds_of_the_code():
+    readme = (ROOT / "README.md").read_text()
+    assert f"data wait above {100 * verdict.DATA_WAIT:.0f} %" in readme
+    assert f"exposed communication above {100 * verdict.COMM:.0f} %" in readme
+    assert f"less than {100 * verdict.UTILISATION:.0f} % of the time" in readme
