@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup horovod test test-quick reliability bench demo notebooks paper lab clean-venv records-doc help
+.PHONY: setup horovod test test-quick reliability bench bench-gpu demo notebooks paper lab clean-venv records-doc help
 
 help:
 	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, and 02_profile on 2, embedded digits (no network, no GPU)"
@@ -17,7 +17,8 @@ help:
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
 	@echo "make reliability the fault-injection suite, and its measured table into README.md"
-	@echo "make bench   print throughput tables (pipelines; 1 vs 2 processes; bigMNIST streamed vs per-sample; DCRNN)"
+	@echo "make bench   print throughput tables (lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN)"
+	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
 	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
 
 setup: $(STAMP)
@@ -52,9 +53,14 @@ reliability: setup
 	$(BIN)/python tests/reliability_table.py
 
 bench: setup
+	$(BIN)/python benchmarks/bench_seed.py
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_io.py
 	$(BIN)/python benchmarks/bench_dcrnn.py
+
+# On a GPU node: everything that needs a GPU, into results/bench/<gpu-name>.md (about 10 minutes on one H100 node).
+bench-gpu: setup
+	PYTHON=$(BIN)/python bash benchmarks/gpu_validation.sh
 
 # The main job, offline and on CPU: notebooks/01_train through Papermill for 1
 # and 2 processes on the embedded digits, then notebooks/02_profile on 2 (traces, breakdown, verdict). A narrow ResNet-18 (width 16, same

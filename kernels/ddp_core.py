@@ -32,7 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kernels import checkpoint as ckpt
 from kernels import records, sysinfo
-from kernels.dist import all_gather_object, all_reduce, broadcast_object, process_group, rank_env, select_device
+from kernels.dist import (all_gather_object, all_reduce, broadcast_object, check_distinct_gpus, gpu_uuid,
+                          process_group, rank_env, select_device)
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.params import ConfigError, RunConfig, device_type
 from kernels.profiling import monitor as res_monitor
@@ -218,8 +219,12 @@ class Trainer:
             self.hvd.check_world(self.renv.global_rank, self.world)
             self.ddp = model
         else:
+            # broadcast_buffers=False: BatchNorm statistics are per rank (each normalises its own batch); DDP's
+            # default would broadcast rank 0's before every forward, a collective per step for nothing. Every rank's
+            # buffers go into the checkpoint, so a resumed run continues each rank's own.
             self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                           bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view)
+                           bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                           broadcast_buffers=False)
         # Weights are initialised from the common seed (and DDP broadcasts rank 0's anyway); from
         # here on each rank draws its own random numbers (dropout), or all ranks would drop the
         # same units of their different samples.
@@ -249,6 +254,8 @@ class Trainer:
         self.data_info = info
         self.columns = records.metric_columns(wl.metrics)
         self.local = {"wait_ms": 0.0, "step_ms": 0.0, "steps": 0}  # this rank's own timed steps (I/O section)
+        self.ckpt_costs: list[dict] = []  # rank 0: snapshot and write time of each checkpoint of this attempt
+        self.ckpt_writer, self.ckpt_error = None, None
 
     def _check_free_space(self, run_dir: Path) -> None:
         """Before anything is written: room for two checkpoints (current and previous) of this model with
@@ -303,7 +310,7 @@ class Trainer:
                              "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
                              "launcher", "allow_config_change", "oversubscribe", "num_workers", "prefetch_factor",
                              "profile_steps", "profile_wait", "profile_warmup", "profile_with", "profile_memory",
-                             "profile_shapes", "profile_dir", "profile_hta", "monitor_hz"})
+                             "profile_shapes", "profile_dir", "profile_hta", "monitor_hz", "sync_debug_steps"})
 
     def _config_changes(self, old: dict) -> list[dict]:
         new = self.cfg.to_dict()
@@ -320,6 +327,13 @@ class Trainer:
     def _open_record(self):
         """Decide run id, fresh vs resume; rank 0 takes the lock and creates the directory. All ranks agree."""
         cfg = self.cfg
+        # where every rank runs (its GPU and the CPUs it may use), checked before anything is written
+        self.rank_facts = all_gather_object({
+            "host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
+            "device": self.device_name, "threads": torch.get_num_threads(), "global_rank": self.renv.global_rank,
+            "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(self.device),
+            "cpus": sysinfo.cpu_list(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None})
+        check_distinct_gpus(self.rank_facts)
         decision = None
         self._resume_state = None
         if self.is_rank0:
@@ -346,6 +360,11 @@ class Trainer:
                 state, _, _ = ckpt.load(self.run_dir)
             self._resume_state = None
             self.model.load_state_dict(state["model"])
+            mine_buffers = (state.get("rank_buffers") or [None] * self.world)[self.renv.global_rank]
+            if mine_buffers:  # this rank's own BatchNorm statistics (DDP does not broadcast buffers)
+                with torch.no_grad():
+                    for k, v in self.model.named_buffers():
+                        v.copy_(mine_buffers[k])
             self.opt.load_state_dict(state["optimizer"])
             if self.hvd is not None:
                 self.hvd.broadcast_state(self.opt)
@@ -369,9 +388,7 @@ class Trainer:
                          f"(allow_config_change); recorded in config.json")
             self.log(f"resuming {self.run_id} from epoch {state['epoch'] + 1} step {state['step_in_epoch']} "
                      f"(global step {state['global_step']})")
-        hosts = all_gather_object({"host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
-                                   "device": self.device_name, "threads": torch.get_num_threads(),
-                                   "global_rank": self.renv.global_rank, "local_rank": self.renv.local_rank})
+        hosts = self.rank_facts
         if self.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.owns_record = True
@@ -420,6 +437,8 @@ class Trainer:
             self._open_record()
             self._start_monitor()
             status = self._train()
+            if self.is_rank0:
+                self._wait_checkpoint()  # a stopped or finished run's last checkpoint is on disk before its record
             probe = self._comm_probe() if status == "complete" else {}
             self.profile = self._collect_profile(probe)
             self.io = self._io_summary(all_gather_object(self._io_state()))
@@ -443,6 +462,9 @@ class Trainer:
         finally:
             self.watchdog.stopped = True
             self._stop_monitor()
+            writer = getattr(self, "ckpt_writer", None)
+            if writer is not None:  # an error path: let a write in progress finish (its file is atomic either way)
+                writer.join()
             if self.lock is not None:
                 self.lock.release()
             close = getattr(getattr(self, "train_src", None), "close", None)
@@ -543,10 +565,14 @@ class Trainer:
         profiled = (range(cfg.profile_wait, cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps)
                     if cfg.profile_steps else range(0))
         self.train_window = [time.time(), None]
+        self.syncs = (SyncCounter(cfg.timing_warmup_steps, cfg.sync_debug_steps)
+                      if cfg.sync_debug_steps and self.device.type == "cuda" else None)
         try:
             return self._epochs(timer, prof, profiled)
         finally:
             prof.close()
+            if self.syncs is not None:
+                self.syncs.stop()
             self.train_window[1] = time.time()
 
     def _epochs(self, timer: StepTimer, prof: StepProfiler, profiled: range) -> str:
@@ -559,11 +585,15 @@ class Trainer:
             if start and st["partial_sums"]:  # an interrupted epoch: its loss and metric sums so far
                 sums += torch.tensor(st["partial_sums"], dtype=torch.float64, device=self.device)
             st["partial_sums"] = None
+            if self.device.type == "cuda":  # each epoch's row reports that epoch's peak
+                torch.cuda.reset_peak_memory_stats(self.device)
             synchronize(self.device)
             t_epoch = time.perf_counter()
             batches = self.train_src.batches(epoch, start)
             step = start
             while True:
+                if self.syncs is not None:
+                    self.syncs.at_step(steps_this_attempt)
                 timer.start()
                 with prof.maybe("data"):
                     batch = next(batches, None)
@@ -594,7 +624,9 @@ class Trainer:
                 self.sched.step()
             wait, comp = timer.collect()
             t_eval = time.perf_counter()
-            ev = self._evaluate()
+            last = epoch + 1 == cfg.epochs
+            due_eval = last or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0)
+            ev = self._evaluate() if due_eval else self._no_eval()
             eval_s = time.perf_counter() - t_eval
             row = self._epoch_row(epoch, step - start, wait, comp, sums, ev, epoch_s, eval_s)
             st["rows"].append(row)
@@ -602,7 +634,6 @@ class Trainer:
             if self.is_rank0:
                 records.write_metrics(self.run_dir / "metrics.csv", st["rows"], self.columns)
             self.log(self._epoch_line(row))
-            last = epoch + 1 == cfg.epochs
             if not last and stop is None and cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps:
                 stop = "stopped"
             due = cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last)
@@ -648,9 +679,18 @@ class Trainer:
         return {f"{prefix}_{c}": ((a / b) ** 0.5 if root else a / b) if b else None
                 for c, root, a, b in zip(self.metric_cols, self.metric_root, num, den)}
 
+    def _zero_grad(self) -> None:
+        """With gradient_as_bucket_view the gradients ARE DDP's bucket memory: zero them in place (a memset) rather
+        than free them, which would make the next backward allocate new gradients and DDP copy them into the buckets
+        again. Without bucket views, set_to_none (no memset). Horovod's optimizer takes no argument."""
+        if self.hvd is not None:
+            self.opt.zero_grad()
+        else:
+            self.opt.zero_grad(set_to_none=not self.cfg.gradient_as_bucket_view)
+
     def _step(self, x, y, sums, global_step: int) -> None:
         cfg, wl = self.cfg, self.wl
-        self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
+        self._zero_grad()
         mb = cfg.micro_batches
         for i, (xm, ym) in enumerate(zip(_chunks(x, mb), _chunks(y, mb))):
             # Gradients are all-reduced once per step, on the last micro-batch.
@@ -680,6 +720,10 @@ class Trainer:
             self.scaler.update()
             if self.recipe.schedule_unit == "step":
                 self.sched.step()
+
+    def _no_eval(self) -> dict:
+        """An epoch without evaluation (eval_every): its eval columns are empty."""
+        return {"eval_loss": None, **{f"eval_{c}": None for c in self.metric_cols}}
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
@@ -757,22 +801,59 @@ class Trainer:
         else:
             timing = "warm-up only: no timed steps this epoch"
         return (f"epoch {row['epoch']}/{self.cfg.epochs} done: train_loss {row['train_loss']:.4f} "
-                f"eval_loss {row['eval_loss']:.4f} {metrics} | {timing} | epoch {row['epoch_s']:.1f} s")
+                + (f"eval_loss {row['eval_loss']:.4f} {metrics}" if row["eval_loss"] is not None else "(no evaluation)")
+                + f" | {timing} | epoch {row['epoch_s']:.1f} s")
 
     def _checkpoint(self) -> None:
+        """Every rank's RNG, I/O counters, partial sums and buffers (BatchNorm statistics are per rank) are gathered;
+        rank 0 copies the state to host memory (the snapshot, timed) and writes it, in a background thread when
+        checkpoint_async (the next save, a stop or the end of the run waits for that write; its time is recorded)."""
         self.watchdog.beat()
         rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
         io = all_gather_object(self._io_state())    # every rank's I/O counters, so the record covers all attempts
         partial = all_gather_object(self.state["partial_sums"])  # every rank's sums of an interrupted epoch
+        buffers = all_gather_object({k: v.detach().cpu() for k, v in self.model.named_buffers()})
         if self.is_rank0:
+            self._wait_checkpoint()  # the previous write, if still going: one write at a time
             st = self.state
-            ckpt.save(self.run_dir, rng=rng, io=io, partial_sums=partial if partial[0] is not None else None, model=self.model.state_dict(),
-                      optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
-                      scheduler=self.sched.state_dict(), epoch=st["epoch"], step_in_epoch=st["step_in_epoch"],
-                      global_step=st["global_step"], rows=st["rows"], timing=st["timing"],
-                      started_utc=st["started_utc"], config=self.cfg.to_dict())
-        dist.barrier()
+            t0 = time.perf_counter()
+            data = ckpt.serialise(rng, io=io, partial_sums=partial if partial[0] is not None else None,
+                                  model=self.model.state_dict(), rank_buffers=buffers,
+                                  optimizer=self.opt.state_dict(), scaler=self.scaler.state_dict(),
+                                  scheduler=self.sched.state_dict(), epoch=st["epoch"],
+                                  step_in_epoch=st["step_in_epoch"], global_step=st["global_step"], rows=st["rows"],
+                                  timing=st["timing"], started_utc=st["started_utc"], config=self.cfg.to_dict())
+            snap_ms = (time.perf_counter() - t0) * 1e3
+            cost = {"epoch": st["epoch"], "global_step": st["global_step"], "bytes": len(data),
+                    "snapshot_ms": round(snap_ms, 3), "write_ms": None, "async": self.cfg.checkpoint_async}
+            self.ckpt_costs.append(cost)
+            if self.cfg.checkpoint_async:
+                self.ckpt_writer = threading.Thread(target=self._write_checkpoint, args=(data, cost), daemon=True,
+                                                    name="lab-checkpoint")
+                self.ckpt_writer.start()
+            else:
+                self._write_checkpoint(data, cost)
+        if not self.cfg.checkpoint_async:
+            dist.barrier()
         self.watchdog.beat()
+
+    def _write_checkpoint(self, data: bytes, cost: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            ckpt.write(self.run_dir, data)
+        except BaseException as e:  # seen by the next _wait_checkpoint, on the training thread
+            self.ckpt_error = e
+        cost["write_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+
+    def _wait_checkpoint(self) -> None:
+        """Rank 0: the background write of the last checkpoint is finished (or its error raised)."""
+        writer, self.ckpt_writer = getattr(self, "ckpt_writer", None), None
+        if writer is not None:
+            writer.join()
+        err, self.ckpt_error = getattr(self, "ckpt_error", None), None
+        if err is not None:
+            raise RuntimeError(f"writing the checkpoint in {self.run_dir} failed: {type(err).__name__}: {err}") \
+                from err
 
     def _comm_probe(self) -> dict:
         """Fwd+bwd with and without gradient all-reduce on one fixed batch, in pairs.
@@ -799,7 +880,7 @@ class Trainer:
         self.ddp.train()
 
         def once(sync: bool) -> float:
-            self.opt.zero_grad()  # set_to_none, the default (Horovod takes no argument)
+            self._zero_grad()
             synchronize(self.device)
             dist.barrier()
             t0 = time.perf_counter()
@@ -817,7 +898,7 @@ class Trainer:
             b = once(not first_sync)
             if i >= 2:
                 pairs.append((a, b) if first_sync else (b, a))
-        self.opt.zero_grad()
+        self._zero_grad()
         sums = all_reduce([v for p in pairs for v in p], self.device)
         mean = [v / self.world for v in sums]
         sync_ms, nosync_ms = mean[0::2], mean[1::2]
@@ -867,6 +948,8 @@ class Trainer:
             "comm_probe_sync_ms": None, "comm_probe_nosync_ms": None, "exposed_comm_ms": None,
             "exposed_comm_status": None, "exposed_comm_ci_ms": None, "comm_probe_pairs": None,
             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "checkpoints": checkpoint_summary(getattr(self, "ckpt_costs", [])),
+            "host_syncs_per_step": getattr(getattr(self, "syncs", None), "per_step", None),
             "grad_param_bytes": self.grad_param_bytes,
         }
         summary.update(probe or {})
@@ -1010,3 +1093,48 @@ def probe_result(sync_ms: list[float], nosync_ms: list[float]) -> dict:
             "exposed_comm_ms": round(d, 4) if resolved else None,
             "exposed_comm_status": "measured" if resolved else "below noise",
             "exposed_comm_ci_ms": [round(lo, 4), round(hi, 4)]}
+
+
+def checkpoint_summary(costs: list[dict]) -> dict | None:
+    """summary.json's `checkpoints`: how many this attempt wrote, and what they cost the training loop
+    (the snapshot, always on the training thread) and the disk (the write, in the background when async)."""
+    if not costs:
+        return None
+    snaps = [c["snapshot_ms"] for c in costs]
+    writes = [c["write_ms"] for c in costs if c["write_ms"] is not None]
+    return {"count": len(costs), "async": costs[-1]["async"], "bytes": costs[-1]["bytes"],
+            "snapshot_ms_median": round(median(snaps), 3), "snapshot_ms_max": round(max(snaps), 3),
+            "write_ms_median": round(median(writes), 3) if writes else None,
+            "write_ms_max": round(max(writes), 3) if writes else None}
+
+
+class SyncCounter:
+    """Counts host-device synchronisations over steps [first, first + n) with torch.cuda.set_sync_debug_mode('warn'),
+    which warns at every synchronising call (.item(), .tolist(), a blocking copy, ...). The result per step goes to
+    summary.json's host_syncs_per_step; a loop that keeps the GPU fed has close to none."""
+
+    def __init__(self, first: int, n: int):
+        import warnings
+
+        self.first, self.n, self.per_step, self._w = first, n, None, warnings
+        self._cm, self._log = None, None
+
+    def at_step(self, step: int) -> None:
+        """Called before each step of this attempt (0-based)."""
+        self._steps = step - self.first  # steps completed inside the window so far
+        if step == self.first and self._cm is None and self.per_step is None:
+            self._cm = self._w.catch_warnings(record=True)
+            self._log = self._cm.__enter__()
+            self._w.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        elif step == self.first + self.n:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._cm is None:
+            return
+        torch.cuda.set_sync_debug_mode("default")
+        self._cm.__exit__(None, None, None)
+        count = sum(1 for w in self._log if "synchroniz" in str(w.message).lower())
+        steps = min(self.n, max(1, getattr(self, "_steps", self.n)))
+        self.per_step, self._cm = round(count / steps, 3), None

@@ -57,10 +57,14 @@ def expand_hostlist(spec: str) -> list[str]:
     return hosts
 
 
+# Rendezvous ports come from 20000-31999: below Linux's default ephemeral range (32768-60999), from which the
+# kernel hands out outgoing connections' ports (NCCL's and gloo's among them), so a listener cannot collide.
+PORT_BASE, PORT_SPAN = 20000, 12000
+
+
 def slurm_port(job_id: str) -> int:
-    # Deterministic per job so every rank agrees without talking; above the
-    # ephemeral range of most Linux defaults' lower half to avoid clashes.
-    return 20000 + int(job_id) % 20000
+    """Deterministic per job, so every rank agrees without talking."""
+    return PORT_BASE + int(job_id) % PORT_SPAN
 
 
 def rank_env(environ: dict | None = None) -> RankEnv:
@@ -84,25 +88,61 @@ def rank_env(environ: dict | None = None) -> RankEnv:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now, outside the ephemeral range (see PORT_BASE)."""
+    import random
+
+    for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on this machine")
+
+
+def gpu_index(local_rank: int, visible: int) -> int:
+    """The index, among the GPUs this process sees, that local rank `local_rank` takes.
+
+    All the node's GPUs visible (one task per GPU, no binding): the local rank. Slurm bound
+    one GPU to the task (--gpus-per-task=1, --gpu-bind=single:1 or map_gpu): index 0. Slurm
+    bound a subset of k GPUs to groups of k tasks (--gpu-bind=per_task:k, a socket's GPUs):
+    local rank mod k, which spreads consecutive tasks over the group's GPUs. Two ranks that
+    still land on one GPU are found after the rendezvous (check_distinct_gpus), not here.
+    """
+    if visible < 1:
+        raise ConfigError(f"parameter 'device': cuda requested but no GPU is visible to local rank {local_rank} "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return local_rank % visible
 
 
 def select_device(device_type: str, local_rank: int) -> torch.device:
     if device_type == "cpu":
         return torch.device("cpu")
-    n = torch.cuda.device_count()
-    if local_rank < n:
-        index = local_rank
-    elif n == 1:
-        index = 0  # Slurm bound exactly one GPU to this task
-    else:
-        raise ConfigError(
-            f"parameter 'gpus': local rank {local_rank} has no GPU ({n} visible on {socket.gethostname()}); "
-            f"ask Slurm for one task per GPU (--ntasks-per-node = --gpus-per-node)")
+    index = gpu_index(local_rank, torch.cuda.device_count())
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def gpu_uuid(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "") or None
+
+
+def check_distinct_gpus(ranks: list[dict]) -> None:
+    """Every rank on its own GPU: two ranks that share one (a binding that left both the same device) fail here,
+    naming them, instead of running at half speed."""
+    seen: dict[tuple, int] = {}
+    for r in ranks:
+        if not r.get("gpu_uuid"):
+            continue
+        key = (r["node"], r["gpu_uuid"])
+        if key in seen:
+            raise ConfigError(
+                f"parameter 'gpus': ranks {seen[key]} and {r['global_rank']} share GPU {r['gpu_uuid']} on {r['node']}; "
+                f"give each task its own GPU (--ntasks-per-node = --gpus-per-node, or --gpus-per-task=1)")
+        seen[key] = r["global_rank"]
 
 
 def preflight(renv: RankEnv) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-# TFLOP/s, dense. Keys are matched as substrings of the lower-cased device name;
-# the first match wins, so the more specific names come first.
+# TFLOP/s, dense. Keys are matched as whole words of the lower-cased device name ("l4" is not
+# "L40S", "h200" is not "GH200"); the first match wins, so the more specific names come first.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("gh200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
     ("h200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
@@ -24,6 +24,7 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("a30", {"bf16": 165.0, "fp16": 165.0, "tf32": 82.0, "fp32": 10.3}),
     ("a10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
     ("l40s", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("l40", {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),
     ("l4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
     ("v100", {"fp16": 125.0, "fp32": 15.7}),
     ("t4", {"fp16": 65.0, "fp32": 8.1}),
@@ -34,9 +35,11 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 def peak_tflops(device_name: str, precision: str, tf32: bool = True) -> float | None:
     """Dense peak of `device_name` for `precision`, or None when unknown."""
+    import re
+
     name = device_name.lower()
     for key, table in PEAK_TFLOPS:
-        if key in name:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):
             if precision == "fp32" and tf32 and "tf32" in table:
                 return table["tf32"]
             return table.get(precision)

@@ -51,6 +51,16 @@ def exit_status(body) -> int:
 PER_WORKLOAD = None  # the default of a common parameter that each workload sets
 
 
+class _PerDevice:
+    """The default of a parameter that depends on the device type: on with CUDA, off on CPU (None in a notebook)."""
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+PER_DEVICE = _PerDevice()
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -96,8 +106,9 @@ COMMON: tuple[Param, ...] = (
     Param("train_samples", int, 0, "use the first N training samples (0: all); for quick runs"),
     Param("test_samples", int, 0, "use the first N test samples (0: all); for quick runs"),
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
-    Param("compile", bool, False, "torch.compile the model"),
-    Param("channels_last", bool, False, "channels_last memory format for model and inputs (convolutional models)"),
+    Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
+    Param("channels_last", bool, PER_DEVICE, "channels_last memory format for model and inputs (convolutional "
+                                             "models; None: on with CUDA, off on CPU)"),
     Param("device", str, "auto", "auto (cuda when visible, else cpu), cuda or cpu", ("auto", "cuda", "cpu")),
     Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
     Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to "
@@ -116,8 +127,16 @@ COMMON: tuple[Param, ...] = (
                                       "on (required), off", ("auto", "on", "off")),
     Param("monitor_hz", float, 2.0, "resource monitor samples per second on each node (GPU via NVML, host via "
                                     "psutil) into monitor.csv; 0: off; at most 5 (NVML refreshes slower)"),
+    Param("sync_debug_steps", int, 0, "CUDA: count the host-device synchronisations over this many steps after the "
+                                      "timing warm-up (torch.cuda.set_sync_debug_mode) into host_syncs_per_step"),
     Param("log_every", int, 50, "print a progress line every N steps (0: per epoch only)"),
     Param("checkpoint_every", int, 1, "checkpoint every N epochs (0: never; a run then cannot resume)"),
+    Param("checkpoint_async", bool, True, "write checkpoints in a background thread (the state is copied to host "
+                                          "memory first; the next save or the end of the run waits for the write)"),
+    Param("eval_every", int, 1, "evaluate over the test set every N epochs, and after the last (0: after the last "
+                                "only)"),
+    Param("eval_batch", int, 0, "samples per rank per evaluation batch (0: 4 x the per-rank training batch; "
+                                "evaluation keeps no activations for backward)"),
     Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); "
                                       "resume by re-running"),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
@@ -194,6 +213,10 @@ class RunConfig:
     @property
     def per_rank_batch(self) -> int:
         return self.batch // self.gpus
+
+    @property
+    def per_rank_eval_batch(self) -> int:
+        return self.eval_batch or 4 * self.per_rank_batch
 
     @property
     def data_root(self) -> Path:
@@ -306,10 +329,14 @@ def resolve(raw: dict) -> RunConfig:
     values = {}
     for p in (*COMMON, *wl.params):
         given = raw.get(p.name)
+        if given is PER_DEVICE:  # the default itself, passed on (a table's defaults as values)
+            given = None
         if given is not None:
             v = coerce(p, given)
         elif p.default is PER_WORKLOAD:
             v = wl.defaults[p.name]
+        elif p.default is PER_DEVICE:
+            v = None  # resolved below, once the device is known
         elif p.name in raw:  # None given for a parameter that has a value of its own
             v = coerce(p, None)
         else:
@@ -320,6 +347,10 @@ def resolve(raw: dict) -> RunConfig:
             )
         values[p.name] = v
     values["workload"] = wl.name if ":" not in wname else wname
+    cuda = values["device"] == "cuda" or (values["device"] == "auto" and visible_gpus() > 0)
+    for p in COMMON:  # recorded resolved: the record says what ran
+        if p.default is PER_DEVICE and values[p.name] is None:
+            values[p.name] = cuda
     if values["pipeline"] == "auto":  # recorded resolved, so records and analyses compare like with like
         from kernels.data import DATASETS
 
@@ -347,9 +378,9 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
     need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
     need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
-    for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps",
+    for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps", "eval_every", "eval_batch",
                  "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps", "profile_steps",
-                 "profile_wait", "profile_warmup"):
+                 "profile_wait", "profile_warmup", "sync_debug_steps"):
         need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
     need(0 <= cfg.monitor_hz <= 5, f"parameter 'monitor_hz': samples per second in 0 (off) .. 5, got "
                                    f"{cfg.monitor_hz} (NVML refreshes utilisation every 1/6 to 1 s)")

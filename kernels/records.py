@@ -119,6 +119,11 @@ SUMMARY_FIELDS: dict[str, str] = {
                   "(data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the thresholds "
                   "(kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
+    "host_syncs_per_step": "CUDA with sync_debug_steps > 0: host-device synchronisations per training step "
+                           "(torch.cuda.set_sync_debug_mode), else empty",
+    "checkpoints": "this attempt's checkpoints: count, async (written in a background thread), bytes, "
+                   "snapshot_ms_median/max (copying the state to host memory: the training loop waits for this) and "
+                   "write_ms_median/max (the file write and checksum: in the background when async)",
     "grad_param_bytes": "bytes of each trainable parameter's gradient, in registration order (DDP's buckets are made "
                         "of them; the scaling predictor reads them)",
     "attempts": "the run's attempts: start, end, status and cause of each (a resumed run has several)",

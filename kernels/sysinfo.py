@@ -273,3 +273,15 @@ def free_space(path: Path) -> tuple[Path, int]:
     while not probe.exists():
         probe = probe.parent
     return probe, shutil.disk_usage(probe).free
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """0,1,2,3,8,9 -> '0-3,8-9' (the form of taskset and Slurm's cpu lists)."""
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)

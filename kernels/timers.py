@@ -4,6 +4,17 @@ On CUDA each step records three events (start, batch ready, step done) on the
 current stream; they are read once per epoch after a synchronize, so timing
 adds no per-step host-device sync. On CPU the work is synchronous and
 perf_counter is exact.
+
+What "data wait" (start -> batch ready) means, exactly, so that pipelines compare:
+- CUDA, device-resident source (pipeline=device): the stream time of the batch's
+  on-device gather and augmentation kernels.
+- CUDA, DataLoader (pipeline=dataloader) or streamed shards: the stream time between
+  the two marks, i.e. the time the GPU had nothing else to do while the host waited
+  for a worker's batch, plus the host-to-device copy. Host waiting that overlaps GPU
+  work still queued from the previous step costs the step nothing and counts nothing.
+- CPU (any source): the wall time of fetching the batch (next() on the source).
+In every case it is the time the step's compute could not start for want of input,
+on the timeline that bounds the step; compute = step - data wait.
 """
 from __future__ import annotations
 

@@ -23,17 +23,19 @@ import traceback
 
 from kernels import records
 from kernels.records import ensure_not_complete
-from kernels.params import (PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve,
+from kernels.params import (PER_DEVICE, PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve,
                             table, unknown_name_error)
 
 
-LAUNCHER_ENV = "LAB_LAUNCHER"
-RANK_WRAPPER_ENV = "LAB_RANK_WRAPPER"  # a command prefix for every srun rank (the Nsight wrappers set it)  # set by this module's local launcher, so the record names it
+LAUNCHER_ENV = "LAB_LAUNCHER"  # set by this module's local launcher, so the record names it
+RANK_WRAPPER_ENV = "LAB_RANK_WRAPPER"  # a command prefix for every srun rank (the Nsight wrappers set it)
 
 
 def _default_text(p, workloads) -> str:
     if p.default is PER_WORKLOAD:
         return "per workload: " + ", ".join(f"{w.name} {w.defaults[p.name]!r}" for w in workloads)
+    if p.default is PER_DEVICE:
+        return "true with CUDA, false on CPU"
     return repr(p.default)
 
 
@@ -295,6 +297,11 @@ def srun_command(cfg: RunConfig, environ=None, command: list[str] | None = None,
     cmd = ["srun", f"--ntasks={cfg.gpus}", f"--nodes={nodes}", "--kill-on-bad-exit=1", "--wait=60", "--export=ALL"]
     if cfg.gpus % nodes == 0:
         cmd.append(f"--ntasks-per-node={cfg.gpus // nodes}")
+    # Since Slurm 22.05 srun does not inherit the job's --cpus-per-task: without it each rank would get one core,
+    # shared with its data workers and threads. Bound to cores, so ranks do not migrate over each other's.
+    cpus = env.get("SLURM_CPUS_PER_TASK")
+    if cpus:
+        cmd += [f"--cpus-per-task={cpus}", f"--cpu-bind={env.get('LAB_CPU_BIND', 'cores')}"]
     cmd += list(extra)
     worker = command or worker_command(cfg)
     if env.get("LAB_CONTAINER"):  # the same wrapper as the batch script: binds and --nv decided in one place
@@ -313,9 +320,15 @@ def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
     # LAB_RUN_DIR: where a rank wrapper (nsys -o %q{LAB_RUN_DIR}/...) puts its reports
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                 "LAB_RUN_DIR": str(cfg.results_root / cfg.run_id)})
+                                 **({"LAB_RUN_DIR": str(cfg.results_root / cfg.run_id)}
+                                    if isinstance(cfg, RunConfig) else {})})
     _pump(proc.stdout, "", stdout)
-    return proc.wait()
+    rc = proc.wait()
+    if rc not in (0, EXIT_PREEMPTED) and isinstance(cfg, RunConfig):  # a rank killed without a word (NCCL's
+        run_dir = cfg.results_root / cfg.run_id                         # watchdog aborts): not left "running"
+        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {cmd[0]})"):
+            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    return rc
 
 
 def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig]:

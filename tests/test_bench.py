@@ -49,3 +49,46 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
     assert set(record["rows"]) == {"public", "lab", "lab, dense supports"} and record["rows"]["public"]["speedup"] == 1
     # the public pipeline holds every window twice over in float64; the lab the series once in float32
     assert record["rows"]["public"]["data_bytes"] > 10 * record["rows"]["lab"]["data_bytes"]
+
+
+def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
+    p = subprocess.run([sys.executable, "benchmarks/bench_seed.py", "--batch", "32", "--steps", "4", "--warmup", "1",
+                        "--workers", "1", "--width", "4", "--repeats", "2", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(re.findall(r"repeat \d: seed-style [\d,.]+ samples/s, lab [\d,.]+ samples/s: [\d.]+x", p.stdout)) == 2
+    text = next(tmp_path.glob("seed-vs-lab-*.md")).read_text()
+    ratio = float(re.search(r"Lab / seed-style: \*\*([\d.]+)x\*\* \(median of 2 paired ratios\)", text).group(1))
+    assert ratio > 0 and "On a CPU this ratio measures the input pipeline" in text
+    assert "pipeline device, channels_last false, compile false" in text  # what the lab side ran, from its record
+
+
+def test_seed_baseline_is_the_usual_script():
+    src = (ROOT / "benchmarks" / "seed_baseline.py").read_text()
+    for part in ("Image.fromarray", "ImageOps.expand(img, border=4", "FLIP_LEFT_RIGHT", "pin_memory=cuda",
+                 "persistent_workers=args.workers > 0", "DistributedDataParallel(model, device_ids", "loss.item()"):
+        assert part in src, part
+    assert "channels_last" not in src.split('"""', 2)[2] and "torch.compile" not in src.split('"""', 2)[2]
+
+
+def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
+    p = subprocess.run([sys.executable, "benchmarks/gpu_validation.py", "--device", "cpu", "--tiny", "--repeats", "1",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    text = (tmp_path / "gpu-validation-cpu-check.md").read_text()
+    assert text.startswith("# GPU validation harness, CPU check (no GPU figures)")
+    for row in ("| resnet18-fp32 | 1 |", "| resnet18-bf16 | 1 |", "| resnet18-fp32-nocompile |", "| resnet18-fp32-nchw |",
+                "| resnet18-fp32-x2 | 2 |", "| cnn-x1 |", "| cnn-x2 |", "| dcrnn-x1 |", "| dcrnn-x2 |"):
+        assert row in text, row
+    assert "failed" not in text
+    assert re.search(r"\| median \| [\d,]+ \| [\d,]+ \| \*\*[\d.]+x\*\*", text)       # seed-style vs lab
+    assert "| convolution |" in text and "host timeline" in text                      # the profiled run
+    assert "gloo, 2 ranks, fp32" in text and "| 65,536 |" in text                      # the all_reduce sweep
+
+
+def test_bench_gpu_refuses_without_a_gpu():
+    p = subprocess.run(["bash", "benchmarks/gpu_validation.sh"], cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert p.returncode == 2 and "no NVIDIA GPU here" in p.stderr
+    p = subprocess.run([sys.executable, "benchmarks/gpu_validation.py"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "no GPU visible" in p.stderr and "--device cpu --tiny" in p.stderr

@@ -44,6 +44,10 @@ COMMANDS: dict[str, str] = {
         "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool error",
     "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
         "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
+    # --- benchmarks
+    "make bench": "skip: about 10 minutes of tables on 2 cores; test_bench.py runs each benchmark with tiny sizes",
+    "make bench-gpu": "skip: needs a GPU; test_bench.py runs its plan on a CPU (--device cpu --tiny) and checks it "
+                      "refuses to start without a GPU",
     # --- training
     "lab train --help": RUN,
     "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3": RUN,

@@ -176,6 +176,10 @@ def test_apptainer_definition_and_wrapper():
     for section in ("%arguments", "%files", "%post", "%environment", "%runscript", "%test", "%labels", "%help"):
         assert re.search(rf"^{section}$", d, re.M), section
     assert "-r /opt/lab/requirements.txt -c /opt/lab/constraints.txt" in d
+    # InfiniBand/RoCE user space for NCCL, and a %test that requires its IB transport and a working torch.compile
+    assert re.search(r"apt-get install .*rdma-core libibverbs1", d) and "ibverbs-providers" in d
+    test = d.split("%test", 1)[1].split("%labels", 1)[0]
+    assert "torch.compile" in test and "NET/IB" in test and "NCCL_SHM_DISABLE=1" in test
     run = str(ROOT / "apptainer" / "run.sh")
     env = {**os.environ, "LAB_NV": "1", "LAB_DATA": "/scratch/data", "LAB_CONTAINER": "/img/lab.sif"}
     p = subprocess.run([run, "--print", "exec", "python", "-m", "kernels.train"], capture_output=True, text=True,

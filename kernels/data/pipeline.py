@@ -289,4 +289,4 @@ def tensor_sources(cfg, train: Split, test: Split, transform: ImageTransform | N
     else:
         src = LoaderSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
                            cfg.num_workers, cfg.prefetch_factor)
-    return src, EvalSource(test, transform, cfg.per_rank_batch, rank, world, device, cfg.channels_last)
+    return src, EvalSource(test, transform, cfg.per_rank_eval_batch, rank, world, device, cfg.channels_last)

@@ -109,3 +109,11 @@ class Workload:
         self.defaults.setdefault("dataset", self.datasets[0])
         if self.primary_metric and self.primary_metric not in {m.name for m in self.metrics}:
             raise TypeError(f"workload {self.name}: primary_metric {self.primary_metric!r} is not one of its metrics")
+
+
+def fused(model) -> dict:
+    """Optimizer keyword arguments for the fastest kernels torch offers: `fused=True` on CUDA (one kernel for the
+    whole update of SGD, Adam, AdamW, Adagrad) where the model lives on a GPU; on CPU torch's default (foreach),
+    which keeps CPU runs as they were."""
+    p = next(iter(model.parameters()), None)
+    return {"fused": True} if p is not None and p.is_cuda else {}

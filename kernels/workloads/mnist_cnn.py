@@ -97,7 +97,7 @@ def _bigmnist_data(cfg, rank: int, world: int, device: torch.device):
         src = PerSampleSource(shards, mean, std, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
                               cfg.num_workers, cfg.prefetch_factor)
     test = shards.test_split().head(cfg.test_samples)
-    ev = EvalSource(test, transform, cfg.per_rank_batch, rank, world, device, cfg.channels_last)
+    ev = EvalSource(test, transform, cfg.per_rank_eval_batch, rank, world, device, cfg.channels_last)
     return src, ev, DataInfo(input_shape=(1, 28, 28), num_classes=shards.manifest["num_classes"])
 
 

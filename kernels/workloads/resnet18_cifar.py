@@ -20,7 +20,7 @@ from kernels.data import load_image_dataset
 from kernels.data.pipeline import ImageTransform, tensor_sources
 from kernels.params import ConfigError, Param
 from kernels.workloads import classification
-from kernels.workloads.base import DataInfo, Recipe, Workload
+from kernels.workloads.base import DataInfo, Recipe, Workload, fused
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -109,7 +109,7 @@ def lr_lambda(total_steps: int, warmup_steps: int):
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
-                          weight_decay=cfg.weight_decay)
+                          weight_decay=cfg.weight_decay, **fused(model))
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, round(cfg.lr_warmup_epochs * steps_per_epoch)))
     return Recipe(opt, sched, "step")

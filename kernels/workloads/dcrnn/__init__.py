@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kernels.params import ConfigError, Param
-from kernels.workloads.base import DataInfo, Metric, Recipe, Workload
+from kernels.workloads.base import DataInfo, Metric, Recipe, Workload, fused
 
 HORIZONS = {"15min": 3, "30min": 6, "60min": 12}  # label -> step ahead (5-minute steps)
 LABELS = tuple(HORIZONS)
@@ -168,7 +168,7 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     norm = (series.speeds != 0).sum(1).astype(np.float32) / gp
     store = SeriesStore(inputs, raw, norm, device, cfg.seq_len, cfg.horizon)
     src = WindowSource(store, train, cfg.batch, g.dp_rank, g.dp, cfg.seed)
-    ev = WindowEvalSource(store, test, cfg.batch // g.dp, g.dp_rank, g.dp)
+    ev = WindowEvalSource(store, test, cfg.eval_batch or 4 * (cfg.batch // g.dp), g.dp_rank, g.dp)
     shared = {
         "dataset_shape": [series.num_steps, n], "graph_edges": int((series.adj != 0).sum() - (np.diag(series.adj) != 0).sum()),
         "missing_frac": round(float((series.speeds == 0).mean()), 5), "scaler_mean": mean, "scaler_std": std,
@@ -201,7 +201,7 @@ def build_model(cfg, info: DataInfo):
 
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, **fused(model))
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=_milestones(cfg), gamma=cfg.lr_decay)
     return Recipe(opt, sched, "epoch", clip_grad_norm=cfg.max_grad_norm)
 

@@ -1,0 +1,256 @@
+"""Everything that needs a GPU, checked and measured in one command: `make bench-gpu` (benchmarks/gpu_validation.sh).
+
+On a GPU node it writes results/bench/<gpu-name>.md with the device, driver, CUDA, NCCL and torch
+versions and these tables, each row from a real run's record:
+1. ResNet-18 (CIFAR form) on synthetic CIFAR-shaped data, one GPU, batch 512, >= 100 timed steps:
+   bf16/fp16/fp32 with the CUDA defaults (channels_last, torch.compile), and bf16 with compile off and
+   with channels_last off: samples/s (median step) with p10-p90, MFU, data wait, host syncs per step
+   (torch.cuda.set_sync_debug_mode over 20 steps), peak memory;
+2. the same on all the node's GPUs (NCCL, batch 512 per GPU), and the other workloads (the MNIST CNN,
+   DCRNN) on one GPU and on all;
+3. the seed-style baseline against the lab's loop (bf16, batch 512, one GPU, alternating runs);
+4. a profiled run (device-timeline breakdown by operator category, NCCL hidden vs exposed);
+5. an NCCL all_reduce sweep over all GPUs (nccl-tests' bus bandwidth), when there are two or more.
+
+Targets for one H100 (the table says whether they are met; they are not pass/fail): ResNet-18/CIFAR bf16
+at batch 512 >= 40,000 samples/s and >= 3x the seed-style baseline.
+
+`--device cpu --tiny` runs the same plan on a CPU with gloo and tiny sizes: the tests use it to check
+the harness itself (every command it builds runs, every table is filled). It never stands in for the
+GPU figures: the file it writes says CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET_SPS = 40_000   # ResNet-18/CIFAR bf16, batch 512, one H100
+TARGET_RATIO = 3.0    # against the seed-style baseline
+
+
+def sh(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    print("+ " + " ".join(map(str, cmd)), flush=True)
+    return subprocess.run(list(map(str, cmd)), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def versions(cuda: bool) -> dict:
+    import torch
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None, "driver": None,
+           "gpu": torch.cuda.get_device_name(0) if cuda else None, "gpus": torch.cuda.device_count() if cuda else 0,
+           "cpus": len(os.sched_getaffinity(0)), "host": os.uname().nodename}
+    if cuda and shutil.which("nvidia-smi"):
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                           text=True)
+        out["driver"] = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
+    return out
+
+
+class Plan:
+    """The sizes: a GPU's, or --tiny (CPU, for the tests)."""
+
+    def __init__(self, args, cuda: bool):
+        self.cuda, self.tiny = cuda, args.tiny
+        self.batch = 32 if args.tiny else args.batch
+        self.steps = 3 if args.tiny else args.steps
+        self.warmup = 1 if args.tiny else args.warmup
+        self.width = 4 if args.tiny else 64
+        self.gpus = (2 if args.tiny else 1) if not cuda else max(1, args.gpus or versions(True)["gpus"])
+        self.precisions = ("bf16", "fp16", "fp32") if cuda else ("fp32", "bf16")
+        self.workers = 1 if args.tiny else min(8, len(os.sched_getaffinity(0)))
+
+
+def run_lab(plan: Plan, tmp: Path, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:
+    """One run of the lab's loop; its summary and config, or the error."""
+    per = plan.batch
+    p = {"workload": workload, "dataset": "synthetic", "gpus": gpus, "batch": per * gpus, "epochs": 1,
+         "train_samples": per * gpus * (plan.steps + plan.warmup), "test_samples": per * gpus,
+         "timing_warmup_steps": plan.warmup, "comm_probe_steps": 0 if gpus == 1 else 5, "log_every": 0,
+         "checkpoint_every": 0, "num_workers": plan.workers, "results_dir": tmp, "run_id": name,
+         "oversubscribe": "true" if not plan.cuda else "false", **params}
+    if workload == "resnet18":
+        p["width"] = plan.width
+    if workload == "dcrnn":
+        p.update(rnn_units=8 if plan.tiny else 64, synthetic_shape="metr-la")
+    if plan.cuda:
+        p["sync_debug_steps"] = min(20, plan.steps)
+    cmd = [sys.executable, "-m", "kernels.train"]
+    for k, v in p.items():
+        cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    t0 = time.time()
+    r = sh(cmd, timeout=600)
+    rec = Path(tmp) / name
+    if r.returncode != 0 or not (rec / "summary.json").exists():
+        return {"name": name, "error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["failed"]}
+    s = json.loads((rec / "summary.json").read_text())
+    c = json.loads((rec / "config.json").read_text())
+    return {"name": name, "summary": s, "params": c["params"], "wall_s": time.time() - t0, "dir": rec}
+
+
+def lab_row(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['name']} | failed: {' '.join(r['error'])[:120]} | | | | | | |"
+    s, p = r["summary"], r["params"]
+    mfu = f"{100 * s['mfu']:.1f} %" if s.get("mfu") is not None else "n/a"
+    syncs = f"{s['host_syncs_per_step']:.2f}" if s.get("host_syncs_per_step") is not None else "n/a"
+    return (f"| {r['name']} | {p['gpus']} | {p['precision']}, cl {'on' if p['channels_last'] else 'off'}, compile "
+            f"{'on' if p['compile'] else 'off'} | {s['samples_per_s']:,.0f} ({s['samples_per_s_p10']:,.0f}-"
+            f"{s['samples_per_s_p90']:,.0f}) | {mfu} | {100 * (s['data_wait_frac'] or 0):.1f} % | {syncs} | "
+            f"{s['peak_mem_gib']:.2f} |")
+
+
+LAB_HEAD = ["| run | GPUs | precision, channels_last, compile | samples/s (p10-p90) | MFU | data wait | host syncs/step "
+            "| peak GiB |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+
+
+def seed_vs_lab(plan: Plan, tmp: Path, repeats: int) -> tuple[list[str], float | None, float | None]:
+    precision = "bf16" if plan.cuda else "fp32"
+    ratios, labs, seeds = [], [], []
+    for i in range(repeats):
+        r = sh([sys.executable, "benchmarks/seed_baseline.py", "--batch", plan.batch, "--steps", plan.steps,
+                "--warmup", plan.warmup, "--workers", plan.workers, "--width", plan.width, "--precision", precision],
+               timeout=600)
+        if r.returncode != 0:
+            return [f"seed-style baseline failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"], None, None
+        seed = json.loads(r.stdout.strip().splitlines()[-1])
+        lab = run_lab(plan, tmp, f"lab-vs-seed-{i}", precision=precision)
+        if "error" in lab:
+            return [f"lab run failed: {lab['error']}"], None, None
+        seeds.append(seed["samples_per_s"])
+        labs.append(lab["summary"]["samples_per_s"])
+        ratios.append(labs[-1] / seeds[-1])
+    ratio = statistics.median(ratios)
+    lines = ["| repeat | seed-style samples/s | lab samples/s | lab / seed |", "|---:|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {s:,.0f} | {lab:,.0f} | {r:.2f}x |" for i, (s, lab, r) in enumerate(zip(seeds, labs, ratios))]
+    lines.append(f"| median | {statistics.median(seeds):,.0f} | {statistics.median(labs):,.0f} | **{ratio:.2f}x** "
+                 f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+    return lines, ratio, statistics.median(labs)
+
+
+def profile_section(plan: Plan, tmp: Path) -> list[str]:
+    r = run_lab(plan, tmp, "profiled", gpus=plan.gpus, profile_steps=max(1, min(5, plan.steps - 1)),
+                profile_wait=plan.warmup,
+                profile_warmup=1, **({"precision": "bf16"} if plan.cuda else {}))
+    if "error" in r or not (r["summary"].get("profile") or {}).get("share"):
+        return [f"profiled run failed: {r.get('error') or (r['summary'].get('profile') or {}).get('status')}"]
+    pr = r["summary"]["profile"]
+    lines = [f"{pr['ranks']} rank(s), {pr['steps']} profiled steps, {pr['timeline']} timeline, "
+             f"{pr['profiled_ms_per_step']:.2f} ms per step; {pr['comm_crosscheck']}; HTA: {pr['hta']['status']}; "
+             f"verdict: {r['summary']['bottleneck']['verdict']}.", "", "| category | ms/step | share |", "|---|---:|---:|"]
+    for c, v in sorted(pr["share"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {c} | {pr['ms_per_step'][c]:.3f} | {100 * v:.1f} % |")
+    if pr.get("hidden_comm_ms_per_step") is not None:
+        lines.append(f"\nNCCL hidden behind compute: {pr['hidden_comm_ms_per_step']:.3f} ms per step.")
+    return lines
+
+
+def commbench_section(plan: Plan, tmp: Path) -> list[str]:
+    n = plan.gpus
+    if n < 2:
+        return ["one GPU: no all_reduce sweep"]
+    backend = "nccl" if plan.cuda else "gloo"
+    r = sh([sys.executable, "-m", "kernels.comm", "bench", "--backend", backend, "--gpus", n, "--ops", "all_reduce",
+            "--max_bytes", "64K" if plan.tiny else "1G", "--results_dir", tmp / "comm", "--run_id", "ar"], timeout=600)
+    rows_path = tmp / "comm" / "ar" / "results.csv"
+    if r.returncode != 0 or not rows_path.exists():
+        return [f"all_reduce sweep failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"]
+    import csv
+
+    rows = [x for x in csv.DictReader(open(rows_path)) if x["dtype"] == "fp32"]
+    rows.sort(key=lambda x: int(x["size_bytes"]))
+    lines = [f"{backend}, {n} ranks, fp32, out of place (nccl-tests' bus bandwidth)", "",
+             "| size (B) | time (us) | busbw (GB/s) |", "|---:|---:|---:|"]
+    picked = rows[:: max(1, len(rows) // 8)]
+    for x in picked + ([rows[-1]] if rows and rows[-1] is not picked[-1] else []):
+        form = "out" if x.get("time_us_out") else "in"  # gloo has some collectives in place only
+        lines.append(f"| {int(x['size_bytes']):,} | {float(x[f'time_us_{form}']):,.1f} | "
+                     f"{float(x[f'busbw_{form}']):.2f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes (CPU tests of the harness)")
+    ap.add_argument("--batch", type=int, default=512, help="per-GPU batch")
+    ap.add_argument("--steps", type=int, default=100, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=15, help="steps before timing (compilation, autotuning)")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs for the all-GPU runs (0: every visible one)")
+    ap.add_argument("--repeats", type=int, default=3, help="seed-style vs lab pairs")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    args = ap.parse_args(argv)
+    import torch
+
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("error: no GPU visible (torch.cuda.is_available() is False); run on a GPU node, or --device cpu --tiny "
+              "to check the harness", file=sys.stderr)
+        return 2
+    v = versions(cuda)
+    plan = Plan(args, cuda)
+    t0 = time.time()
+    name = v["gpu"] or "cpu"
+    lines = [f"# GPU validation on {name}" if cuda else "# GPU validation harness, CPU check (no GPU figures)", "",
+             f"host {v['host']}, {v['gpus']} GPU(s), {v['cpus']} CPUs; driver {v['driver']}, CUDA {v['cuda']}, cuDNN "
+             f"{v['cudnn']}, NCCL {v['nccl']}, torch {v['torch']}", "",
+             f"ResNet-18 CIFAR form (width {plan.width}), synthetic CIFAR-shaped data, batch {plan.batch} per GPU, "
+             f"{plan.steps} timed steps after {plan.warmup}; samples/s = global batch / median step time.", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        runs = [run_lab(plan, tmp, f"resnet18-{p}", precision=p) for p in plan.precisions]
+        runs.append(run_lab(plan, tmp, "resnet18-bf16-nocompile" if cuda else "resnet18-fp32-nocompile",
+                            precision=plan.precisions[0], compile=False))
+        runs.append(run_lab(plan, tmp, "resnet18-bf16-nchw" if cuda else "resnet18-fp32-nchw",
+                            precision=plan.precisions[0], compile=False, channels_last=False))
+        lines += ["## One GPU: precision, channels_last, compile", "", *LAB_HEAD, *map(lab_row, runs), ""]
+        best = max((r["summary"]["samples_per_s"] for r in runs[:1] if "error" not in r), default=None)
+        multi = []
+        if plan.gpus > 1:
+            multi.append(run_lab(plan, tmp, f"resnet18-{plan.precisions[0]}-x{plan.gpus}", gpus=plan.gpus,
+                                 precision=plan.precisions[0]))
+        for wl in ("cnn", "dcrnn"):
+            for g in sorted({1, plan.gpus}):
+                multi.append(run_lab(plan, tmp, f"{wl}-x{g}", gpus=g, workload=wl,
+                                     **({"precision": "bf16"} if cuda else {})))
+        lines += [f"## All GPUs ({plan.gpus}) and the other workloads", "", *LAB_HEAD, *map(lab_row, multi), ""]
+        sl, ratio, lab_sps = seed_vs_lab(plan, tmp, args.repeats)
+        lines += ["## The seed-style script against the lab's loop (one GPU, alternating runs)", "", *sl, ""]
+        lines += ["## A profiled run", "", *profile_section(plan, tmp), ""]
+        lines += ["## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep", "",
+                  *commbench_section(plan, tmp), ""]
+    if cuda:
+        ok = lambda c: "met" if c else "NOT met"  # noqa: E731
+        lines += ["## Targets (one H100, ResNet-18/CIFAR bf16, batch 512)", "",
+                  f"- >= {TARGET_SPS:,} samples/s: {best:,.0f} ({ok(best is not None and best >= TARGET_SPS)})"
+                  if best else "- samples/s: the bf16 run failed",
+                  f"- >= {TARGET_RATIO:.0f}x the seed-style baseline: {ratio:.2f}x ({ok(ratio >= TARGET_RATIO)})"
+                  if ratio else "- ratio: the comparison failed", ""]
+    lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s.")
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() if cuda else "gpu-validation-cpu-check"
+    path = args.out / f"{slug}.md"
+    path.write_text(text)
+    print("\n" + text + f"\nwritten to {path}")
+    failed = [r["name"] for r in runs + multi if "error" in r]
+    if failed:
+        print(f"error: these runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

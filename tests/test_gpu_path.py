@@ -1,0 +1,124 @@
+"""The GPU path's settings, checked where they can be on a CPU: srun's CPU options, per-device defaults, GPU
+index selection under Slurm's bindings, ports, device peaks, evaluation frequency and asynchronous checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kernels import checkpoint as ckpt
+from kernels.dist import PORT_BASE, PORT_SPAN, check_distinct_gpus, free_port, gpu_index, slurm_port
+from kernels.flops import peak_tflops
+from kernels.params import ConfigError, resolve
+from kernels.train import srun_command
+
+from conftest import ROOT
+
+
+def test_srun_line_carries_the_cpus_per_task_and_a_binding():
+    cfg = resolve({"gpus": 8, "dataset": "digits"})
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_CPUS_PER_TASK": "8"}
+    cmd = srun_command(cfg, env)
+    assert "--cpus-per-task=8" in cmd and "--cpu-bind=cores" in cmd
+    assert cmd.index("--cpu-bind=cores") < cmd.index("-m")  # srun options, before the rank's command
+    assert "--cpus-per-task=8" not in srun_command(cfg, {k: v for k, v in env.items() if k != "SLURM_CPUS_PER_TASK"})
+    assert "--cpu-bind=none" in srun_command(cfg, {**env, "LAB_CPU_BIND": "none"})
+
+
+def test_defaults_resolve_per_device_type():
+    gpu = resolve({"dataset": "digits", "device": "cuda"})
+    assert gpu.compile is True and gpu.channels_last is True
+    cpu = resolve({"dataset": "digits", "device": "cpu"})
+    assert cpu.compile is False and cpu.channels_last is False
+    assert resolve({"dataset": "digits"}).compile is False  # auto on this machine: no GPU
+    assert resolve({"dataset": "digits", "device": "cuda", "compile": False}).compile is False  # a choice stays
+    assert resolve({"dataset": "digits", "compile": None}).compile is False  # None, as in the notebook: per device
+    assert resolve({"dataset": "digits", "batch": 64}).per_rank_eval_batch == 256
+    assert resolve({"dataset": "digits", "batch": 64, "eval_batch": 100}).per_rank_eval_batch == 100
+
+
+@pytest.mark.parametrize("visible,local_ranks,want", [
+    (4, [0, 1, 2, 3], [0, 1, 2, 3]),          # 4 tasks, all GPUs visible (no binding)
+    (1, [0, 1, 2, 3], [0, 0, 0, 0]),          # --gpus-per-task=1 / --gpu-bind=single:1: each task sees its own
+    (2, [0, 1, 2, 3], [0, 1, 0, 1]),          # --gpu-bind=per_task:2 / a socket's pair: spread within the pair
+    (8, [0, 1], [0, 1]),                      # fewer tasks than GPUs
+])
+def test_gpu_index_under_slurm_bindings(visible, local_ranks, want):
+    assert [gpu_index(r, visible) for r in local_ranks] == want
+
+
+def test_two_ranks_on_one_gpu_fail_naming_them():
+    ranks = [{"node": "n1", "global_rank": 0, "gpu_uuid": "GPU-a"}, {"node": "n1", "global_rank": 1, "gpu_uuid": "GPU-b"},
+             {"node": "n2", "global_rank": 2, "gpu_uuid": "GPU-a"}]  # another node's GPU may have any uuid
+    check_distinct_gpus(ranks)
+    ranks.append({"node": "n1", "global_rank": 3, "gpu_uuid": "GPU-b"})
+    with pytest.raises(ConfigError, match="ranks 1 and 3 share GPU GPU-b on n1"):
+        check_distinct_gpus(ranks)
+    with pytest.raises(ConfigError, match="no GPU is visible"):
+        gpu_index(0, 0)
+    check_distinct_gpus([{"node": "n1", "global_rank": i, "gpu_uuid": None} for i in range(2)])  # CPU ranks
+
+
+def test_rendezvous_ports_are_outside_the_ephemeral_range():
+    lo, hi = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert PORT_BASE + PORT_SPAN <= lo  # below the kernel's range on this machine too
+    for job in ("1", "12345", "999999", "4294967295"):
+        assert PORT_BASE <= slurm_port(job) < PORT_BASE + PORT_SPAN
+    assert all(PORT_BASE <= free_port() < PORT_BASE + PORT_SPAN for _ in range(5))
+
+
+def test_device_peaks_match_whole_names():
+    assert peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert peak_tflops("NVIDIA L40", "bf16") == 181.0      # not the L4's
+    assert peak_tflops("NVIDIA L40S", "bf16") == 362.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert peak_tflops("NVIDIA A10G", "bf16") is None      # unknown, not the A10's
+
+
+def test_eval_every_and_checkpoint_costs_in_the_record(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "3",
+                        "--batch", "64", "--train_samples", "256", "--test_samples", "64", "--precision", "fp32",
+                        "--eval_every", "2", "--log_every", "0", "--results_dir", tmp_path, "--run_id", "e"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "e" / "metrics.csv")))
+    assert [bool(r["eval_loss"]) for r in rows] == [False, True, True]  # epoch 2, and the last
+    assert "epoch 1/3 done: train_loss" in p.stdout and "(no evaluation)" in p.stdout
+    s = json.loads((tmp_path / "e" / "summary.json").read_text())
+    assert s["final_eval_acc"] is not None
+    c = s["checkpoints"]
+    assert c["count"] == 3 and c["async"] is True and c["bytes"] > 0
+    assert c["snapshot_ms_median"] > 0 and c["write_ms_median"] > 0
+
+
+def test_a_kill_during_the_checkpoint_write_leaves_a_loadable_checkpoint(tmp_path):
+    """The writer is killed while it writes (a large state, so the write takes a while): what is on disk is the
+    previous checkpoint, whole, or the new one, whole; never a torn file that loads."""
+    run = tmp_path / "run"
+    run.mkdir()
+    ckpt.save(run, [{}], step=1, blob=b"x" * 1000)  # the checkpoint before
+    code = ("import sys, torch; sys.path.insert(0, %r)\n"
+            "from kernels import checkpoint as c\n"
+            "data = c.serialise([{}], step=2, blob=torch.ones(400 * 2**20 // 4))\n"
+            "print('writing', flush=True)\n"
+            "c.write(%r, data)\n" % (str(ROOT), str(run)))
+    for delay in (0.05, 0.2, 0.5):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "writing"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state, path, notes = ckpt.load(run)
+        assert state["step"] in (1, 2), (delay, path, notes)
+        leftovers = [f.name for f in run.iterdir() if not f.name.startswith("checkpoint")]
+        for f in run.iterdir():  # a temp file may remain; it is never taken for the checkpoint
+            if f.name.startswith("."):
+                f.unlink()
+        assert all(n.startswith(".") for n in leftovers), leftovers
