@@ -19,7 +19,7 @@ def test_core_benchmark_prints_its_tables(tmp_path):
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     text = next(tmp_path.glob("*.md")).read_text()
-    assert "| device-resident |" in text and "| DataLoader (2 workers) |" in text and re.search(r"\| 1 \| off \|", text)
+    assert "| device-resident |" in text and "| DataLoader (4 workers) |" in text and re.search(r"\| 1 \| off \|", text)
 
 
 def test_io_benchmark_compares_streamed_with_per_sample(fashion_root, tmp_path):
