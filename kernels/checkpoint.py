@@ -63,13 +63,6 @@ def write(run_dir: Path, data: bytes) -> None:
     atomic_write_bytes(_sidecar(cur), (hashlib.sha256(data).hexdigest() + "\n").encode())
 
 
-def save(run_dir: Path, rng: list[dict], **payload) -> int:
-    """Serialise and write; returns the checkpoint's size in bytes."""
-    data = serialise(rng, **payload)
-    write(run_dir, data)
-    return len(data)
-
-
 def exists(run_dir: Path) -> bool:
     return (Path(run_dir) / FILENAME).exists() or (Path(run_dir) / PREVIOUS).exists()
 

@@ -39,7 +39,7 @@ from kernels.params import ConfigError, RunConfig, device_type
 from kernels.profiling import monitor as res_monitor
 from kernels.profiling import verdict
 from kernels.profiling.trace import StepProfiler
-from kernels.stats import step_summary, thin
+from kernels.stats import median_ci, step_summary, thin
 from kernels.timers import StepTimer, synchronize
 from kernels.workloads import get_workload
 
@@ -480,7 +480,7 @@ class Trainer:
         """Local rank 0 of each node samples its node (GPUs and host) into monitor/<node>.csv."""
         self.monitor = None
         if self.cfg.monitor_hz and self.renv.local_rank == 0:
-            node = os.environ.get("SLURMD_NODENAME", sysinfo.host())
+            node = self.rank_facts[self.renv.global_rank]["node"]
             self.monitor = res_monitor.Monitor(self.run_dir / "monitor" / f"{node}.csv", node, self.cfg.monitor_hz)
             self.monitor.start()
 
@@ -833,6 +833,7 @@ class Trainer:
                 self.ckpt_writer.start()
             else:
                 self._write_checkpoint(data, cost)
+                self._wait_checkpoint()  # raises the write's error now
         if not self.cfg.checkpoint_async:
             dist.barrier()
         self.watchdog.beat()
@@ -1061,32 +1062,13 @@ def _r(v, nd: int = 3):
     return None if v is None else round(float(v), nd)
 
 
-def median_ci(values: list[float], level: float = 0.90) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median (order statistics; the sign test's binomial)."""
-    from math import comb
-
-    v = sorted(values)
-    n = len(v)
-    if n < 6:  # too few pairs for a 90 % interval: the full range
-        return v[0], v[-1]
-    alpha = 1 - level
-    k = 0  # the largest k with P(Binomial(n, 1/2) <= k) <= alpha / 2
-    cum = 0.0
-    for j in range(n):
-        cum += comb(n, j) / 2 ** n
-        if cum > alpha / 2:
-            break
-        k = j + 1
-    k = max(k, 1)
-    return v[k - 1], v[n - k]
-
-
 def probe_result(sync_ms: list[float], nosync_ms: list[float]) -> dict:
     """The comm probe's record: medians, the paired differences' median and its 90 % CI, and whether it is
     distinguishable from zero (the CI's lower end above zero)."""
     diffs = [a - b for a, b in zip(sync_ms, nosync_ms)]
-    lo, hi = median_ci(diffs)
-    d = median(diffs)
+    ci = median_ci(diffs, level=0.90)  # the sign test's order-statistic interval (the full range when too few pairs)
+    d = ci["median"]
+    lo, hi = (ci["ci_lo"], ci["ci_hi"]) if ci["ci_lo"] is not None else (d, d)
     resolved = lo > 0
     return {"comm_probe_sync_ms": round(median(sync_ms), 4), "comm_probe_nosync_ms": round(median(nosync_ms), 4),
             "comm_probe_pairs": len(diffs),

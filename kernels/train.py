@@ -177,11 +177,14 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
             signal.signal(signal.SIGTERM, previous)
     for t in pumps:
         t.join(timeout=5)
-    if rc not in (0, EXIT_PREEMPTED):
-        run_dir = run_dir or cfg.results_root / cfg.run_id
-        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by the local launcher)"):
-            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    mark_if_died(run_dir or cfg.results_root / cfg.run_id, rc, "the local launcher", stdout)
     return 128 - rc if rc < 0 else rc  # a rank killed by signal N: 128+N, as a shell reports it
+
+
+def mark_if_died(run_dir, rc: int, seen_by: str, stdout) -> None:
+    """A launcher whose ranks ended badly marks a record they left 'running' as failed, with the cause."""
+    if rc not in (0, EXIT_PREEMPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {seen_by})"):
+        print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
 
 
 def _terminate(procs: list, grace_s: float) -> None:
@@ -324,10 +327,8 @@ def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
                                     if isinstance(cfg, RunConfig) else {})})
     _pump(proc.stdout, "", stdout)
     rc = proc.wait()
-    if rc not in (0, EXIT_PREEMPTED) and isinstance(cfg, RunConfig):  # a rank killed without a word (NCCL's
-        run_dir = cfg.results_root / cfg.run_id                         # watchdog aborts): not left "running"
-        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {cmd[0]})"):
-            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    if isinstance(cfg, RunConfig):  # a training run (not a commbench): ranks killed without a word (NCCL's
+        mark_if_died(cfg.results_root / cfg.run_id, rc, cmd[0], stdout)  # watchdog aborts) leave no "running"
     return rc
 
 
@@ -371,10 +372,7 @@ def spawn_horovodrun(cfg: RunConfig, stdout=None) -> int:
                 proc.wait(timeout=FAILURE_GRACE_S)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-    if rc not in (0, EXIT_PREEMPTED):
-        run_dir = cfg.results_root / cfg.run_id
-        if records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by horovodrun)"):
-            print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
+    mark_if_died(cfg.results_root / cfg.run_id, rc, "horovodrun", stdout)
     return rc
 
 

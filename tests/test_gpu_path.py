@@ -3,7 +3,6 @@ index selection under Slurm's bindings, ports, device peaks, evaluation frequenc
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -103,7 +102,7 @@ def test_a_kill_during_the_checkpoint_write_leaves_a_loadable_checkpoint(tmp_pat
     previous checkpoint, whole, or the new one, whole; never a torn file that loads."""
     run = tmp_path / "run"
     run.mkdir()
-    ckpt.save(run, [{}], step=1, blob=b"x" * 1000)  # the checkpoint before
+    ckpt.write(run, ckpt.serialise([{}], step=1, blob=b"x" * 1000))  # the checkpoint before
     code = ("import sys, torch; sys.path.insert(0, %r)\n"
             "from kernels import checkpoint as c\n"
             "data = c.serialise([{}], step=2, blob=torch.ones(400 * 2**20 // 4))\n"

@@ -11,10 +11,11 @@ import sys
 import pandas as pd
 import pytest
 
-from kernels.ddp_core import median_ci, probe_result
+from kernels.ddp_core import probe_result
 from kernels.params import ConfigError, check_environment, resolve
 from kernels.profiling import breakdown, tools, verdict
 from kernels.profiling.monitor import summarise
+from kernels.stats import median_ci
 
 from conftest import ROOT
 
@@ -134,9 +135,13 @@ def test_comm_probe_is_never_negative(profiled):
 
 
 def test_median_ci_has_the_sign_test_coverage():
-    assert median_ci(list(range(10))) == (1, 8)       # x(2), x(9): 97.9 % >= 90 %
-    assert median_ci(list(range(20))) == (5, 14)      # x(6), x(15): 95.9 %
-    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)   # too few pairs: the full range
+    def ci(values):  # the probe's interval: kernels.stats.median_ci at 90 %
+        c = median_ci(values, level=0.90)
+        return c["ci_lo"], c["ci_hi"]
+
+    assert ci(list(range(10))) == (1, 8)       # x(2), x(9): 97.9 % >= 90 %
+    assert ci(list(range(20))) == (5, 14)      # x(6), x(15): 95.9 %
+    assert ci([3.0, 1.0, 2.0]) == (1.0, 3.0)   # too few pairs: the full range
 
 
 # ------------------------------------------------------------- breakdown on device traces

@@ -162,10 +162,12 @@ def host_breakdown(trace: dict) -> dict:
     events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
     cats = defaultdict(float)
     self_by_op = defaultdict(lambda: [0.0, 0, None])
-    stack = []  # [start, end (clipped to the parent), event, category of its own time, time of its children]
+    # [start, end (clipped to the parent), event, category of its own time, time of its children, the outermost
+    # claiming category (data, optimizer, communication) among it and its ancestors]
+    stack = []
 
     def close(item):
-        start, end, e, cat, children = item
+        start, end, e, cat, children, _ = item
         mine = list(_clip(start, end, windows))
         own = max(0.0, sum(b - a for a, b in mine) - children)
         if own <= 0:
@@ -186,7 +188,9 @@ def host_breakdown(trace: dict) -> dict:
         while stack and stack[-1][1] <= start:
             close(stack.pop())
         name = str(e.get("name", ""))
-        forced = _forced(name) or next((f for f in (_forced(str(it[2].get("name", ""))) for it in stack) if f), None)
+        own_claim = _forced(name)
+        outer = stack[-1][5] if stack else None
+        forced = own_claim or outer
         if forced:  # the data and optimizer phases and collectives claim everything under them
             cat = forced
         else:
@@ -197,7 +201,7 @@ def host_breakdown(trace: dict) -> dict:
         if stack:
             end = min(end, stack[-1][1])
             stack[-1][4] += sum(b - a for a, b in _clip(start, end, windows))
-        stack.append([start, end, e, cat, 0.0])
+        stack.append([start, end, e, cat, 0.0, outer or own_claim])
     while stack:
         close(stack.pop())
     total = sum(b - a for a, b in windows)

@@ -36,11 +36,11 @@ def trace_name(rank: int, job: str) -> str:
 
 
 def job_tag(environ=None) -> str:
+    """j<job id> (j<array job>_<task> in an array) under Slurm, as the executed notebooks are named; else local."""
+    from kernels.notebooks import job_tag as slurm_tag
+
     env = os.environ if environ is None else environ
-    if "SLURM_JOB_ID" in env:
-        job = env.get("SLURM_ARRAY_JOB_ID", env["SLURM_JOB_ID"])
-        return f"j{job}" + (f"_{env['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_TASK_ID" in env else "")
-    return "local"
+    return f"j{slurm_tag(env)}" if "SLURM_JOB_ID" in env else "local"
 
 
 class StepProfiler:
