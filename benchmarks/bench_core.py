@@ -14,11 +14,8 @@ name and software versions. On a GPU machine add e.g.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,22 +55,20 @@ def bench_pipeline(kind: str, device: torch.device, batch: int, steps: int, repe
     return statistics.median(rates)
 
 
-def bench_training(procs: int, args, compile_: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "kernels.train", "--dataset", "synthetic", "--gpus", str(procs),
-               "--batch", str(args.train_batch), "--train_samples", str(args.train_batch * args.train_steps),
-               "--test_samples", str(args.train_batch), "--epochs", "1", "--width", str(args.width),
-               "--precision", args.precision, "--timing_warmup_steps", str(args.warmup), "--num_workers", str(args.workers),
-               *(["--channels_last", str(args.channels_last).lower()] if args.channels_last is not None else []),
-               *(["--compile", str(compile_).lower()] if compile_ is not None else []),
-               "--comm_probe_steps", "0", "--log_every", "0", "--checkpoint_every", "0",
-               "--results_dir", tmp, "--run_id", "bench"]
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"training run failed:\n{p.stdout}\n{p.stderr}")
-        s = json.loads((Path(tmp) / "bench" / "summary.json").read_text())
-        params = json.loads((Path(tmp) / "bench" / "config.json").read_text())["params"]
-        return {**s, "compile": params["compile"], "channels_last": params["channels_last"]}
+def bench_training(procs: int, args, compile_: bool | None) -> dict:
+    params = {"dataset": "synthetic", "gpus": procs, "batch": args.train_batch,
+              "train_samples": args.train_batch * args.train_steps, "test_samples": args.train_batch, "epochs": 1,
+              "width": args.width, "precision": args.precision, "timing_warmup_steps": args.warmup,
+              "num_workers": args.workers, "comm_probe_steps": 0, "log_every": 0, "checkpoint_every": 0}
+    if args.channels_last is not None:
+        params["channels_last"] = args.channels_last
+    if compile_ is not None:
+        params["compile"] = compile_
+    try:
+        s = benchtable.lab_run(params)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    return {**s, "compile": s["params"]["compile"], "channels_last": s["params"]["channels_last"]}
 
 
 def main(argv=None) -> int:

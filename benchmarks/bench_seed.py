@@ -21,7 +21,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -39,23 +38,45 @@ def run_seed(args) -> dict:
            "--precision", args.precision]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
-        raise SystemExit(f"the seed-style baseline failed:\n{p.stdout}\n{p.stderr}")
+        raise RuntimeError(f"the seed-style baseline failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_lab(args) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "kernels.train", "--dataset", "synthetic", "--gpus", "1", "--batch", str(args.batch),
-               "--train_samples", str(args.batch * (args.steps + args.warmup)), "--test_samples", str(args.batch),
-               "--epochs", "1", "--width", str(args.width), "--precision", args.precision,
-               "--num_workers", str(args.workers), "--timing_warmup_steps", str(args.warmup), "--comm_probe_steps",
-               "0", "--log_every", "0", "--checkpoint_every", "0", "--results_dir", tmp, "--run_id", "lab"]
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"the lab's run failed:\n{p.stdout}\n{p.stderr}")
-        s = json.loads((Path(tmp) / "lab" / "summary.json").read_text())
-        c = json.loads((Path(tmp) / "lab" / "config.json").read_text())["params"]
-        return {**s, "compile": c["compile"], "channels_last": c["channels_last"], "pipeline": c["pipeline"]}
+def run_lab(args, **extra) -> dict:
+    """The lab's side: its CLI with the device's defaults (pipeline, channels_last, compile), the same sizes."""
+    s = benchtable.lab_run({"dataset": "synthetic", "gpus": 1, "batch": args.batch,
+                            "train_samples": args.batch * (args.steps + args.warmup), "test_samples": args.batch,
+                            "epochs": 1, "width": args.width, "precision": args.precision,
+                            "num_workers": args.workers, "timing_warmup_steps": args.warmup, "comm_probe_steps": 0,
+                            "log_every": 0, "checkpoint_every": 0, **extra})
+    return {**s, **{k: s["params"][k] for k in ("compile", "channels_last", "pipeline")}}
+
+
+def compare(args, **lab_extra) -> list[tuple[dict, dict]]:
+    """args.repeats (seed-style, lab) pairs, run alternately."""
+    pairs = []
+    for i in range(args.repeats):
+        seed = run_seed(args)
+        lab = run_lab(args, **lab_extra)
+        pairs.append((seed, lab))
+        print(f"repeat {i + 1}: seed-style {seed['samples_per_s']:,.1f} samples/s, lab {lab['samples_per_s']:,.1f} "
+              f"samples/s: {lab['samples_per_s'] / seed['samples_per_s']:.2f}x", flush=True)
+    return pairs
+
+
+def ratio_table(pairs: list[tuple[dict, dict]]) -> tuple[list[str], float]:
+    """The Markdown rows (each repeat with its p10-p90, then the medians) and the median of the paired ratios."""
+    ratios = [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+    lines = ["| repeat | seed-style samples/s (p10-p90) | lab samples/s (p10-p90) | lab / seed |", "|---:|---:|---:|---:|"]
+    for i, ((seed, lab), r) in enumerate(zip(pairs, ratios)):
+        lines.append(f"| {i + 1} | {seed['samples_per_s']:,.1f} ({seed['samples_per_s_p10']:,.0f}-"
+                     f"{seed['samples_per_s_p90']:,.0f}) | {lab['samples_per_s']:,.1f} ({lab['samples_per_s_p10']:,.0f}-"
+                     f"{lab['samples_per_s_p90']:,.0f}) | {r:.2f}x |")
+    ratio = statistics.median(ratios)
+    lines.append(f"| median | {statistics.median(s['samples_per_s'] for s, _ in pairs):,.1f} | "
+                 f"{statistics.median(lab['samples_per_s'] for _, lab in pairs):,.1f} | **{ratio:.2f}x** "
+                 f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+    return lines, ratio
 
 
 def main(argv=None) -> int:
@@ -73,35 +94,23 @@ def main(argv=None) -> int:
     name = sysinfo.device_name(torch.device("cuda", 0) if cuda else torch.device("cpu"))
     print(f"lab vs seed-style: ResNet-18 width {args.width}, batch {args.batch}, {args.precision}, {args.steps} timed "
           f"steps after {args.warmup}, {args.workers} workers, {args.repeats} repeats, on {name}", flush=True)
-    pairs = []
-    for i in range(args.repeats):
-        seed = run_seed(args)
-        lab = run_lab(args)
-        pairs.append((seed, lab))
-        print(f"repeat {i + 1}: seed-style {seed['samples_per_s']:,.1f} samples/s, lab {lab['samples_per_s']:,.1f} "
-              f"samples/s: {lab['samples_per_s'] / seed['samples_per_s']:.2f}x", flush=True)
-    ratios = [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+    try:
+        pairs = compare(args)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    rows, ratio = ratio_table(pairs)
     lab0 = pairs[0][1]
     lines = benchtable.header(f"the lab's loop against the seed-style script on {name}")
     lines += [f"ResNet-18 (CIFAR form, width {args.width}), synthetic CIFAR-shaped data, one process, global batch "
               f"{args.batch}, {args.precision}, {args.steps} timed steps after {args.warmup}, {args.workers} workers. "
               f"Lab: pipeline {lab0['pipeline']}, channels_last {str(lab0['channels_last']).lower()}, compile "
               f"{str(lab0['compile']).lower()}. Seed-style: per-sample PIL transforms in a DataLoader, DDP defaults, "
-              f"loss.item() every step. samples/s = batch / median step time; runs alternate.", "",
-              "| repeat | seed-style samples/s (p10-p90) | lab samples/s (p10-p90) | lab / seed |", "|---:|---:|---:|---:|"]
-    for i, ((seed, lab), r) in enumerate(zip(pairs, ratios)):
-        lines.append(f"| {i + 1} | {seed['samples_per_s']:,.1f} ({seed['samples_per_s_p10']:,.0f}-"
-                     f"{seed['samples_per_s_p90']:,.0f}) | {lab['samples_per_s']:,.1f} ({lab['samples_per_s_p10']:,.0f}-"
-                     f"{lab['samples_per_s_p90']:,.0f}) | {r:.2f}x |")
-    med_seed = statistics.median(s["samples_per_s"] for s, _ in pairs)
-    med_lab = statistics.median(lab["samples_per_s"] for _, lab in pairs)
-    lines += [f"| median | {med_seed:,.1f} | {med_lab:,.1f} | **{statistics.median(ratios):.2f}x** "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) |", ""]
+              f"loss.item() every step. samples/s = batch / median step time; runs alternate.", "", *rows, ""]
     if not cuda:
         lines.append("On a CPU this ratio measures the input pipeline and the loop's overheads (per-sample PIL "
                      "transforms in worker processes competing with training for the same cores, against batched "
                      "tensor transforms), not the GPU path (channels_last, compile, fused optimizer, no host syncs).")
-    lines.append(f"Lab / seed-style: **{statistics.median(ratios):.2f}x** (median of {len(ratios)} paired ratios).")
+    lines.append(f"Lab / seed-style: **{ratio:.2f}x** (median of {len(pairs)} paired ratios).")
     benchtable.write(lines, args.out, name, prefix="seed-vs-lab-")
     return 0
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from kernels import sysinfo
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def header(title: str) -> list[str]:
     """The table's title and the line that names host, cores, software versions and git commit."""
@@ -26,3 +28,26 @@ def write(lines: list[str], out: Path, device_name: str, prefix: str = "") -> Pa
     path.write_text(text)
     print("\n" + text + f"\nwritten to {path}")
     return path
+
+
+def lab_run(params: dict, timeout: float | None = None) -> dict:
+    """One run of the lab's loop (`python -m kernels.train`) with `params` in a temporary results folder:
+    its summary.json with its resolved parameters under "params". Raises RuntimeError with the run's last
+    output line when it fails."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kernels.train"]
+        for k, v in {**params, "results_dir": tmp, "run_id": "bench"}.items():
+            cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+        print("+ " + " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        rec = Path(tmp) / "bench"
+        if p.returncode != 0 or not (rec / "summary.json").exists():
+            last = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
+            raise RuntimeError(f"the lab's run failed: {last[0]}")
+        summary = json.loads((rec / "summary.json").read_text())
+        return {**summary, "params": json.loads((rec / "config.json").read_text())["params"]}

@@ -22,9 +22,7 @@ GPU figures: the file it writes says CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -35,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_seed  # noqa: E402  (benchmarks/, this script's directory)
+import benchtable  # noqa: E402
 
 TARGET_SPS = 40_000   # ResNet-18/CIFAR bf16, batch 512, one H100
 TARGET_RATIO = 3.0    # against the seed-style baseline
@@ -48,10 +49,11 @@ def sh(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProc
 def versions(cuda: bool) -> dict:
     import torch
 
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None, "driver": None,
-           "gpu": torch.cuda.get_device_name(0) if cuda else None, "gpus": torch.cuda.device_count() if cuda else 0,
-           "cpus": len(os.sched_getaffinity(0)), "host": os.uname().nodename}
+    from kernels import sysinfo
+
+    out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+           "gpus": torch.cuda.device_count() if cuda else 0, "cpus": len(os.sched_getaffinity(0)),
+           "host": sysinfo.host()}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                            text=True)
@@ -73,31 +75,24 @@ class Plan:
         self.workers = 1 if args.tiny else min(8, len(os.sched_getaffinity(0)))
 
 
-def run_lab(plan: Plan, tmp: Path, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:
-    """One run of the lab's loop; its summary and config, or the error."""
+def run_lab(plan: Plan, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:
+    """One run of the lab's loop: {name, summary, params}, or {name, error}."""
     per = plan.batch
     p = {"workload": workload, "dataset": "synthetic", "gpus": gpus, "batch": per * gpus, "epochs": 1,
          "train_samples": per * gpus * (plan.steps + plan.warmup), "test_samples": per * gpus,
          "timing_warmup_steps": plan.warmup, "comm_probe_steps": 0 if gpus == 1 else 5, "log_every": 0,
-         "checkpoint_every": 0, "num_workers": plan.workers, "results_dir": tmp, "run_id": name,
-         "oversubscribe": "true" if not plan.cuda else "false", **params}
+         "checkpoint_every": 0, "num_workers": plan.workers, "oversubscribe": not plan.cuda, **params}
     if workload == "resnet18":
         p["width"] = plan.width
     if workload == "dcrnn":
         p.update(rnn_units=8 if plan.tiny else 64, synthetic_shape="metr-la")
     if plan.cuda:
         p["sync_debug_steps"] = min(20, plan.steps)
-    cmd = [sys.executable, "-m", "kernels.train"]
-    for k, v in p.items():
-        cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
-    t0 = time.time()
-    r = sh(cmd, timeout=600)
-    rec = Path(tmp) / name
-    if r.returncode != 0 or not (rec / "summary.json").exists():
-        return {"name": name, "error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["failed"]}
-    s = json.loads((rec / "summary.json").read_text())
-    c = json.loads((rec / "config.json").read_text())
-    return {"name": name, "summary": s, "params": c["params"], "wall_s": time.time() - t0, "dir": rec}
+    try:
+        s = benchtable.lab_run(p, timeout=600)
+    except RuntimeError as e:
+        return {"name": name, "error": [str(e)]}
+    return {"name": name, "summary": s, "params": s["params"]}
 
 
 def lab_row(r: dict) -> str:
@@ -116,32 +111,26 @@ LAB_HEAD = ["| run | GPUs | precision, channels_last, compile | samples/s (p10-p
             "| peak GiB |", "|---|---:|---|---:|---:|---:|---:|---:|"]
 
 
-def seed_vs_lab(plan: Plan, tmp: Path, repeats: int) -> tuple[list[str], float | None, float | None]:
-    precision = "bf16" if plan.cuda else "fp32"
-    ratios, labs, seeds = [], [], []
-    for i in range(repeats):
-        r = sh([sys.executable, "benchmarks/seed_baseline.py", "--batch", plan.batch, "--steps", plan.steps,
-                "--warmup", plan.warmup, "--workers", plan.workers, "--width", plan.width, "--precision", precision],
-               timeout=600)
-        if r.returncode != 0:
-            return [f"seed-style baseline failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"], None, None
-        seed = json.loads(r.stdout.strip().splitlines()[-1])
-        lab = run_lab(plan, tmp, f"lab-vs-seed-{i}", precision=precision)
-        if "error" in lab:
-            return [f"lab run failed: {lab['error']}"], None, None
-        seeds.append(seed["samples_per_s"])
-        labs.append(lab["summary"]["samples_per_s"])
-        ratios.append(labs[-1] / seeds[-1])
+def seed_vs_lab(plan: Plan, repeats: int) -> tuple[list[str], float | None]:
+    """benchmarks/bench_seed.py's comparison at this plan's sizes, one GPU."""
+    args = argparse.Namespace(batch=plan.batch, steps=plan.steps, warmup=plan.warmup, workers=plan.workers,
+                              width=plan.width, precision="bf16" if plan.cuda else "fp32", repeats=repeats)
+    try:
+        pairs = bench_seed.compare(args)
+    except RuntimeError as e:
+        return [str(e)], None
+    seeds, labs = [s["samples_per_s"] for s, _ in pairs], [lab["samples_per_s"] for _, lab in pairs]
+    ratios = [lab / seed for seed, lab in zip(seeds, labs)]
     ratio = statistics.median(ratios)
     lines = ["| repeat | seed-style samples/s | lab samples/s | lab / seed |", "|---:|---:|---:|---:|"]
     lines += [f"| {i + 1} | {s:,.0f} | {lab:,.0f} | {r:.2f}x |" for i, (s, lab, r) in enumerate(zip(seeds, labs, ratios))]
     lines.append(f"| median | {statistics.median(seeds):,.0f} | {statistics.median(labs):,.0f} | **{ratio:.2f}x** "
                  f"({min(ratios):.2f}-{max(ratios):.2f}) |")
-    return lines, ratio, statistics.median(labs)
+    return lines, ratio
 
 
-def profile_section(plan: Plan, tmp: Path) -> list[str]:
-    r = run_lab(plan, tmp, "profiled", gpus=plan.gpus, profile_steps=max(1, min(5, plan.steps - 1)),
+def profile_section(plan: Plan) -> list[str]:
+    r = run_lab(plan, "profiled", gpus=plan.gpus, profile_steps=max(1, min(5, plan.steps - 1)),
                 profile_wait=plan.warmup,
                 profile_warmup=1, **({"precision": "bf16"} if plan.cuda else {}))
     if "error" in r or not (r["summary"].get("profile") or {}).get("share"):
@@ -210,25 +199,25 @@ def main(argv=None) -> int:
              f"{plan.steps} timed steps after {plan.warmup}; samples/s = global batch / median step time.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        runs = [run_lab(plan, tmp, f"resnet18-{p}", precision=p) for p in plan.precisions]
-        runs.append(run_lab(plan, tmp, "resnet18-bf16-nocompile" if cuda else "resnet18-fp32-nocompile",
+        runs = [run_lab(plan, f"resnet18-{p}", precision=p) for p in plan.precisions]
+        runs.append(run_lab(plan, "resnet18-bf16-nocompile" if cuda else "resnet18-fp32-nocompile",
                             precision=plan.precisions[0], compile=False))
-        runs.append(run_lab(plan, tmp, "resnet18-bf16-nchw" if cuda else "resnet18-fp32-nchw",
+        runs.append(run_lab(plan, "resnet18-bf16-nchw" if cuda else "resnet18-fp32-nchw",
                             precision=plan.precisions[0], compile=False, channels_last=False))
         lines += ["## One GPU: precision, channels_last, compile", "", *LAB_HEAD, *map(lab_row, runs), ""]
         best = max((r["summary"]["samples_per_s"] for r in runs[:1] if "error" not in r), default=None)
         multi = []
         if plan.gpus > 1:
-            multi.append(run_lab(plan, tmp, f"resnet18-{plan.precisions[0]}-x{plan.gpus}", gpus=plan.gpus,
+            multi.append(run_lab(plan, f"resnet18-{plan.precisions[0]}-x{plan.gpus}", gpus=plan.gpus,
                                  precision=plan.precisions[0]))
         for wl in ("cnn", "dcrnn"):
             for g in sorted({1, plan.gpus}):
-                multi.append(run_lab(plan, tmp, f"{wl}-x{g}", gpus=g, workload=wl,
+                multi.append(run_lab(plan, f"{wl}-x{g}", gpus=g, workload=wl,
                                      **({"precision": "bf16"} if cuda else {})))
         lines += [f"## All GPUs ({plan.gpus}) and the other workloads", "", *LAB_HEAD, *map(lab_row, multi), ""]
-        sl, ratio, lab_sps = seed_vs_lab(plan, tmp, args.repeats)
+        sl, ratio = seed_vs_lab(plan, args.repeats)
         lines += ["## The seed-style script against the lab's loop (one GPU, alternating runs)", "", *sl, ""]
-        lines += ["## A profiled run", "", *profile_section(plan, tmp), ""]
+        lines += ["## A profiled run", "", *profile_section(plan), ""]
         lines += ["## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep", "",
                   *commbench_section(plan, tmp), ""]
     if cuda:
@@ -239,12 +228,7 @@ def main(argv=None) -> int:
                   f"- >= {TARGET_RATIO:.0f}x the seed-style baseline: {ratio:.2f}x ({ok(ratio >= TARGET_RATIO)})"
                   if ratio else "- ratio: the comparison failed", ""]
     lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s.")
-    text = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() if cuda else "gpu-validation-cpu-check"
-    path = args.out / f"{slug}.md"
-    path.write_text(text)
-    print("\n" + text + f"\nwritten to {path}")
+    benchtable.write(lines, args.out, name if cuda else "gpu validation cpu check")
     failed = [r["name"] for r in runs + multi if "error" in r]
     if failed:
         print(f"error: these runs failed: {', '.join(failed)}", file=sys.stderr)
