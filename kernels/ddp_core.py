@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import faulthandler
+import inspect
 import os
 import resource
 import secrets
@@ -219,12 +220,15 @@ class Trainer:
             self.hvd.check_world(self.renv.global_rank, self.world)
             self.ddp = model
         else:
-            # broadcast_buffers=False: BatchNorm statistics are per rank (each normalises its own batch); DDP's
-            # default would broadcast rank 0's before every forward, a collective per step for nothing. Every rank's
-            # buffers go into the checkpoint, so a resumed run continues each rank's own.
+            # No buffer sync before each forward: BatchNorm statistics are per rank (each normalises its own
+            # batch); DDP's default would broadcast rank 0's before every forward, a collective per step for nothing.
+            # Every rank's buffers go into the checkpoint and are loaded after this wrap, so a resumed run continues
+            # each rank's own. torch >= 2.13 names the setting forward_sync_buffers (and warns on the old name).
+            no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                       else {"broadcast_buffers": False})
             self.ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None,
                            bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                           broadcast_buffers=False)
+                           **no_sync)
         # Weights are initialised from the common seed (and DDP broadcasts rank 0's anyway); from
         # here on each rank draws its own random numbers (dropout), or all ranks would drop the
         # same units of their different samples.

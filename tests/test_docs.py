@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,9 @@ def test_every_documented_command_is_classified():
 
 
 def _sh(cmd: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    t0 = time.monotonic()
     p = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    print(f"[{time.monotonic() - t0:6.1f} s] {cmd}")  # shown with -s or on failure: which command costs what
     assert p.returncode == 0, f"`{cmd}` failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
 

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status
@@ -133,11 +134,16 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     run_analysis(results, runs, system, study, force, out)
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
+    targets = {name: (tex, slides_out if name == "pitch" else paper_out) for name, tex in DOCUMENTS.items()}
+    # LaTeX runs on one core: the three documents are built side by side (each in its own temporary directory),
+    # then reported in a fixed order; the first failure, in that order, is the one raised
+    with ThreadPoolExecutor(max_workers=max(1, min(len(targets), os.cpu_count() or 1))) as pool:
+        jobs = {name: pool.submit(build_document, name, tex, results, target, force)
+                for name, (tex, target) in targets.items()}
     built = {}
-    for name, tex in DOCUMENTS.items():
-        target = slides_out if name == "pitch" else paper_out
-        changed = build_document(name, tex, results, target, force)
-        built[name] = target / f"{name}.pdf"
+    for name, job in jobs.items():
+        changed = job.result()
+        built[name] = targets[name][1] / f"{name}.pdf"
         print(f"{name}: {'built' if changed else 'unchanged'} {built[name]}", file=out, flush=True)
     excluded = results / "tables" / "excluded.csv"
     if excluded.exists():
