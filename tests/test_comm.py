@@ -201,6 +201,22 @@ def test_step_model_overlap_and_core_sharing():
     assert strong["compute_s"] == pytest.approx(0.3 / 4) and strong["algorithm"] in ("ring (flat)", "hierarchical")
 
 
+def test_all_reduce_algorithm_is_the_cheaper_under_the_fits():
+    """Across nodes the model takes the cheaper of a flat ring and the hierarchical form. With one fit for both
+    it is hierarchical (same bytes per rank, 4 latency steps instead of 6 at 4 ranks on 2 nodes); a slow network
+    makes it more so; an intra-node fit slower than the network makes the flat ring win."""
+    mib = 1024 * 1024
+    net = {"alpha_s": 1e-4, "busbw_Bps": 1e9}
+    t, algo = predict.allreduce_time(mib, 4, 2, net, net)
+    assert algo == "hierarchical" and t == pytest.approx(4 * 1e-4 + 1.5 * mib / 1e9)
+    assert predict.allreduce_time(mib, 4, 2, {"alpha_s": 1e-6, "busbw_Bps": 1e11}, net)[1] == "hierarchical"
+    t, algo = predict.allreduce_time(mib, 4, 2, {"alpha_s": 1e-3, "busbw_Bps": 1e8}, net)
+    assert algo == "ring (flat)" and t == pytest.approx(6 * 1e-4 + 1.5 * mib / 1e9)
+    assert predict.allreduce_time(mib, 4, 1, net, None) == (pytest.approx(6 * 1e-4 + 1.5 * mib / 1e9),
+                                                            "ring (intra-node)")
+    assert predict.allreduce_time(mib, 1, 1, None, None) == (0.0, "none")
+
+
 # ------------------------------------------------------------------ validation on the local Slurm
 @pytest.mark.slow
 def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
@@ -249,9 +265,12 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     ratio = multi["predicted_step_ms"] / multi["measured_step_ms"]
     assert np.allclose(multi["error"], ratio - 1)
     # what the model knows of the geometry: the emulated nodes are one 2-core host, so 4 ranks share it 2 to a core;
-    # a ring inside one node, hierarchical across two
-    assert list(table["cpu_share"]) == [1.0, 1.0, 2.0] and list(table["algorithm"]) == ["none", "ring (intra-node)",
-                                                                                         "hierarchical"], table
+    # a ring inside one node; across the two emulated nodes (loopback both ways) the measured fits are close, so
+    # which of the flat ring and the hierarchical form is cheaper is the fits' noise (the choice itself is
+    # test_all_reduce_algorithm_is_the_cheaper_under_the_fits)
+    assert list(table["cpu_share"]) == [1.0, 1.0, 2.0], table
+    assert list(table["algorithm"][:2]) == ["none", "ring (intra-node)"], table
+    assert table["algorithm"].iloc[2] in ("ring (flat)", "hierarchical"), table
     # only gross errors here (a unit slip, a lost term): on a shared 2-core VM one disturbed point can be off by 4x
     # (seen: a 2-rank step 7x the 1-rank one while the host stole CPU). The accuracy is the full studies' result,
     # results/bench/predictor-local-slurm.md
