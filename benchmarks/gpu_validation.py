@@ -22,7 +22,6 @@ GPU figures: the file it writes says CPU.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -52,7 +51,7 @@ def versions(cuda: bool) -> dict:
     from kernels import sysinfo
 
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-           "gpus": torch.cuda.device_count() if cuda else 0, "cpus": len(os.sched_getaffinity(0)),
+           "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
            "host": sysinfo.host()}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
@@ -65,6 +64,8 @@ class Plan:
     """The sizes: a GPU's, or --tiny (CPU, for the tests)."""
 
     def __init__(self, args, cuda: bool):
+        from kernels import sysinfo
+
         self.cuda, self.tiny = cuda, args.tiny
         self.batch = 32 if args.tiny else args.batch
         self.steps = 3 if args.tiny else args.steps
@@ -72,7 +73,7 @@ class Plan:
         self.width = 4 if args.tiny else 64
         self.gpus = (2 if args.tiny else 1) if not cuda else max(1, args.gpus or versions(True)["gpus"])
         self.precisions = ("bf16", "fp16", "fp32") if cuda else ("fp32", "bf16")
-        self.workers = 1 if args.tiny else min(8, len(os.sched_getaffinity(0)))
+        self.workers = 1 if args.tiny else min(8, sysinfo.usable_cores())
 
 
 def run_lab(plan: Plan, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:

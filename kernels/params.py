@@ -463,7 +463,9 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
             "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
     else:
         local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from kernels.sysinfo import usable_cores
+
+        cores = usable_cores()
         if local > cores and not cfg.oversubscribe:
             raise ConfigError(
                 f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "

@@ -15,6 +15,14 @@ SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID", "SLURM_ARR
 LAB_VARS = ("LAB_STUDY_ID", "LAB_STUDY_POINT", "LAB_CONTAINER")
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity (what Slurm's binding or taskset left it), not the
+    machine's count, which overstates it inside an allocation."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def git_info(root: Path = PROJECT_ROOT) -> dict:
     def git(*args):
         try:

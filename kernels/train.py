@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 
-from kernels import records
+from kernels import records, sysinfo
 from kernels.records import ensure_not_complete
 from kernels.params import (PER_DEVICE, PER_WORKLOAD, PROJECT_ROOT, ConfigError, RunConfig, check_environment, resolve,
                             table, unknown_name_error)
@@ -109,7 +109,7 @@ def _thread_env(cfg: RunConfig, ranks_here: int) -> dict:
     """OMP threads per CPU rank: share the cores instead of oversubscribing them."""
     env = {}
     if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks_here))
+        env["OMP_NUM_THREADS"] = str(max(1, sysinfo.usable_cores() // ranks_here))
     return env
 
 

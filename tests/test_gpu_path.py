@@ -29,6 +29,21 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     assert "--cpu-bind=none" in srun_command(cfg, {**env, "LAB_CPU_BIND": "none"})
 
 
+def test_cpu_counts_follow_the_binding_not_the_machine():
+    """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
+    cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
+    code = ("from kernels.params import resolve, check_environment, ConfigError; from kernels.train import _thread_env\n"
+            "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
+            "print(_thread_env(resolve({'gpus': 1}), 1)['OMP_NUM_THREADS'])\n"
+            "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
+            "except ConfigError as e: print(e)\n")
+    p = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    threads, error = p.stdout.splitlines()[:2]
+    assert threads == "1" and "2 CPU ranks on this node but only 1 core(s)" in error and "oversubscribe" in error
+
+
 def test_defaults_resolve_per_device_type():
     gpu = resolve({"dataset": "digits", "device": "cuda"})
     assert gpu.compile is True and gpu.channels_last is True

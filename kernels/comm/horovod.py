@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from kernels.params import ConfigError
+from kernels.sysinfo import usable_cores
 
 VERSION = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
@@ -197,7 +198,7 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
         _say(f"horovod already imports in {sys.prefix}; nothing to do (--force rebuilds)")
         return 0
     env = {**os.environ, **_cmake_env()}
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or usable_cores()
     with tempfile.TemporaryDirectory(prefix="horovod-build-") as tmp:
         tmp = Path(tmp)
         if sdist is None:

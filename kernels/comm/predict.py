@@ -38,6 +38,7 @@ import numpy as np
 
 from kernels.comm.collectives import OPS
 from kernels.params import ConfigError, results_home
+from kernels.sysinfo import usable_cores
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SHARE = 2 / 3            # backward is about twice the forward's FLOPs
@@ -376,8 +377,6 @@ def fit_main(argv: list[str]) -> int:
 
 
 def predict_main(argv: list[str]) -> int:
-    import os
-
     ap = argparse.ArgumentParser(prog="lab comm predict", description="predict data-parallel steps from a "
                                  "1-rank run record and commbench fits")
     ap.add_argument("--run", type=Path, required=True, help="a complete 1-rank run record (results/runs/<id>)")
@@ -388,7 +387,7 @@ def predict_main(argv: list[str]) -> int:
     ap.add_argument("--system", default=None, help="system whose fits to use (default: the one the run was "
                                                    "measured on; `lab comm fit` lists them)")
     ap.add_argument("--mode", choices=("weak", "strong"), default="weak")
-    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="CPU cores per node (core sharing)")
+    ap.add_argument("--cores", type=int, default=usable_cores(), help="CPU cores per node (core sharing)")
     ap.add_argument("--threads", type=int, default=1, help="compute threads per CPU rank (OMP_NUM_THREADS)")
     a = ap.parse_args(argv)
     try:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
 DOCUMENTS = {"paper": PROJECT_ROOT / "paper" / "paper.tex", "proposal": PROJECT_ROOT / "paper" / "proposal.tex",
@@ -137,7 +138,7 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     targets = {name: (tex, slides_out if name == "pitch" else paper_out) for name, tex in DOCUMENTS.items()}
     # LaTeX runs on one core: the three documents are built side by side (each in its own temporary directory),
     # then reported in a fixed order; the first failure, in that order, is the one raised
-    with ThreadPoolExecutor(max_workers=max(1, min(len(targets), os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(targets), usable_cores()))) as pool:
         jobs = {name: pool.submit(build_document, name, tex, results, target, force)
                 for name, (tex, target) in targets.items()}
     built = {}
