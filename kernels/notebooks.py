@@ -213,9 +213,13 @@ def parse_slurm_duration(text: str) -> int | None:
     return ((d * 24 + h) * 60 + mnt) * 60 + s
 
 
+HTML_TEMPLATE = Path(__file__).resolve().parent / "templates" / "lab_alt.html.j2"
+
+
 def render_html(notebook: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--log-level", "WARN", str(notebook)],
-                   check=True)
+    """The executed notebook as HTML: nbconvert's lab page, with each figure's alternative text (kernels/alttext)."""
+    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--log-level", "WARN",
+                    "--template-file", str(HTML_TEMPLATE), str(notebook)], check=True)
     return notebook.with_suffix(".html")
 
 

@@ -170,6 +170,8 @@ metrics
 # %%
 import matplotlib.pyplot as plt
 
+from kernels.alttext import show
+
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
 epoch_axis = metrics["epoch"]  # 1-based, as in metrics.csv
 axes[0].plot(epoch_axis, metrics["samples_per_s"].astype(float), marker="o", label="median step")
@@ -195,3 +197,4 @@ for ax in axes:
     ax.xaxis.get_major_locator().set_params(integer=True)
 fig.suptitle(f"{summary['run_id']} · {summary['world_size']} rank(s) on {summary['device_name']}", fontsize=9)
 fig.tight_layout()
+show(fig)

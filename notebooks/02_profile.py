@@ -176,9 +176,11 @@ print(f"{profile['steps']} profiled step(s), {profile['profiled_ms_per_step']:.1
 table.sort_values("share (all)", ascending=False).round(3)
 
 # %%
-from IPython.display import Image
+from IPython.display import display
 
-Image(filename=str(run_dir / "breakdown.png"))
+from kernels.alttext import show, show_png
+
+show_png(run_dir / "breakdown.png", required=True)
 
 # %% [markdown]
 # ## Top operators by self time
@@ -213,6 +215,7 @@ if mon is not None and len(mon):
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
+    show(fig)
 
 # %% [markdown]
 # ## Holistic Trace Analysis and the traces

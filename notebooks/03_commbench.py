@@ -102,6 +102,8 @@ pd.Series(s["avg_busbw_gbs"], name="avg busbw (GB/s)").to_frame()
 # %%
 import matplotlib.pyplot as plt
 
+from kernels.alttext import show
+
 fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
 for (op, dtype), g in rows.groupby(["op", "dtype"]):
     form = "out" if g["time_us_out"].notna().any() else "in"
@@ -116,6 +118,7 @@ for ax, label in ((ax_t, "time per call (us, mean over ranks)"), (ax_b, "bus ban
 ax_b.legend(fontsize=7)
 fig.suptitle(f"{s['backend']}, {s['ranks']} ranks on {s['nodes']} node(s); {rec['config']['rank_list'][0]['device']}")
 fig.tight_layout()
+show(fig)
 
 # %% [markdown]
 # ## nccl-tests table

@@ -98,12 +98,12 @@ result["excluded"]
 result["scaling"]
 
 # %%
-from IPython.display import Image, display
+from IPython.display import display
+
+from kernels.alttext import show_png
 
 for name in ("throughput", "efficiency", "epoch_time", "accuracy", "gains"):
-    png = out_path / "figures" / f"{name}.png"
-    if png.exists():
-        display(Image(filename=str(png)))
+    show_png(out_path / "figures" / f"{name}.png")
 
 # %% [markdown]
 # ## Optimisations (before/after at equal everything else)
@@ -120,9 +120,7 @@ result["gains"]
 
 # %%
 for name in ("io_samples", "io_bandwidth", "io_wait", "io_ranks"):
-    png = out_path / "figures" / f"{name}.png"
-    if png.exists():
-        display(Image(filename=str(png)))
+    show_png(out_path / "figures" / f"{name}.png")
 result["io"]
 
 # %% [markdown]
@@ -135,9 +133,7 @@ result["io"]
 # halo traffic per step, and the partition's edge cut.
 
 # %%
-png = out_path / "figures" / "dcrnn_scaling.png"
-if png.exists():
-    display(Image(filename=str(png)))
+show_png(out_path / "figures" / "dcrnn_scaling.png")
 result["dcrnn"]
 
 # %% [markdown]
@@ -151,9 +147,7 @@ result["dcrnn"]
 # %%
 display(result["comm_compare"])
 display(result["comm_fits"])
-png = out_path / "figures" / "predictor.png"
-if png.exists():
-    display(Image(filename=str(png)))
+show_png(out_path / "figures" / "predictor.png")
 display(result["predictor"])
 result["engines"]
 
@@ -166,9 +160,7 @@ result["engines"]
 # communication as the ranks grow? Thresholds: `kernels/profiling/verdict.py`.
 
 # %%
-png = out_path / "figures" / "profile_breakdown.png"
-if png.exists():
-    display(Image(filename=str(png)))
+show_png(out_path / "figures" / "profile_breakdown.png")
 display(result["profile"])
 result["bottleneck"]
 

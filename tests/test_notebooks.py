@@ -87,6 +87,10 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     text = json.dumps(nb)
     assert "epoch 1/1 done" in text          # progress streamed into the notebook
     assert "image/png" in text               # the plots were drawn
+    # and the HTML says what they show (a screen reader reads the alt text, not the chart)
+    html = executed[0].with_suffix(".html").read_text()
+    assert html.count('<img alt="Figure (') == 1 and "No description has been provided" not in html
+    assert "loss: loss against epoch for train, eval" in html
     assert not nb["metadata"]["papermill"]["exception"]
     assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
     assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
@@ -119,3 +123,31 @@ def test_slurm_duration_parsing():
     assert notebooks.parse_slurm_duration("02:03:04") == 7384
     assert notebooks.parse_slurm_duration("03:04") == 184
     assert notebooks.parse_slurm_duration("UNLIMITED") is None
+
+
+def test_figure_text_states_what_the_chart_shows_and_travels_with_the_png(tmp_path):
+    """The alt text is built from the figure (titles, axes, legend), and a PNG the report saves carries it, so
+    the analysis notebook can show it beside the image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernels.alttext import describe, png_description
+    from kernels.report.figures import save_figure
+
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [3, 4], label="strong")
+    a.plot([1, 2], [3, 6], label="ideal")
+    a.set(xlabel="ranks", ylabel="samples/s", title="throughput\nmedian")
+    a.legend()
+    b.bar(["x"], [1])
+    b.set_ylabel("share (%)")
+    fig.suptitle("CPU; torch")
+    want = "Figure (CPU; torch). throughput median: samples/s against ranks for strong, ideal; share (%)."
+    assert describe(fig) == want
+    (tmp_path / "figures").mkdir()
+    pdf, png = save_figure(fig, tmp_path, "t")
+    assert png_description(png) == want and pdf.exists()
+    plt.imsave(tmp_path / "bare.png", [[0.0, 1.0]])
+    assert png_description(tmp_path / "bare.png") == "Figure bare."

@@ -118,6 +118,9 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
     assert nb.with_suffix(".html").exists()
     text = json.dumps(json.loads(nb.read_text()))
     assert f"bottleneck: {b['verdict']}" in text and "image/png" in text
+    html = nb.with_suffix(".html").read_text()  # breakdown and monitor figures, each with its alt text
+    assert html.count('<img alt="Figure') == 2 and "No description has been provided" not in html
+    assert "ms per profiled step (host timeline) for convolution" in html
     assert "profile: 3 step(s) x 2 rank(s)" in out
 
 

@@ -21,11 +21,15 @@ def style():
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
-    """<out>/figures/<name>.pdf and .png, each rewritten only when its bytes change."""
+    """<out>/figures/<name>.pdf and .png, each rewritten only when its bytes change; the PNG carries the
+    figure's alternative text (kernels.alttext)."""
     import matplotlib.pyplot as plt
 
+    from kernels.alttext import png_metadata
+
     paths = []
-    for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}), ("png", {"dpi": 160})):
+    for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}),
+                    ("png", {"dpi": 160, "metadata": png_metadata(fig)})):
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, bbox_inches="tight", **kw)
         p = out / "figures" / f"{name}.{ext}"
