@@ -34,11 +34,11 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	touch $(STAMP)
 
 # Horovod 0.28.1 from the PyPI sdist (sha256-checked) with C++17 in the three places torch >= 2.1
-# needs it (kernels/comm/horovod.py says which and why); Gloo and MPI here, NCCL where CUDA is.
+# needs it (kernels/engines/horovod.py says which and why); Gloo and MPI here, NCCL where CUDA is.
 HOROVOD_STAMP := $(VENV)/.horovod
 horovod: $(HOROVOD_STAMP)
 $(HOROVOD_STAMP): $(STAMP)
-	$(BIN)/python -m kernels.comm.horovod build
+	$(BIN)/python -m kernels.engines.horovod build
 	touch $@
 
 test: setup horovod

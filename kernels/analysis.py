@@ -26,13 +26,14 @@ import pandas as pd
 
 from kernels.records import read_run
 from kernels.stats import median_ci
+from kernels.params import default
 
 # The configuration that defines "the same experiment" apart from gpus and batch.
 CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
                "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
                "synthetic_shape", "rnn_units", "gp", "engine")
 # Optimisations compared before/after, with the "before" value.
-FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": 25.0, "channels_last": False,
+FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": default("bucket_cap_mb"), "channels_last": False,
            "compile": False}
 VERSION_KEYS = ("torch", "cuda", "nccl", "device")
 
@@ -81,56 +82,62 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
             problems.append({"run_id": d.name, "status": "old schema",
                              "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point"})
             continue
-        derived, versions = cfg["derived"], cfg["versions"]
-        row = {k: params.get(k) for k in CONFIG_KEYS}
-        row.update({
-            "run_id": d.name, "label": params.get("label", ""), "gpus": params["gpus"], "batch": params["batch"],
-            "per_rank_batch": derived["per_rank_batch"], "nodes": derived.get("nodes", 1),
-            "steps_per_epoch": derived["steps_per_epoch"], "epochs": params["epochs"],
-            "device": summ["device_name"], "torch": versions.get("torch"), "cuda": versions.get("cuda"),
-            "nccl": versions.get("nccl"), "python": versions.get("python"),
-            "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
-            "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
-            "hosts": len(cfg.get("hosts") or []) or 1,
-            "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
-            "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
-            "step_ms": summ.get("step_ms_p50"), "step_ms_p90": summ.get("step_ms_p90"),
-            "epoch_s": summ.get("epoch_s_median"),
-            "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
-            "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
-            "train_flops_per_sample": summ.get("train_flops_per_sample"),
-            "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
-            "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
-            "engine": params.get("engine", "ddp"), "grad_param_bytes": summ.get("grad_param_bytes"),
-            "exposed_comm_status": summ.get("exposed_comm_status"),
-            "bottleneck": (summ.get("bottleneck") or {}).get("verdict"),
-            "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
-            "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
-            "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
-            "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
-            "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),
-            "energy_j": (summ.get("monitor") or {}).get("energy_j"),
-            "profile": summ.get("profile") if (summ.get("profile") or {}).get("status") == "complete" else None,
-            "run_path": str(d),
-            **placement(cfg),
-        })
-        io = summ.get("io") or {}
-        ranks = io.get("ranks") or []
-        row.update({
-            "io_source": io.get("source"), "io_cache": io.get("cache"), "io_bytes_read": io.get("bytes_read"),
-            "io_read_mb_s": io.get("read_mb_s"), "io_storage_mb_s": io.get("storage_mb_s"),
-            "io_read_ratio": io.get("read_ratio_max_epoch"), "io_wait_max": io.get("data_wait_frac_max"),
-            "io_wait_min": io.get("data_wait_frac_min"),
-            "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
-            "io_ranks": ranks,
-        })
-        row["final_eval"] = {k.removeprefix("final_eval_"): v for k, v in summ.items() if k.startswith("final_eval_")}
-        row["workload_info"] = summ.get("workload") or {}
-        row["rank_info"] = summ.get("ranks") or []
-        row["metrics"] = rec["metrics"]
-        rows.append(row)
+        rows.append(run_row(d, cfg, summ, rec["metrics"]))
     return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
             pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
+
+
+def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
+    """One complete record as a row of the analysis table (load_runs)."""
+    params = cfg["params"]
+    derived, versions = cfg["derived"], cfg["versions"]
+    row = {k: params.get(k) for k in CONFIG_KEYS}
+    row.update({
+        "run_id": d.name, "label": params.get("label", ""), "gpus": params["gpus"], "batch": params["batch"],
+        "per_rank_batch": derived["per_rank_batch"], "nodes": derived.get("nodes", 1),
+        "steps_per_epoch": derived["steps_per_epoch"], "epochs": params["epochs"],
+        "device": summ["device_name"], "torch": versions.get("torch"), "cuda": versions.get("cuda"),
+        "nccl": versions.get("nccl"), "python": versions.get("python"),
+        "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
+        "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
+        "hosts": len(cfg.get("hosts") or []) or 1,
+        "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
+        "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
+        "step_ms": summ.get("step_ms_p50"), "step_ms_p90": summ.get("step_ms_p90"),
+        "epoch_s": summ.get("epoch_s_median"),
+        "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
+        "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
+        "train_flops_per_sample": summ.get("train_flops_per_sample"),
+        "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
+        "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
+        "engine": params.get("engine", "ddp"), "grad_param_bytes": summ.get("grad_param_bytes"),
+        "exposed_comm_status": summ.get("exposed_comm_status"),
+        "bottleneck": (summ.get("bottleneck") or {}).get("verdict"),
+        "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
+        "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
+        "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
+        "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
+        "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),
+        "energy_j": (summ.get("monitor") or {}).get("energy_j"),
+        "profile": summ.get("profile") if (summ.get("profile") or {}).get("status") == "complete" else None,
+        "run_path": str(d),
+        **placement(cfg),
+    })
+    io = summ.get("io") or {}
+    ranks = io.get("ranks") or []
+    row.update({
+        "io_source": io.get("source"), "io_cache": io.get("cache"), "io_bytes_read": io.get("bytes_read"),
+        "io_read_mb_s": io.get("read_mb_s"), "io_storage_mb_s": io.get("storage_mb_s"),
+        "io_read_ratio": io.get("read_ratio_max_epoch"), "io_wait_max": io.get("data_wait_frac_max"),
+        "io_wait_min": io.get("data_wait_frac_min"),
+        "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
+        "io_ranks": ranks,
+    })
+    row["final_eval"] = {k.removeprefix("final_eval_"): v for k, v in summ.items() if k.startswith("final_eval_")}
+    row["workload_info"] = summ.get("workload") or {}
+    row["rank_info"] = summ.get("ranks") or []
+    row["metrics"] = metrics
+    return row
 
 
 def system_of(config: dict) -> str:

@@ -19,10 +19,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.records import atomic_write_bytes
+from kernels.files import atomic_write_bytes
 
 FILENAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, numpy's and torch's generators from one seed (a run's start; resume restores rng_state())."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict:
@@ -78,7 +85,7 @@ def _problem(path: Path) -> str | None:
 
 def load(run_dir: Path) -> tuple[dict, Path, list[str]]:
     """(state, the file it came from, notes on files that were unusable). Raises ConfigError when none is."""
-    from kernels.params import ConfigError
+    from kernels.errors import ConfigError
 
     run_dir, notes = Path(run_dir), []
     for name in (FILENAME, PREVIOUS):

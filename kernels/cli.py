@@ -31,7 +31,7 @@ COMMANDS = {
     "sweep": ("kernels.sweep", "sweep any executable over a grid as a job array"),
     "sysinfo": ("kernels.sysinfo", "describe this node; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),
-    "bigmnist": ("kernels.data.bigmnist", "build (here or as a job array), verify and describe bigMNIST"),
+    "bigmnist": ("kernels.bigmnist_jobs", "build (here or as a job array), verify and describe bigMNIST"),
     "paper": ("kernels.report.documents", "records -> analysis -> paper, proposal and slides"),
     "jupyter": (None, "JupyterLab on this repository"),
     "records-doc": ("kernels.records", "print the run-record schema as Markdown"),
@@ -40,7 +40,7 @@ COMMANDS = {
 
 def jupyter(argv: list[str]) -> int:
     """JupyterLab rooted at the repository; jupytext (installed with the lab) opens notebooks/*.py as notebooks."""
-    from kernels.params import PROJECT_ROOT
+    from kernels.files import PROJECT_ROOT
 
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={PROJECT_ROOT}", "--no-browser"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:

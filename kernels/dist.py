@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class RankEnv:
     @property
     def is_rank0(self) -> bool:
         return self.global_rank == 0
+
+    def check_world(self, gpus: int) -> None:
+        if self.world_size != gpus:
+            raise ConfigError(f"parameter 'gpus': gpus={gpus} but the launcher started {self.world_size} rank(s) "
+                              f"({self.source}); make them agree (e.g. srun --ntasks={gpus})")
 
 
 def expand_hostlist(spec: str) -> list[str]:
@@ -114,6 +119,13 @@ def gpu_index(local_rank: int, visible: int) -> int:
         raise ConfigError(f"parameter 'device': cuda requested but no GPU is visible to local rank {local_rank} "
                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     return local_rank % visible
+
+
+def enable_tf32() -> None:
+    """TF32 matmuls and convolutions, and cuDNN's autotuner: the lab's CUDA defaults for training."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
 
 
 def select_device(device_type: str, local_rank: int) -> torch.device:

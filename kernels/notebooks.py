@@ -23,12 +23,14 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from kernels import records
-from kernels.params import (COMMON, PROJECT_ROOT, ConfigError, RunConfig, resolve, results_home, table,
-                            unknown_name_error)
+from kernels.errors import ConfigError
+from kernels.files import PROJECT_ROOT, results_home
+from kernels.config import resolve, table
+from kernels.params import COMMON, RunConfig, unknown_name_error
+from kernels.sysinfo import job_tag
 
 HANDOFF_ENV = "LAB_HANDOFF"
 
@@ -109,23 +111,23 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
 
     Returns the run directory; raises if any rank failed.
     """
-    from kernels import train
+    from kernels import launch
 
     launcher = cfg.launcher
     if launcher == "auto":
         launcher = "srun" if "SLURM_JOB_ID" in os.environ else "local"
     if launcher == "none":
         raise ConfigError("parameter 'launcher': the notebook is a driver, not a rank; use auto, local or srun")
-    launcher, cfg = train.prepare(cfg, launcher)
+    launcher, cfg = launch.prepare(cfg, launcher)
     run_dir = cfg.results_root / cfg.run_id
     handoff(run_dir)
     print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
-    rc = train.start(launcher, cfg, stdout or sys.stdout)
-    if rc == train.EXIT_PREEMPTED:
+    rc = launch.start(launcher, cfg, stdout or sys.stdout)
+    if rc == launch.EXIT_PREEMPTED:
         raise Preempted(f"the run was preempted: its ranks checkpointed and stopped on request; running the "
                         f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)")
     if rc != 0:
-        if records.mark_failed(run_dir, f"the ranks {train.exit_cause(rc)} (seen by the notebook driver)"):
+        if records.mark_failed(run_dir, f"the ranks {launch.exit_cause(rc)} (seen by the notebook driver)"):
             print(f"marked {run_dir} failed", flush=True)
         raise RuntimeError(f"training failed (exit status {rc}); the reason is in the output above "
                            f"and in {run_dir / 'summary.json'} if the run got that far")
@@ -133,7 +135,7 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
 
 
 class Preempted(RuntimeError):
-    """The run checkpointed and stopped on request; the runner exits with train.EXIT_PREEMPTED."""
+    """The run checkpointed and stopped on request; the runner exits with launch.EXIT_PREEMPTED."""
 
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
@@ -172,9 +174,8 @@ def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     import jupytext
 
     from kernels.comm.bench import PARAMS as COMM_PARAMS
-    from kernels.profiling import notebook_params
 
-    for name, params in (("01_train.py", None), ("02_profile.py", notebook_params()),
+    for name, params in (("01_train.py", None), ("02_profile.py", profile_params()),
                          ("03_commbench.py", COMM_PARAMS)):
         src = directory / name
         src.write_text(with_parameters_cell(src.read_text(), params))
@@ -186,15 +187,19 @@ def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     return written
 
 
-# ------------------------------------------------------------------- runner
-def job_tag(environ=None) -> str:
-    env = os.environ if environ is None else environ
-    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    if "SLURM_JOB_ID" in env:
-        return env["SLURM_JOB_ID"]
-    return "local-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+# 02_profile's parameters: 01_train's table with these defaults (the same names: any run can be profiled
+# from the CLI or 01_train by setting them)
+PROFILE_DEFAULTS = {"profile_steps": 5, "epochs": 2}
 
+
+def profile_params():
+    """02_profile's parameters cell: the run's table with PROFILE_DEFAULTS."""
+    from dataclasses import replace
+
+    return [replace(p, default=PROFILE_DEFAULTS[p.name]) if p.name in PROFILE_DEFAULTS else p for p in table()]
+
+
+# ------------------------------------------------------------------- runner
 
 def slurm_time_left_s(environ=None) -> int | None:
     """Seconds left in the current Slurm job (squeue %L), or None."""
@@ -261,7 +266,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
         shutil.move(staged, final)  # replaces a previous one of the same name
     html = render_html(final)
     if rc != 0 and run_dir is not None and _status(run_dir) == "preempted":
-        from kernels.train import EXIT_PREEMPTED
+        from kernels.launch import EXIT_PREEMPTED
 
         print(f"notebook: the run was preempted and checkpointed; exit status {EXIT_PREEMPTED} "
               f"(the batch script requeues the job)", flush=True)

@@ -8,45 +8,21 @@ precision, batch, epochs, lr). One merged table feeds the CLI (`lab train --help
 grouped), the notebook's generated parameters cell (a section per workload), study
 files and validation; nothing else declares parameters.
 
-`resolve(raw)` turns a mapping of user-supplied values into a `RunConfig`,
-raising `ConfigError` (naming the parameter and the fix) for unknown names, a
-parameter of another workload ("'rnn_units' is a parameter of workload dcrnn, not
-cnn"), malformed values and impossible combinations. `check_environment(cfg)`
-adds the checks that need the machine (GPUs visible, results dir writable, data
-present) and is cheap: it runs before any process is spawned or any file is written.
+This module is the bottom of the parameter path and imports nothing above it:
+the parameter type, the common table, `RunConfig` and strict coercion.
+kernels/config.py merges the workloads' tables, resolves and checks a run's values
+(`resolve`, `check_environment`) and derives a changed config (`replace`).
 """
 from __future__ import annotations
 
 import difflib
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_ENV = "LAB_RESULTS"
-
-
-def results_home() -> Path:
-    """The results folder: $LAB_RESULTS, else <project>/results. Records go to its runs/."""
-    return Path(os.environ.get(RESULTS_ENV) or PROJECT_ROOT / "results")
-
-
-class ConfigError(ValueError):
-    """A parameter or input is wrong; the message names it and the fix."""
-
-
-def exit_status(body) -> int:
-    """Run a command's body: a ConfigError becomes one line on stderr and exit status 2, the lab's convention."""
-    import sys
-
-    try:
-        return body() or 0
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-
+from kernels.errors import ConfigError, exit_status  # noqa: F401 (re-exported for callers of the table)
+from kernels.files import PROJECT_ROOT, RESULTS_ENV, results_home  # noqa: F401
 
 PER_WORKLOAD = None  # the default of a common parameter that each workload sets
 
@@ -162,23 +138,15 @@ COMMON_BY_NAME = {p.name: p for p in COMMON}
 OVERRIDABLE = tuple(p.name for p in COMMON if p.default is PER_WORKLOAD)
 
 
-def table(workload: str | None = None) -> list[Param]:
-    """The merged table: the common parameters, then every registered workload's (and `workload`'s, if a plug-in)."""
-    from kernels.workloads import get_workload, registered
-
-    params = list(COMMON)
-    wls = registered()
-    if workload and workload not in {w.name for w in wls}:
-        wls = [*wls, get_workload(workload)]
-    for wl in wls:
-        params += list(wl.params)
-    return params
+def default(name: str):
+    """A common parameter's default: the one place it is written (analyses and predictions use it too)."""
+    return COMMON_BY_NAME[name].default
 
 
 class RunConfig:
     """The resolved parameters of one run: the common ones and those of its workload, as attributes.
 
-    Immutable; `replace(**changes)` resolves a new one. The order of `to_dict()` is
+    Immutable; `kernels.config.replace(cfg, **changes)` resolves a new one. The order of `to_dict()` is
     the table's: common parameters first, then the workload's.
     """
     __slots__ = ("_values",)
@@ -229,18 +197,15 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dict(self._values)
 
-    def replace(self, **changes) -> "RunConfig":
-        return resolve({**self.to_dict(), **changes})
-
     def cli_args(self) -> list[str]:
         """The command-line arguments that reproduce this config."""
         out = []
         for name, value in self._values.items():
-            out += [f"--{name}", _format(value)]
+            out += [f"--{name}", format_value(value)]
         return out
 
 
-def _format(value) -> str:
+def format_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -307,126 +272,6 @@ def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
     )
 
 
-def resolve(raw: dict) -> RunConfig:
-    """Defaults + `raw`, typed and checked. Raises ConfigError before any work.
-
-    A common parameter marked per-workload takes the workload's default when it is
-    absent or None; a parameter of another workload is an error naming that workload.
-    """
-    from kernels.workloads import get_workload, owner_of  # late: workloads import torch
-
-    wname = coerce(COMMON_BY_NAME["workload"], raw.get("workload") or COMMON_BY_NAME["workload"].default)
-    wl = get_workload(wname)
-    own = {p.name: p for p in wl.params}
-    for name in raw:
-        if name in COMMON_BY_NAME or name in own:
-            continue
-        owner = owner_of(name)
-        if owner:
-            raise ConfigError(f"'{name}' is a parameter of workload {owner}, not {wl.name}; remove it, or set "
-                              f"workload={owner}")
-        raise unknown_name_error(name, known=[*COMMON_BY_NAME, *own])
-    values = {}
-    for p in (*COMMON, *wl.params):
-        given = raw.get(p.name)
-        if given is PER_DEVICE:  # the default itself, passed on (a table's defaults as values)
-            given = None
-        if given is not None:
-            v = coerce(p, given)
-        elif p.default is PER_WORKLOAD:
-            v = wl.defaults[p.name]
-        elif p.default is PER_DEVICE:
-            v = None  # resolved below, once the device is known
-        elif p.name in raw:  # None given for a parameter that has a value of its own
-            v = coerce(p, None)
-        else:
-            v = p.default
-        if p.choices and v not in p.choices:
-            raise ConfigError(
-                f"parameter '{p.name}': unknown value {v!r}; choose one of {', '.join(map(str, p.choices))}"
-            )
-        values[p.name] = v
-    values["workload"] = wl.name if ":" not in wname else wname
-    cuda = values["device"] == "cuda" or (values["device"] == "auto" and visible_gpus() > 0)
-    for p in COMMON:  # recorded resolved: the record says what ran
-        if p.default is PER_DEVICE and values[p.name] is None:
-            values[p.name] = cuda
-    if values["pipeline"] == "auto":  # recorded resolved, so records and analyses compare like with like
-        from kernels.data import DATASETS
-
-        ds = DATASETS.get(values["dataset"])
-        values["pipeline"] = "stream" if ds is not None and ds.streamed else "device"
-    cfg = RunConfig(values)
-    _check_combinations(cfg, wl)
-    return cfg
-
-
-def _check_combinations(cfg: RunConfig, wl) -> None:
-    def need(cond: bool, msg: str):
-        if not cond:
-            raise ConfigError(msg)
-
-    need(cfg.gpus >= 1, f"parameter 'gpus': world size must be >= 1, got {cfg.gpus}")
-    need(cfg.batch >= 1, f"parameter 'batch': must be >= 1, got {cfg.batch}")
-    need(cfg.batch % cfg.gpus == 0,
-         f"parameter 'batch': the global batch {cfg.batch} is not divisible by gpus={cfg.gpus}; "
-         f"use a multiple of {cfg.gpus}, e.g. {cfg.gpus * max(1, round(cfg.batch / cfg.gpus))}")
-    need(cfg.micro_batches >= 1, f"parameter 'micro_batches': must be >= 1, got {cfg.micro_batches}")
-    need(cfg.per_rank_batch % cfg.micro_batches == 0,
-         f"parameter 'micro_batches': the per-rank batch {cfg.per_rank_batch} (batch/gpus) is not "
-         f"divisible by micro_batches={cfg.micro_batches}")
-    need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
-    need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
-    need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
-    for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps", "eval_every", "eval_batch",
-                 "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps", "profile_steps",
-                 "profile_wait", "profile_warmup", "sync_debug_steps"):
-        need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
-    need(0 <= cfg.monitor_hz <= 5, f"parameter 'monitor_hz': samples per second in 0 (off) .. 5, got "
-                                   f"{cfg.monitor_hz} (NVML refreshes utilisation every 1/6 to 1 s)")
-    need(cfg.profile_with != "external" or cfg.profile_steps > 0,
-         "parameter 'profile_with': external marks the capture window of the active steps; set profile_steps > 0")
-    if cfg.profile_steps and cfg.stop_after_steps:
-        end = cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps
-        need(end <= cfg.stop_after_steps,
-             f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {cfg.profile_wait} + "
-             f"profile_warmup {cfg.profile_warmup} + profile_steps {cfg.profile_steps}) but stop_after_steps="
-             f"{cfg.stop_after_steps} stops the run before; lower profile_wait or profile_steps")
-    need(cfg.prefetch_factor >= 1, "parameter 'prefetch_factor': must be >= 1")
-    need(cfg.window_mb > 0, f"parameter 'window_mb': must be > 0, got {cfg.window_mb}")
-    need(cfg.read_mb >= 1, f"parameter 'read_mb': reads of at least 1 MiB, got {cfg.read_mb}")
-    need(cfg.io_threads >= 1, f"parameter 'io_threads': must be >= 1, got {cfg.io_threads}")
-    need(cfg.timeout_min > 0, "parameter 'timeout_min': must be > 0")
-    for name in ("startup_timeout_min", "hang_timeout_min"):
-        need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
-    need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
-    need(cfg.device != "cpu" or cfg.precision != "fp16",
-         "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
-         "use precision=bf16 or fp32 on CPU")
-    need(all(c.isalnum() or c in "-_." for c in cfg.run_id) and cfg.run_id not in (".", ".."),
-         f"parameter 'run_id': {cfg.run_id!r} must be a plain directory name of letters, digits, '-', '_' and '.'")
-    need(all(c.isalnum() or c in "-_." for c in cfg.label),
-         f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
-    need(cfg.dataset in wl.datasets,
-         f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
-    from kernels.data import DATASETS
-
-    ds = DATASETS.get(cfg.dataset)
-    if ds is not None and ds.streamed:
-        need(cfg.pipeline in ("stream", "dataloader"),
-             f"parameter 'pipeline': data set '{cfg.dataset}' is streamed from disk (it need not fit in memory): "
-             f"use pipeline=stream (the default) or dataloader (the per-sample baseline), not {cfg.pipeline}")
-    elif ds is not None:
-        need(cfg.pipeline != "stream",
-             f"parameter 'pipeline': stream reads a set of shards from disk and '{cfg.dataset}' is held in memory; "
-             f"use pipeline=device or dataloader, or dataset=bigmnist")
-    from kernels.comm.horovod import check_config
-
-    check_config(cfg)
-    if wl.check is not None:
-        wl.check(cfg)
-
-
 def visible_gpus() -> int:
     import torch
 
@@ -439,72 +284,3 @@ def device_type(cfg: RunConfig) -> str:
     return cfg.device
 
 
-def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) -> None:
-    """Checks that need the machine; cheap, and before any file is written.
-
-    ranks_on_this_node: how many ranks will share this node's GPUs (the local
-    launcher spawns all of them here; srun spreads them; None = cfg.gpus).
-    """
-    from kernels.data import check_dataset
-
-    dev = device_type(cfg)
-    if dev == "cuda":
-        n = visible_gpus()
-        local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
-        if n == 0:
-            raise ConfigError("parameter 'device': cuda requested but no GPU is visible; use device=auto or cpu")
-        if local > n:
-            raise ConfigError(
-                f"parameter 'gpus': {local} ranks on this node but only {n} GPU(s) visible "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-                f"ask for fewer gpus or run across nodes with srun")
-    elif cfg.precision == "fp16":
-        raise ConfigError(
-            "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
-    else:
-        local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
-        from kernels.sysinfo import usable_cores
-
-        cores = usable_cores()
-        if local > cores and not cfg.oversubscribe:
-            raise ConfigError(
-                f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "
-                f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores")
-    if cfg.engine == "horovod":
-        from kernels.comm.horovod import check_built
-
-        check_built()
-    _check_writable(cfg.results_root)
-    if cfg.profile_steps and cfg.profile_dir:
-        _check_writable(Path(cfg.profile_dir), "profile_dir")
-    if cfg.profile_steps and cfg.profile_hta == "on" and cfg.profile_with == "torch":
-        from kernels.profiling import hta
-
-        if not hta.installed():
-            raise ConfigError(f"parameter 'profile_hta': on, but HolisticTraceAnalysis is not installed; "
-                              f"`{hta.INSTALL}` into this environment, or use profile_hta=auto")
-    from kernels.workloads import get_workload
-
-    wl = get_workload(cfg.workload)
-    if wl.prepare is not None:
-        wl.prepare(cfg)
-    check_dataset(cfg.dataset, cfg.data_root)
-
-
-def _check_writable(path: Path, name: str = "results_dir") -> None:
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"parameter '{name}': {path} is not writable (nearest existing: {probe}); "
-            f"pass {name}=<a writable directory>")
-
-
-def describe_markdown() -> str:
-    """The parameter table for docs: common parameters, then each workload's."""
-    rows = ["| parameter | type | default | meaning |", "|---|---|---|---|"]
-    for p in table():
-        owner = "" if p.group == "common" else f" (workload {p.group})"
-        rows.append(f"| `{p.name}` | {p.type.__name__} | `{_format(p.default)!s}` | {p.doc}{owner} |")
-    return "\n".join(rows)

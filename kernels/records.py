@@ -22,22 +22,12 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from kernels.files import FILE_MODE, RecordError, atomic_write_bytes  # noqa: F401 (part of the record API)
 
 SCHEMA_VERSION = 2
 
-
-def _process_umask() -> int:
-    # Read once at import (single-threaded then): os.umask can only be read by setting it.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-# mkstemp creates files 0600 whatever the umask; records in a group's shared project
-# directory must be readable by the group, so the final file gets the mode the umask allows.
-FILE_MODE = 0o666 & ~_process_umask()
 
 # column -> meaning; `<split>_<metric>` columns for the workload's metrics
 # (e.g. train_acc, eval_acc) follow the loss columns.
@@ -182,37 +172,6 @@ def metric_columns(metrics) -> list[str]:
     return cols[:i] + extra + cols[i:]
 
 
-class RecordError(OSError):
-    """A record file cannot be written or read back; the message names the file and the fix."""
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file, fsync and rename: a reader never sees half a file.
-
-    A failure (a full disk, a quota, a read-only file system) is a RecordError naming the path.
-    """
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
-        raise RecordError(e.errno, f"cannot write {path} ({len(data):,} bytes): {e.strerror or e}; free space "
-                                   f"there or choose another results_dir") from None
-    except BaseException:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _checksum(obj: dict) -> str:
     body = {k: v for k, v in obj.items() if k != "checksum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -279,7 +238,7 @@ def is_complete(run_dir: Path) -> bool:
 
 def ensure_not_complete(run_dir: Path) -> None:
     """Refuse to start over a finished record (it would be silently overwritten)."""
-    from kernels.params import ConfigError
+    from kernels.errors import ConfigError
 
     try:
         complete = is_complete(run_dir)
@@ -357,7 +316,7 @@ class RunLock:
         return f"host {owner.get('host')} pid {owner.get('pid')}{job}, since {owner.get('started_utc')}"
 
     def acquire(self) -> None:
-        from kernels.params import ConfigError
+        from kernels.errors import ConfigError
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
@@ -379,7 +338,7 @@ class RunLock:
 
     def check(self) -> None:
         """Fail fast (before starting ranks) when a live run holds the directory."""
-        from kernels.params import ConfigError
+        from kernels.errors import ConfigError
 
         if self.path.exists():
             owner = self.owner()

@@ -36,8 +36,10 @@ from pathlib import Path
 import yaml
 
 from kernels.records import RecordError, read_json
-from kernels.params import PROJECT_ROOT, ConfigError, exit_status, resolve, results_home, table
-from kernels.train import geometry
+from kernels.errors import ConfigError, exit_status
+from kernels.files import PROJECT_ROOT, results_home
+from kernels.config import resolve, table
+from kernels.launch import geometry
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
               "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
@@ -214,9 +216,20 @@ def load(path: Path) -> Study:
         raise ConfigError(f"{where}: key 'ranks_per_node': {max(rpn_list)} exceeds the {per_node} per node of cluster "
                           f"'{cluster['name']}'")
 
-    points, seen = [], set()
     combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
-    base_seed = int(fixed.get("seed", 0))
+    shapes = _shapes(where, gpus, rpn_list, cluster, per_node)
+    points = _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check)
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
+    serial = spec.get("serial", False)
+    if not isinstance(serial, bool):
+        raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
+    return Study(name, path, notebook, cluster, mode, points, {str(k): str(v) for k, v in env.items()}, serial)
+
+
+def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int) -> list[tuple[int, int, int]]:
+    """(ranks, nodes, ranks per node) of every point shape the cluster can hold."""
     shapes = []
     for n in gpus:
         if not isinstance(n, int) or n < 1:
@@ -237,6 +250,13 @@ def load(path: Path) -> Study:
         if not any(sh[0] == n for sh in shapes):
             raise ConfigError(f"{where}: key 'gpus': {n} fits no ranks_per_node of {rpn_list} on cluster "
                               f"'{cluster['name']}' ({cluster['max_nodes']} nodes, max_nodes)")
+    return shapes
+
+
+def _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check) -> list:
+    """Every point of the study: shapes x grid x repeats, each checked as its notebook would."""
+    points, seen = [], set()
+    base_seed = int(fixed.get("seed", 0))
     for n, nodes, tasks in shapes:
         for combo in combos:
             for r in range(repeats):
@@ -255,13 +275,7 @@ def load(path: Path) -> Study:
                 except ConfigError as e:
                     raise ConfigError(f"{where}: point gpus={n} {combo}: {e}") from None
                 points.append(Point(len(points), n, r, params, nodes, tasks))
-    env = spec.get("env") or {}
-    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
-        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
-    serial = spec.get("serial", False)
-    if not isinstance(serial, bool):
-        raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
-    return Study(name, path, notebook, cluster, mode, points, {str(k): str(v) for k, v in env.items()}, serial)
+    return points
 
 
 # -------------------------------------------------------------- submission

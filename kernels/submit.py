@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.params import ConfigError, exit_status
-from kernels.train import sbatch_geometry_args
+from kernels.errors import ConfigError, exit_status
+from kernels.launch import sbatch_geometry_args
 
 SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
 

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.errors import ConfigError, exit_status
+from kernels.files import PROJECT_ROOT
 from kernels.study import _check_keys, cluster_options, load_cluster, results_root, run_sbatch
 
 SWEEP_KEYS = {"name": "sweep id", "cluster": "cluster profile", "command": "command template with {name} fields",

@@ -5,9 +5,10 @@ import os
 import platform
 import socket
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels.params import PROJECT_ROOT
+from kernels.files import PROJECT_ROOT
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
               "SLURM_JOB_NUM_NODES", "SLURM_NTASKS", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
@@ -79,6 +80,17 @@ def device_name(device) -> str:
 def slurm_ids(environ=None) -> dict:
     env = os.environ if environ is None else environ
     return {k.lower(): env[k] for k in SLURM_VARS if k in env}
+
+
+def job_tag(environ=None) -> str:
+    """<job id> (<array job>_<task> in an array) under Slurm, else local-<time>-<pid>: names executed notebooks
+    and traces."""
+    env = os.environ if environ is None else environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if "SLURM_JOB_ID" in env:
+        return env["SLURM_JOB_ID"]
+    return "local-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 def lab_ids(environ=None) -> dict:
@@ -215,7 +227,7 @@ def markdown(nodes: list[dict], command: str = "") -> str:
 def _read_node(path: Path) -> dict:
     import json
 
-    from kernels.params import ConfigError
+    from kernels.errors import ConfigError
 
     try:
         facts = json.loads(path.read_text())
@@ -233,8 +245,8 @@ def main(argv=None) -> int:
     import json
     import sys
 
-    from kernels.params import exit_status
-    from kernels.records import atomic_write_bytes
+    from kernels.errors import exit_status
+    from kernels.files import atomic_write_bytes
 
     ap = argparse.ArgumentParser(prog="lab sysinfo", description="Describe this node (or several) in SYSTEM.md")
     ap.add_argument("--json", action="store_true", help="this node's facts as JSON (stdout, or --out-dir)")

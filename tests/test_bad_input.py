@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import params
-from kernels.params import ConfigError, check_environment, resolve
+from kernels import config, params
+from kernels.params import ConfigError
+from kernels.config import check_environment, resolve
 
 from conftest import run_cli
 
@@ -106,5 +107,5 @@ def test_notebook_style_values_are_typed_strictly():
 def test_help_lists_every_parameter():
     p = run_cli("--help")
     assert p.returncode == 0
-    for prm in params.table():
+    for prm in config.table():
         assert f"--{prm.name}" in p.stdout

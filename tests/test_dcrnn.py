@@ -23,7 +23,8 @@ import torch
 
 from kernels.data import traffic
 from kernels.data.series import SeriesStore, WindowEvalSource, WindowSource
-from kernels.params import ConfigError, resolve
+from kernels.params import ConfigError
+from kernels.config import resolve
 from kernels.workloads import dcrnn
 from kernels.workloads.dcrnn.graph import Graph, dual_supports, edge_cut, halo_plans, partition
 

@@ -45,6 +45,15 @@ COMMANDS: dict[str, str] = {
         "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool error",
     "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
         "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
+    # --- proving a restructuring changes no arithmetic (README "Architecture")
+    "git worktree add /tmp/before <commit>": "skip: a template (<commit>): the commit to compare with",
+    "python benchmarks/trace_runs.py record before.json --tree /tmp/before":
+        "skip: 8 training runs of the worktree above (~1 min); test_architecture.py records one run with --only",
+    "python benchmarks/trace_runs.py record after.json":
+        "skip: 8 training runs (~1 min); test_architecture.py records one run with --only and compares",
+    "python benchmarks/trace_runs.py compare before.json after.json":
+        "skip: needs the two recordings above; test_architecture.py compares a recording with itself and with a "
+        "copy whose one loss differs in its last bit",
     # --- benchmarks
     "make bench": "skip: about 10 minutes of tables on 2 cores; test_bench.py runs each benchmark with tiny sizes",
     "make bench-gpu": "skip: needs a GPU; test_bench.py runs its plan on a CPU (--device cpu --tiny) and checks it "
@@ -238,7 +247,7 @@ def test_documented_commands_run_as_written(tmp_path):
     fit = _sh("lab comm fit", env).stdout
     assert "all_reduce" in fit and "intra-node" in fit, fit
 
-    from kernels.comm.horovod import import_error
+    from kernels.engines.horovod import import_error
 
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
         assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild

@@ -13,8 +13,9 @@ import pytest
 from kernels import checkpoint as ckpt
 from kernels.dist import PORT_BASE, PORT_SPAN, check_distinct_gpus, free_port, gpu_index, slurm_port
 from kernels.flops import peak_tflops
-from kernels.params import ConfigError, resolve
-from kernels.train import srun_command
+from kernels.params import ConfigError
+from kernels.config import resolve
+from kernels.launch import srun_command
 
 from conftest import ROOT
 
@@ -32,7 +33,7 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
 def test_cpu_counts_follow_the_binding_not_the_machine():
     """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
-    code = ("from kernels.params import resolve, check_environment, ConfigError; from kernels.train import _thread_env\n"
+    code = ("from kernels.config import resolve, check_environment; from kernels.errors import ConfigError; from kernels.launch import _thread_env\n"
             "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
             "print(_thread_env(resolve({'gpus': 1}), 1)['OMP_NUM_THREADS'])\n"
             "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"

@@ -19,7 +19,7 @@ def horovod_built():
     """Outside CI the tests skip when Horovod is not built (`make test` builds it); under CI=true they must run."""
     import os
 
-    from kernels.comm.horovod import import_error
+    from kernels.engines.horovod import import_error
 
     why = import_error()
     if why:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kernels import notebooks
-from kernels.params import table
+from kernels.config import table
 
 from conftest import ROOT
 
@@ -56,12 +56,12 @@ def test_parameters_cell_is_generated_from_the_one_definition():
     src = (ROOT / "notebooks" / "01_train.py").read_text()
     assert notebooks.with_parameters_cell(src) == src, "run `make notebooks`"
     # 02_profile's: the same table, with profiling on by default
-    from kernels.profiling import NOTEBOOK_DEFAULTS, notebook_params
+    from kernels.notebooks import PROFILE_DEFAULTS, profile_params
 
     prof = (ROOT / "notebooks" / "02_profile.py").read_text()
-    assert notebooks.with_parameters_cell(prof, notebook_params()) == prof, "run `make notebooks`"
-    assert [p.name for p in notebook_params()] == [p.name for p in table()]
-    assert "profile_steps = 5 " in prof and NOTEBOOK_DEFAULTS["profile_steps"] == 5
+    assert notebooks.with_parameters_cell(prof, profile_params()) == prof, "run `make notebooks`"
+    assert [p.name for p in profile_params()] == [p.name for p in table()]
+    assert "profile_steps = 5 " in prof and PROFILE_DEFAULTS["profile_steps"] == 5
     cell = [line for line in notebooks.parameters_cell().splitlines() if not line.startswith("#")]
     assert [line.split(" = ")[0] for line in cell] == [p.name for p in table()]
     assert all("#" in line for line in cell)

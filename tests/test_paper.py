@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kernels import records, report
-from kernels.params import resolve
+from kernels.config import resolve
 from kernels.report.tex import num
 from kernels.workloads import Metric
 

@@ -11,8 +11,9 @@ import sys
 import pandas as pd
 import pytest
 
-from kernels.ddp_core import probe_result
-from kernels.params import ConfigError, check_environment, resolve
+from kernels.run.probe import probe_result
+from kernels.params import ConfigError
+from kernels.config import check_environment, resolve
 from kernels.profiling import breakdown, tools, verdict
 from kernels.profiling.monitor import summarise
 from kernels.stats import median_ci
@@ -288,7 +289,7 @@ def test_wrapper_refuses_to_start_without_the_tool(tool):
 
 
 def test_srun_line_puts_the_rank_wrapper_before_each_rank():
-    from kernels.train import srun_command
+    from kernels.launch import srun_command
 
     cfg = resolve({"gpus": 4, "dataset": "digits", "profile_steps": 3, "profile_with": "external"})
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from kernels.data.pipeline import EvalSource, Split, TensorSource
 from kernels.notebooks import resolve_notebook_parameters
-from kernels.params import ConfigError, Param, resolve, table
+from kernels.params import ConfigError, Param
+from kernels.config import resolve, table
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
 from conftest import ROOT, TINY, merge_args, run_cli

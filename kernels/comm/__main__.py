@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernels.params import ConfigError, exit_status
+from kernels.errors import ConfigError, exit_status
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def bench_parser() -> argparse.ArgumentParser:
 
 def bench(argv: list[str]) -> int:
     from kernels.comm import bench as b
-    from kernels.train import leave
+    from kernels.launch import leave
 
     ap = bench_parser()
     known, rest = ap.parse_known_args(argv)

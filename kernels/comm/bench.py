@@ -36,7 +36,9 @@ from pathlib import Path
 
 from kernels import records
 from kernels.comm.collectives import DTYPES, FORMS, OPS, count_wrong
-from kernels.params import ConfigError, Param, coerce, results_home, unknown_name_error
+from kernels.errors import ConfigError
+from kernels.files import results_home
+from kernels.params import Param, coerce, unknown_name_error
 
 ALL_OPS = ",".join(OPS)
 PARAMS: tuple[Param, ...] = (
@@ -242,7 +244,7 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
         raise ConfigError(f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
                           f"torchrun (launcher none)")
     if launcher == "srun":
-        from kernels.train import check_allocation
+        from kernels.launch import check_allocation
 
         check_allocation(cfg)
     return cfg
@@ -550,7 +552,7 @@ def mpirun_command(cfg: CommConfig, command: list[str]) -> list[str]:
 
 def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     """Validate, then start the ranks with the chosen launcher. Returns (exit status, record directory)."""
-    from kernels import train
+    from kernels.launch import exit_cause, run_srun, spawn_local, srun_command
 
     stdout = stdout or sys.stdout
     launcher = choose_launcher(cfg)
@@ -564,13 +566,13 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     print(f"commbench {cfg.run_id}: {cfg.gpus} rank(s), backend {cfg.backend}, via {launcher}; record in {run_dir}",
           file=stdout, flush=True)
     if launcher == "local":
-        rc = train.spawn_local(cfg, stdout, command=command, run_dir=run_dir)
+        rc = spawn_local(cfg, stdout, command=command, run_dir=run_dir)
     elif launcher == "srun":
         extra = [f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"] if cfg.backend == "mpi" else []
-        rc = train.run_srun(cfg, stdout, train.srun_command(cfg, command=command, extra=extra))
+        rc = run_srun(cfg, stdout, srun_command(cfg, command=command, extra=extra))
     else:
-        rc = train.run_srun(cfg, stdout, mpirun_command(cfg, command))
-    if rc != 0 and records.mark_failed(run_dir, f"a rank {train.exit_cause(rc)} (seen by the {launcher} launcher)"):
+        rc = run_srun(cfg, stdout, mpirun_command(cfg, command))
+    if rc != 0 and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by the {launcher} launcher)"):
         print(f"commbench: marked {run_dir} failed", file=stdout, flush=True)
     return rc, run_dir
 

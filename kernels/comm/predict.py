@@ -37,8 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from kernels.comm.collectives import OPS
-from kernels.params import ConfigError, results_home
+from kernels.errors import ConfigError
+from kernels.files import results_home
 from kernels.sysinfo import usable_cores
+from kernels.params import default
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SHARE = 2 / 3            # backward is about twice the forward's FLOPs
@@ -237,7 +239,7 @@ def run_inputs(run_dir: Path) -> dict:
     t1 = s["step_ms_p50"] / 1e3
     p90 = s.get("step_ms_p90")
     return {"t1_s": t1, "system": system_of(c), "p90_s": p90 / 1e3 if p90 else None, "data_s": t1 * (s.get("data_wait_frac") or 0.0), "param_bytes": grads,
-            "bucket_cap_mb": float(params.get("bucket_cap_mb", 25.0)), "batch": int(params.get("batch") or 0),
+            "bucket_cap_mb": float(params.get("bucket_cap_mb", default("bucket_cap_mb"))), "batch": int(params.get("batch") or 0),
             "device": s.get("device_name", ""), "run_id": s.get("run_id")}
 
 
@@ -313,7 +315,7 @@ def validation(runs, comm_records: list[dict]):
                 base["step_ms_p90"].notna().any() else None
             data1 = t1 * float(base["data_wait_frac"].median() or 0.0)
             share1 = _share(b0, on_gpu)
-            bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or 25.0))
+            bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or default("bucket_cap_mb")))
             name = series_name(dict(zip(CONFIG_KEYS, key)), by, fixed)
             if dict(zip(CONFIG_KEYS, key)).get("engine") not in (None, "ddp"):
                 continue  # the model is DDP's (buckets, overlap); Horovod fuses and cycles differently
@@ -414,7 +416,7 @@ def _fmt(v, spec: str = ".1f") -> str:
 def write_markdown(path: Path, table, runs, args) -> None:
     from datetime import datetime, timezone
 
-    from kernels.records import atomic_write_bytes
+    from kernels.files import atomic_write_bytes
 
     used = runs[runs["run_id"].notna()]
     lines = ["# Step predictor: predicted against measured step time", "",

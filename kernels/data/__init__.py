@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
 
 
 def _check_cifar10(root: Path) -> None:

@@ -1,9 +1,8 @@
 """bigMNIST: MNIST augmented and replicated to 72,000,000 samples, written as shards for streaming.
 
-    lab bigmnist build  --out DIR [--versions 6 --replicas 200 --shard-samples 320000 ...]
-    lab bigmnist submit --out DIR --tasks 8 [--cluster local ...]   # the same build as a Slurm job array
-    lab bigmnist verify DIR                                           # sha256 of every shard vs the manifest
-    lab bigmnist info   DIR
+The format, the reader's checks (check, verify, load_manifest) and the builder of a range of
+shards (build, finish). The command line, which also submits the build as a Slurm job array,
+is kernels/bigmnist_jobs.py (`lab bigmnist build|submit|verify|info`).
 
 What is built (the seed study's bigMNIST, made deterministic):
 - the 60,000 training images of MNIST (or Fashion-MNIST, --source) in `versions`
@@ -32,13 +31,11 @@ sidecar, or whose sha256 no longer matches, is rebuilt; verified shards are skip
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.errors import ConfigError
 from kernels.sysinfo import free_space
 
 RECORD = np.dtype([("image", np.uint8, (28, 28)), ("label", np.uint8)])
@@ -230,7 +227,7 @@ def write_records(path: Path, images: np.ndarray, labels: np.ndarray) -> dict:
 
 
 def _write_json(path: Path, obj) -> None:
-    from kernels.records import atomic_write_bytes
+    from kernels.files import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
@@ -291,7 +288,7 @@ def _source_arrays(spec: Spec, data_root: Path):
     return x[:, 0], y.astype(np.uint8), arrays["test"][0][:, 0], arrays["test"][1].astype(np.uint8)
 
 
-def _human(b: float) -> str:
+def human_bytes(b: float) -> str:
     return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / MIB:.1f} MiB"
 
 
@@ -327,15 +324,15 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
                for i in todo) + (shard_bytes(len(yt)) if task == 0 else 0)
     _, free = free_space(out)
     if need > free:
-        raise ConfigError(f"--out: {out} has {_human(free)} free but this build needs {_human(need)} "
-                          f"({len(todo)} shards of up to {_human(shard_bytes(spec.shard_samples))}); free space, "
+        raise ConfigError(f"--out: {out} has {human_bytes(free)} free but this build needs {human_bytes(need)} "
+                          f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
                           f"choose another --out, or build fewer --replicas")
     out.mkdir(parents=True, exist_ok=True)
     if not spec_file.exists():
         _write_json(spec_file, asdict(spec))  # every task writes the same bytes
     total_bytes = (lay.shards - 1) * full + shard_bytes(_count(lay, spec, lay.shards - 1))
     log(f"bigmnist: {lay.total:,} samples ({spec.versions} versions x {len(xs):,} {spec.source} images x "
-        f"{spec.replicas} replicas) in {lay.shards} shards, {_human(total_bytes)}; "
+        f"{spec.replicas} replicas) in {lay.shards} shards, {human_bytes(total_bytes)}; "
         f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} verified and skipped; "
         f"device {device.type}")
     t0 = time.perf_counter()
@@ -355,7 +352,7 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
             written_bytes += meta["bytes"]
             el = time.perf_counter() - t_write
             eta = el / (k + 1) * (len(todo) - k - 1)
-            log(f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, {_human(meta['bytes'])}; "
+            log(f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, {human_bytes(meta['bytes'])}; "
                 f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s")
         stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
         _write_json(out / ".build-stats.json", stats)
@@ -363,7 +360,7 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
         meta = write_records(out / "test.npy", xt, yt)
         _write_json(out / "test.done", meta)
     dt = time.perf_counter() - t0
-    log(f"bigmnist: task {task}/{tasks} done in {dt:.1f} s: {written_samples:,} samples, {_human(written_bytes)} "
+    log(f"bigmnist: task {task}/{tasks} done in {dt:.1f} s: {written_samples:,} samples, {human_bytes(written_bytes)} "
         f"written ({written_samples / dt if dt else 0:,.0f} samples/s, {written_bytes / MIB / dt if dt else 0:,.1f} MiB/s)")
     manifest = finish(out, spec, lay, len(yt), device)
     log(f"bigmnist: manifest written: {out / MANIFEST}" if manifest else
@@ -474,104 +471,3 @@ def verify(data_dir: Path, log=print) -> list[str]:
 
 def spec_from_manifest(manifest: dict) -> Spec:
     return Spec(**manifest["spec"])
-
-
-# ------------------------------------------------------------------ command line
-def _args(argv):
-    ap = argparse.ArgumentParser(prog="lab bigmnist", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    for name in ("build", "submit"):
-        p = sub.add_parser(name, help="build the set here" if name == "build" else "build it as a Slurm job array")
-        p.add_argument("--out", type=Path, default=PROJECT_ROOT / "data" / "bigmnist", help="where the set goes")
-        p.add_argument("--data-dir", type=Path, default=PROJECT_ROOT / "data",
-                       help="data root holding the source (mnist/ or fashion-mnist/)")
-        for f in Spec.__dataclass_fields__.values():
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in ("bool", bool):
-                p.add_argument(flag, type=_bool, default=f.default, help=f"default {str(f.default).lower()}")
-            else:
-                typ = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-                p.add_argument(flag, type=typ, default=f.default, help=f"default {f.default}")
-        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-        if name == "build":
-            p.add_argument("--task", type=int, default=None, help="array task index (default: $SLURM_ARRAY_TASK_ID, else 0)")
-            p.add_argument("--tasks", type=int, default=None,
-                           help="array task count (default: $SLURM_ARRAY_TASK_COUNT, else 1)")
-        else:
-            p.add_argument("--tasks", type=int, required=True, help="array tasks (each builds a range of shards)")
-            p.add_argument("--cluster", default="local", help="cluster profile in clusters/ (partition, account)")
-            p.add_argument("--time", default="02:00:00", help="time limit per task")
-            p.add_argument("--cpus-per-task", type=int, default=None)
-            p.add_argument("--gpus-per-node", type=int, default=None, help="augment on a GPU (e.g. 1)")
-            p.add_argument("--dry-run", action="store_true")
-    for name in ("verify", "info"):
-        p = sub.add_parser(name)
-        p.add_argument("dir", type=Path)
-    return ap.parse_args(argv)
-
-
-def _bool(s: str) -> bool:
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
-def _spec_of(a) -> Spec:
-    return Spec(**{k: getattr(a, k) for k in Spec.__dataclass_fields__})
-
-
-def submit(a) -> str | None:
-    """The build as one job array through the sweep machinery: task i builds shard range i."""
-    from kernels import sweep
-    from kernels.study import load_cluster
-
-    spec = _spec_of(a)
-    spec.check()
-    if a.tasks < 1:
-        raise ConfigError(f"--tasks: must be at least 1, got {a.tasks}")
-    out, data = a.out.resolve(), a.data_dir.resolve()
-    flags = " ".join(f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
-                     for k, v in asdict(spec).items())
-    python = Path(sys.executable)
-    cmd = (f"cd {PROJECT_ROOT} && {python} -m kernels.data.bigmnist build --out {out} --data-dir {data} {flags} "
-           f"--device {a.device} --tasks {a.tasks} --task {{task}}")
-    sw = {"name": f"bigmnist-{out.name}", "cluster": load_cluster(a.cluster),
-          "combos": [{"task": i} for i in range(a.tasks)],
-          "commands": [cmd.format(task=i) for i in range(a.tasks)],
-          "sbatch": {k: v for k, v in (("time", a.time), ("cpus_per_task", a.cpus_per_task),
-                                       ("gpus_per_node", a.gpus_per_node)) if v is not None}, "path": out}
-    return sweep.submit(sw, a.dry_run)
-
-
-def main(argv=None) -> int:
-    a = _args(argv)
-
-    def body() -> int:
-        if a.command == "build":
-            task = a.task if a.task is not None else int(os.environ.get("SLURM_ARRAY_TASK_ID", 0))
-            tasks = a.tasks if a.tasks is not None else int(os.environ.get("SLURM_ARRAY_TASK_COUNT", 1))
-            dev = torch.device(a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-            build(a.out, _spec_of(a), a.data_dir, task, tasks, dev, log=lambda s: print(s, flush=True))
-        elif a.command == "submit":
-            submit(a)
-        elif a.command == "verify":
-            bad = verify(a.dir, log=lambda s: print(s, flush=True))
-            if bad:
-                print(f"error: {len(bad)} file(s) of {resolve(a.dir)} do not match the manifest: {', '.join(bad)}. "
-                      f"Re-run the build with the manifest's parameters (`lab bigmnist info {a.dir}` prints them): "
-                      f"it rebuilds exactly those shards", file=sys.stderr)
-                return 1
-            print(f"{resolve(a.dir)}: every shard matches the manifest")
-        else:
-            d, m = load_manifest(a.dir)
-            print(json.dumps({k: v for k, v in m.items() if k not in ("shards",)}, indent=1))
-            print(f"{len(m['shards'])} shards, {m['samples']:,} samples, {_human(m['bytes'])} in {d}")
-        return 0
-
-    return exit_status(body)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels.data.download import download, md5sum
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 TARBALL = "cifar-10-python.tar.gz"

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
 
 DIGITS_TEST = 360
 SPLIT_SEED = 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049

@@ -21,6 +21,8 @@ A training source gives this rank's batches on the device:
     batches(epoch, start_step=0)  -> (x, y) for steps start_step .. steps_per_epoch-1
     probe(n)                      -> (x, y): n transformed samples, for counting FLOPs
     describe()                    -> dict for the record; stats() -> I/O counters (may be empty)
+    restore(stats), close()       -> resume the counters and position; end threads and files
+(TrainSource below is this contract, with the defaults of a source that holds no I/O state.)
 An evaluation source gives this rank's shard (samples r, r+W, ...; nothing dropped)
 with batches(), so that sums over ranks cover the test set exactly once.
 
@@ -40,7 +42,52 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from kernels.params import ConfigError
+from kernels.errors import ConfigError
+
+
+class TrainSource:
+    """The contract of a training source (the module doc says what each member must honour).
+
+    Required: steps_per_epoch, num_samples, dropped_per_epoch, batches(epoch, start_step), probe(n),
+    describe(). The rest have defaults for a source that holds no I/O state: check_batch(batch), stats() (I/O counters for the
+    record), restore(stats) (continue from a checkpoint's counters and position) and close() (end reader
+    threads, close files). The loop calls only these.
+    """
+    steps_per_epoch: int
+    num_samples: int
+    dropped_per_epoch: int
+
+    def batches(self, epoch: int, start_step: int = 0):
+        raise NotImplementedError
+
+    def probe(self, n: int = 2):
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+    def check_batch(self, batch: int) -> None:
+        if self.num_samples < batch:
+            raise ConfigError(f"parameter 'batch': the training set has {self.num_samples} samples, fewer than one "
+                              f"global batch of {batch}; lower batch or raise train_samples")
+
+    def stats(self) -> dict:
+        return {}
+
+    def restore(self, stats: dict | None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def micro_batches(batch, n: int):
+    """`n` micro-batches of a tensor, or of each tensor of a tuple/list (zipped back into tuples)."""
+    if n == 1:
+        return [batch]
+    if isinstance(batch, (tuple, list)):
+        return list(zip(*(t.chunk(n) for t in batch)))
+    return list(batch.chunk(n))
 
 
 @dataclass
@@ -138,7 +185,7 @@ def _slice_draws(draws, step: int, pos: slice):
     return None if draws is None else tuple(None if d is None else d[step, pos] for d in draws)
 
 
-class _Base:
+class _Base(TrainSource):
     def __init__(self, train: Split, transform: ImageTransform | None, global_batch: int, rank: int, world: int,
                  seed: int, device: torch.device, channels_last: bool):
         self.num_samples = len(train)
@@ -163,8 +210,6 @@ class _Base:
         return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
                 "dropped_per_epoch": self.dropped_per_epoch, "transform": repr(self.transform)}
 
-    def stats(self) -> dict:
-        return {}
 
 
 class TensorSource(_Base):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.data.pipeline import epoch_permutation, rank_slice, steps_per_epoch
+from kernels.data.pipeline import TrainSource, epoch_permutation, rank_slice, steps_per_epoch
 
 
 class SeriesStore:
@@ -54,7 +54,7 @@ class SeriesStore:
         return sum(t.numel() * t.element_size() for t in (self.series, self.raw, self.norm))
 
 
-class WindowSource:
+class WindowSource(TrainSource):
     """Training windows [first, first + count) of the series (see the module doc)."""
     kind = "index-batched series"
 
@@ -82,8 +82,6 @@ class WindowSource:
                 "dropped_per_epoch": self.dropped_per_epoch, "resident_bytes": self.store.resident_bytes(),
                 "series_shape": list(self.store.series.shape)}
 
-    def stats(self) -> dict:
-        return {}
 
 
 class WindowEvalSource:

@@ -51,8 +51,8 @@ import numpy as np
 import torch
 
 from kernels.data import bigmnist
-from kernels.data.pipeline import ImageTransform, Split, steps_per_epoch
-from kernels.params import ConfigError
+from kernels.data.pipeline import ImageTransform, Split, TrainSource, steps_per_epoch
+from kernels.errors import ConfigError
 
 MIB = 2**20
 
@@ -93,7 +93,7 @@ def _split_records(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return raw[:, :784].reshape(n, 1, 28, 28), raw[:, 784].long()
 
 
-class StreamSource:
+class StreamSource(TrainSource):
     """Rank r's batches streamed from the shards (see the module doc for the order and the I/O rules)."""
     kind = "streamed-shards"
 
@@ -367,7 +367,7 @@ class _RankSampler(torch.utils.data.Sampler):
         return self.per_rank - self.start
 
 
-class PerSampleSource:
+class PerSampleSource(TrainSource):
     kind = "dataloader-per-sample"
 
     def __init__(self, shards: ShardSet, mean: float, std: float, global_batch: int, rank: int, world: int,

@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from kernels.data.download import sha256sum
-from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.errors import ConfigError, exit_status
+from kernels.files import PROJECT_ROOT
 from kernels.sysinfo import free_space
 
 SEQ_LEN = HORIZON = 12

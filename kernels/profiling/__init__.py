@@ -8,16 +8,3 @@
     verdict.py    data | communication | compute | launch-overhead | unknown, from measured shares
     tools.py      the nsys / ncu command lines of slurm/profile_nsys.sbatch and slurm/profile_ncu.sbatch
 """
-
-# 02_profile's parameters: 01_train's table with these defaults (the same names: any run can be profiled
-# from the CLI or 01_train by setting them)
-NOTEBOOK_DEFAULTS = {"profile_steps": 5, "epochs": 2}
-
-
-def notebook_params():
-    """02_profile's parameters cell: kernels/params.py's table with NOTEBOOK_DEFAULTS."""
-    from dataclasses import replace
-
-    from kernels.params import table
-
-    return [replace(p, default=NOTEBOOK_DEFAULTS[p.name]) if p.name in NOTEBOOK_DEFAULTS else p for p in table()]

@@ -36,7 +36,8 @@ PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of 
 
 
 def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> None:
-    from kernels.params import ConfigError, unknown_name_error
+    from kernels.errors import ConfigError
+    from kernels.params import unknown_name_error
 
     for k in plan:
         if k not in PLAN_KEYS:

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from kernels import analysis
-from kernels.params import PROJECT_ROOT
+from kernels.files import PROJECT_ROOT
 from kernels.report.context import Context
 from kernels.report.figures import figure_snippet, finish_rank_plot, hardware_line, log_value_axis, rank_axis, style
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape

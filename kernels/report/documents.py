@@ -26,7 +26,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernels.params import PROJECT_ROOT, ConfigError, exit_status
+from kernels.errors import ConfigError, exit_status
+from kernels.files import PROJECT_ROOT
 from kernels.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"

@@ -11,6 +11,7 @@ from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
 from kernels.report.scaling import main_series
 from kernels.report.tex import booktabs, gap_note, num, pct, tex_escape
+from kernels.params import default
 
 NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": ("Epoch (s)", ".3g"),
                      "source": ("Time per epoch", "s"), "node_hours": ("Node-hours", ",.3g")}
@@ -128,7 +129,7 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
         return {}, ""
     t1 = float(b["step_ms"]) / 1e3
     data = t1 * float(b["data_wait_frac"] or 0.0)
-    bks = predict.buckets(list(b["grad_param_bytes"]), float(b["bucket_cap_mb"] or 25.0))
+    bks = predict.buckets(list(b["grad_param_bytes"]), float(b["bucket_cap_mb"] or default("bucket_cap_mb")))
     gpn = int(ctx.plan["gpus_per_node"])
     epoch1 = float(b["epoch_s"] or b["steps_per_epoch"] * t1)
     out = {}

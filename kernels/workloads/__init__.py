@@ -22,7 +22,7 @@ WORKLOADS: dict[str, str] = {
 
 
 def get_workload(name: str) -> Workload:
-    from kernels.params import ConfigError
+    from kernels.errors import ConfigError
 
     if name in WORKLOADS:
         return importlib.import_module(WORKLOADS[name]).WORKLOAD

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from kernels.data import load_image_dataset
 from kernels.data.pipeline import ImageTransform, tensor_sources
-from kernels.params import ConfigError, Param
+from kernels.errors import ConfigError
+from kernels.params import Param
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload, fused
 

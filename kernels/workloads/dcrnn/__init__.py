@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.params import ConfigError, Param
+from kernels.errors import ConfigError
+from kernels.params import Param
 from kernels.workloads.base import DataInfo, Metric, Recipe, Workload, fused
 
 HORIZONS = {"15min": 3, "30min": 6, "60min": 12}  # label -> step ahead (5-minute steps)

@@ -2,7 +2,7 @@
 
 Horovod 0.28.1 (2023) is the last release and does not build against torch >= 2.1 as released: its
 CMake forces C++14 while torch's headers need C++17 (upstream issues #3996 and #4014; the fix is
-merged but unreleased). `python -m kernels.comm.horovod build` (what `make horovod` runs) builds it
+merged but unreleased). `python -m kernels.engines.horovod build` (what `make horovod` runs) builds it
 into the running interpreter's environment from the PyPI sdist, checked against its sha256, with
 C++17 set in the three places that need it:
   1. the top-level CMakeLists.txt (CMAKE_CXX_STANDARD 14 -> 17),
@@ -31,9 +31,11 @@ import sys
 import tarfile
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
-from kernels.params import ConfigError
+from kernels.engines import Engine
+from kernels.errors import ConfigError
 from kernels.sysinfo import usable_cores
 
 VERSION = "0.28.1"
@@ -88,8 +90,10 @@ def horovodrun_command(cfg, command: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ in a rank
-class Engine:
-    """Horovod's side of one rank: init, the distributed optimizer, the broadcasts."""
+class HorovodEngine(Engine):
+    """Horovod's side of one rank: init, the distributed optimizer, the broadcasts, the early sync."""
+
+    name = "horovod"
 
     def __init__(self, cfg):
         # Horovod reads these once, in init
@@ -106,9 +110,17 @@ class Engine:
             raise ConfigError(f"engine horovod: Horovod sees rank {self.hvd.rank()} of {self.hvd.size()} but the lab "
                               f"rank {rank} of {world}; start the ranks with one launcher (horovodrun or srun)")
 
-    def wrap(self, model, optimizer, micro_batches: int):
-        """Broadcast rank 0's parameters; return the distributed optimizer. The new optimizer shares the
-        original's param_groups, so a scheduler built on the original still sets its learning rate (checked).
+    def wrap_model(self, model, device):
+        """Horovod averages the gradients in its optimizer: the model itself is not wrapped."""
+        import torch.distributed as dist
+
+        self.check_world(dist.get_rank(), dist.get_world_size())
+        return model
+
+    def wrap_optimizer(self, model, optimizer, micro_batches: int):
+        """Broadcast rank 0's parameters; return the distributed optimizer (backward_passes_per_step counts the
+        micro-batches). The new optimizer shares the original's param_groups, so a scheduler built on the
+        original still sets its learning rate (checked).
 
         The optimizer state is broadcast by `broadcast_state` once there is one (after a resume): on an empty
         state hvd.broadcast_optimizer_state first takes an optimizer step with zero gradients to create it,
@@ -123,10 +135,25 @@ class Engine:
                                "schedule would not reach it")
         return dist_opt
 
+    def sync_before_unscale(self, optimizer, needed: bool, phase) -> bool:
+        """Average the gradients before they are unscaled or clipped (Horovod would otherwise average them
+        inside step(), after)."""
+        if needed:
+            with phase("communication"):
+                optimizer.synchronize()
+        return needed
+
+    def optimizer_step(self, optimizer, scaler, synced: bool) -> None:
+        with (optimizer.skip_synchronize() if synced else nullcontext()):
+            scaler.step(optimizer)
+
     def broadcast_state(self, optimizer) -> None:
-        """Rank 0's optimizer state to every rank (after a resume; see wrap)."""
+        """Rank 0's optimizer state to every rank (after a resume; see wrap_optimizer)."""
         if optimizer.state_dict()["state"]:
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def probe_note(self) -> str | None:
+        return "skipped with engine=horovod (its gradient hooks cannot be switched off per step)"
 
     def facts(self) -> dict:
         import horovod
@@ -134,6 +161,12 @@ class Engine:
         return {"engine": "horovod", "horovod": getattr(horovod, "__version__", VERSION),
                 "controller": self.controller, "fusion_threshold_bytes": int(os.environ["HOROVOD_FUSION_THRESHOLD"]),
                 "cycle_time_ms": float(os.environ["HOROVOD_CYCLE_TIME"])}
+
+    def run_end_lines(self, step_ms: list[float], batch: int, world: int, device) -> list[str]:
+        return seed_lines([batch * 1e3 / x for x in step_ms if x > 0], world, device.type == "cuda")
+
+
+ENGINE = HorovodEngine
 
 
 def seed_lines(samples_per_s_per_step: list[float], world: int, on_gpu: bool) -> list[str]:
@@ -257,9 +290,9 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
 def main(argv=None) -> int:
     import argparse
 
-    from kernels.params import exit_status
+    from kernels.errors import exit_status
 
-    ap = argparse.ArgumentParser(prog="python -m kernels.comm.horovod",
+    ap = argparse.ArgumentParser(prog="python -m kernels.engines.horovod",
                                  description="build Horovod 0.28.1 for this torch (make horovod)")
     ap.add_argument("command", choices=["build", "check"])
     ap.add_argument("--sdist", type=Path, help="a downloaded horovod-0.28.1.tar.gz (default: download it)")

@@ -1,0 +1,191 @@
+"""Observing a run without changing it: step timers, host syncs, the profiler window, the resource monitor.
+
+The loop calls `Observers` at fixed points (run start, training, epoch start, step start, data
+ready, step end) and runs each phase inside `phase(name)`; what they measure goes to the record.
+Profiled steps (the profiler's warm-up and active steps, and the trace export) and the first
+timing_warmup_steps of every process start are not timed.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from kernels.dist import all_gather_object
+from kernels.profiling import monitor as res_monitor
+from kernels.profiling.trace import StepProfiler
+from kernels.errors import ConfigError
+from kernels.timers import StepTimer, synchronize
+
+
+class Observers:
+    def __init__(self, cfg, device: torch.device, rank: int, local_rank: int, log):
+        self.cfg, self.device, self.rank, self.local_rank, self.log = cfg, device, rank, local_rank, log
+        self.timer = StepTimer(device)
+        self.prof: StepProfiler | None = None
+        self.syncs: SyncCounter | None = None
+        self.monitor = None
+        self.train_window: list | None = None
+        self.steps = 0  # steps of this attempt: warm-up (compilation, autotuning) recurs in every new process
+        c = cfg
+        self.profiled = (range(c.profile_wait, c.profile_wait + c.profile_warmup + c.profile_steps)
+                         if c.profile_steps else range(0))
+
+    # ------------------------------------------------------------------ hooks
+    def run_start(self, run_dir: Path, run_id: str, node: str) -> None:
+        """Local rank 0 of each node samples its node (GPUs and host) into monitor/<node>.csv."""
+        if self.cfg.monitor_hz and self.local_rank == 0:
+            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{node}.csv", node, self.cfg.monitor_hz)
+            self.monitor.start()
+        self.run_dir, self.run_id = run_dir, run_id
+
+    @contextmanager
+    def training(self):
+        """Around the epochs: the profiler window, the host-sync counter and the training loop's time span."""
+        self._training_start()
+        try:
+            yield
+        finally:
+            self._training_end()
+
+    def check_window(self, total_steps: int, steps_per_epoch: int) -> None:
+        """The profiled window lies inside the run (checked before anything is written)."""
+        c = self.cfg
+        end = c.profile_wait + c.profile_warmup + c.profile_steps
+        if c.profile_steps and end > total_steps:
+            raise ConfigError(
+                f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {c.profile_wait} + "
+                f"profile_warmup {c.profile_warmup} + profile_steps {c.profile_steps}) but the run has {total_steps} "
+                f"steps ({c.epochs} epoch(s) of {steps_per_epoch}); no step would be profiled: lower profile_wait or "
+                f"profile_steps, or raise epochs")
+
+    def epoch_start(self) -> float:
+        """Each epoch's row reports that epoch's peak memory; its clock starts with the device idle."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def _training_start(self) -> None:
+        cfg = self.cfg
+        trace_dir = Path(cfg.profile_dir) / self.run_id if cfg.profile_dir else self.run_dir / "traces"
+        self.prof = StepProfiler(cfg, self.device, self.rank, trace_dir, self.log)
+        self.train_window = [time.time(), None]
+        self.syncs = (SyncCounter(cfg.timing_warmup_steps, cfg.sync_debug_steps)
+                      if cfg.sync_debug_steps and self.device.type == "cuda" else None)
+
+    def phase(self, name: str):
+        """A profiler range around a phase of the step (data, forward, backward, optimizer, communication)."""
+        return self.prof.maybe(name)
+
+    def step_start(self) -> None:
+        if self.syncs is not None:
+            self.syncs.at_step(self.steps)
+        self.timer.start()
+
+    def data_ready(self) -> None:
+        self.timer.data_ready()
+
+    def step_end(self) -> None:
+        self.timer.done(timed=self.steps >= self.cfg.timing_warmup_steps and self.steps not in self.profiled)
+        self.prof.step()
+        self.steps += 1
+
+    def epoch_timings(self) -> tuple[list[float], list[float]]:
+        """This epoch's timed steps on this rank: (data wait ms, compute ms) per step."""
+        return self.timer.collect()
+
+    def _training_end(self) -> None:
+        if self.prof is not None:
+            self.prof.close()
+        if self.syncs is not None:
+            self.syncs.stop()
+        if self.train_window is not None:
+            self.train_window[1] = time.time()
+
+    def stop_monitor(self) -> None:
+        mon, self.monitor = self.monitor, None
+        if mon is not None:
+            mon.stop()
+
+    # ------------------------------------------------------------------ results
+    @property
+    def host_syncs_per_step(self):
+        return self.syncs.per_step if self.syncs is not None else None
+
+    def monitor_summary(self, run_dir: Path) -> dict | None:
+        """summary.json's `monitor`, over the training loop only (after the run)."""
+        if not self.cfg.monitor_hz:
+            return None
+        try:
+            merged = res_monitor.merge(run_dir)
+            window = self.train_window
+            return res_monitor.summarise(merged, tuple(window) if window and window[1] else None)
+        except Exception as e:  # the monitor's files must never cost the run its record
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    def collect_profile(self, probe: dict, world: int, device_name: str) -> dict | None:
+        """Each rank analyses its own trace; rank 0 writes the breakdown files, runs HTA, returns the summary."""
+        from kernels.profiling import breakdown, collect
+
+        prof = self.prof
+        if prof is None or not prof.active or prof.external:
+            return None
+        mine = None
+        if prof.trace_path is not None:
+            try:
+                mine = breakdown.analyse(prof.trace_path)
+                mine["rank"] = self.rank
+                mine["trace_path"] = str(prof.trace_path)
+            except ValueError as e:
+                self.log(f"profile: rank {self.rank}'s trace could not be analysed: {e}")
+        per_rank = all_gather_object(mine)
+        if not self.rank == 0:
+            return None
+        got = [r for r in per_rank if r is not None]
+        if not got:
+            return {"status": "no trace: the profiled window did not complete"}
+        if len(got) < len(per_rank):
+            self.log(f"profile: {len(per_rank) - len(got)} rank(s) left no trace; the breakdown covers {len(got)}")
+        traces = {r["rank"]: Path(r.pop("trace_path")) for r in got}
+        out = collect.write(self.run_dir, got, traces, self.cfg.profile_hta, probe,
+                            title=f"{self.run_id}: {world} rank(s) on {device_name}")
+        self.log(f"profile: {out['steps']} step(s) x {len(got)} rank(s), {out['profiled_ms_per_step']:.1f} ms per "
+                 f"step ({out['timeline']} timeline): " + ", ".join(
+                     f"{c} {100 * v:.1f}%" for c, v in sorted(out["share"].items(), key=lambda kv: -kv[1])[:5]))
+        self.log(f"profile: {out['comm_crosscheck']}; HTA {out['hta']['status']}")
+        return {"status": "complete", **out}
+
+
+class SyncCounter:
+    """Counts host-device synchronisations over steps [first, first + n) with torch.cuda.set_sync_debug_mode('warn'),
+    which warns at every synchronising call (.item(), .tolist(), a blocking copy, ...). The result per step goes to
+    summary.json's host_syncs_per_step; a loop that keeps the GPU fed has close to none."""
+
+    def __init__(self, first: int, n: int):
+        import warnings
+
+        self.first, self.n, self.per_step, self._w = first, n, None, warnings
+        self._cm, self._log = None, None
+
+    def at_step(self, step: int) -> None:
+        """Called before each step of this attempt (0-based)."""
+        self._steps = step - self.first  # steps completed inside the window so far
+        if step == self.first and self._cm is None and self.per_step is None:
+            self._cm = self._w.catch_warnings(record=True)
+            self._log = self._cm.__enter__()
+            self._w.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        elif step == self.first + self.n:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._cm is None:
+            return
+        torch.cuda.set_sync_debug_mode("default")
+        self._cm.__exit__(None, None, None)
+        count = sum(1 for w in self._log if "synchroniz" in str(w.message).lower())
+        steps = min(self.n, max(1, getattr(self, "_steps", self.n)))
+        self.per_step, self._cm = round(count / steps, 3), None

@@ -1,0 +1,189 @@
+"""The house's shape: imports in kernels/ point down the layers, no module imports itself back through a
+circle, no function needs a scroll bar, and the loop stays the loop.
+
+Imports are read with `ast` from the source, those inside functions included (a late import is still a
+dependency). The layers are listed once, here and in README's Architecture section.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "kernels"
+
+# From the bottom up; a module may import its own layer and the layers below. Patterns are module names
+# (fnmatch); the first that matches places a module.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
+              "kernels.flops", "kernels.alttext", "kernels.sysinfo", "kernels.dist")),
+    ("records", ("kernels.records", "kernels.checkpoint", "kernels.analysis")),
+    ("data", ("kernels.data", "kernels.data.*")),
+    ("workloads", ("kernels.workloads", "kernels.workloads.*")),
+    ("run parts", ("kernels.engines", "kernels.engines.*", "kernels.run", "kernels.run.*", "kernels.profiling",
+                   "kernels.profiling.*", "kernels.config")),
+    ("core", ("kernels.ddp_core",)),
+    ("launch", ("kernels.launch", "kernels.train")),
+    ("comm", ("kernels.comm", "kernels.comm.*")),
+    ("orchestrate", ("kernels.notebooks", "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
+                     "kernels.bigmnist_jobs")),
+    ("report", ("kernels.report", "kernels.report.*")),
+]
+
+MAX_FUNCTION_LINES = 80
+MAX_CORE_LINES = 300
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(KERNELS.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    for i, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch(module, pat) for pat in patterns):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name} (and README)")
+
+
+def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The kernels modules `module` imports (anywhere in its source), as module names."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name`, the module mod
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in found if m in known and m != module}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports_of(m, p, known) for m, p in known.items()}
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_layer_and_imports_only_downwards():
+    g = graph()
+    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+              for m, deps in g.items() for d in sorted(deps) if layer_of(d) > layer_of(m)]
+    assert not upward, "imports that run up the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    found = circles(graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_checks_find_what_they_look_for():
+    """Negative controls: a circle and an upward import are found in a graph made to have them."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert layer_of("kernels.report.tex") > layer_of("kernels.ddp_core") > layer_of("kernels.params")
+    known = {"kernels.ddp_core": None, "kernels.report": None, "kernels.report.tex": None}
+    src = ROOT / "kernels" / "ddp_core.py"
+    assert imports_of("kernels.ddp_core", src, {**modules(), **known}) >= {"kernels.engines", "kernels.run.record"}
+
+
+def test_no_function_needs_a_scroll_bar():
+    long = []
+    for path in sorted(KERNELS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_loop_is_short_and_names_no_workload_dataset_or_engine():
+    core = (KERNELS / "ddp_core.py").read_text()
+    assert len(core.splitlines()) <= MAX_CORE_LINES
+    from kernels.data import DATASETS
+    from kernels.engines import ENGINES
+    from kernels.workloads import WORKLOADS
+
+    names = {*DATASETS, *ENGINES, *WORKLOADS} - {"ddp"}  # "ddp" is also the file's own name
+    code = "\n".join(line.split("#")[0] for line in core.splitlines())  # comments may name things
+    body = code[code.index('"""', 3) + 3:]  # past the module docstring
+    quoted = {n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", body)}
+    assert not quoted, f"kernels/ddp_core.py branches on names: {quoted}"
+
+
+@pytest.mark.parametrize("layer", [name for name, _ in LAYERS])
+def test_readme_names_each_layer(layer):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Architecture"):]
+    assert layer in section
+
+
+def test_trace_runs_records_bit_exact_losses_and_tells_a_one_bit_change(tmp_path):
+    """benchmarks/trace_runs.py, the evidence that a restructuring changed no arithmetic: a recording equals
+    itself, and a copy with one loss changed in its last bit is reported as different."""
+    tool = ROOT / "benchmarks" / "trace_runs.py"
+    out = tmp_path / "a.json"
+    p = subprocess.run([sys.executable, str(tool), "record", str(out), "--only", "resnet18-1rank"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = json.loads(out.read_text())["runs"]["resnet18-1rank"]
+    losses = run["losses"]["rank0"]
+    assert len(losses) > 8 and all(x.startswith(("0x1.", "-0x1.")) for x in losses)  # float.hex, bit-exact
+    assert run["record"]["summary"]["status"] == "complete" and run["weights"]["global_step"] == 16
+    same = subprocess.run([sys.executable, str(tool), "compare", str(out), str(out)], capture_output=True, text=True)
+    assert same.returncode == 0 and "resnet18-1rank: identical" in same.stdout, same.stdout
+    doc = json.loads(out.read_text())
+    x = float.fromhex(losses[3])
+    doc["runs"]["resnet18-1rank"]["losses"]["rank0"][3] = (x + x * 2**-52).hex()  # the last mantissa bit
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    diff = subprocess.run([sys.executable, str(tool), "compare", str(out), str(tmp_path / "b.json")],
+                          capture_output=True, text=True)
+    assert diff.returncode == 1 and "DIFFERS in losses" in diff.stdout, diff.stdout
