@@ -110,6 +110,78 @@ def test_the_graph_builder_matches_a_hand_computed_case(tmp_path):
     assert traffic.read_sensor_ids(tmp_path / "ids2.txt") == ["a", "b", "c"]
 
 
+# The first lines of the original repository's data/sensor_graph/distances_bay_2017.csv, as published: no
+# header, the first line is already a pair; metres.
+BAY_HEAD = """400001,400001,0.0
+400017,400017,0.0
+400030,400030,0.0
+400030,400045,5108.4
+400030,400065,7401.1
+400030,400088,10961.1
+400030,400100,8360.4
+400030,400122,5430.2
+400040,400040,0.0
+400045,400030,2525.0
+400045,400045,0.0
+400045,400065,7661.0
+400045,400088,5853.5
+400045,400122,322.6
+400065,400065,0.0
+400088,400088,0.0
+400100,400100,0.0
+400122,400030,2203.0
+400122,400045,3440.4
+400122,400065,7338.9
+400122,400088,5531.4
+400122,400122,0.0
+"""
+BAY_IDS = ["400001", "400017", "400030", "400040", "400045", "400065", "400088", "400100", "400122"]
+
+
+def gen_adj_mx(pairs, sensor_ids, normalized_k=0.1):
+    """The original scripts/gen_adj_mx.py's arithmetic, written out here as the reference: float32 distances
+    from inf, sigma the std of the finite ones, exp(-(d/sigma)^2), below normalized_k set to 0."""
+    index = {s: i for i, s in enumerate(sensor_ids)}
+    dist = np.full((len(sensor_ids), len(sensor_ids)), np.inf, dtype=np.float32)
+    for a, b, d in pairs:
+        if a in index and b in index:
+            dist[index[a], index[b]] = d
+    adj = np.exp(-np.square(dist / dist[~np.isinf(dist)].flatten().std()))
+    adj[adj < normalized_k] = 0
+    return adj
+
+
+@pytest.mark.parametrize("layout", ["bay: no header", "la: from,to,cost", "lab: from,to,distance"])
+def test_distances_files_read_as_published_rebuild_the_reference_adjacency(tmp_path, layout):
+    """distances_bay_2017.csv (no header), distances_la_2012.csv (header from,to,cost) and the lab's own
+    (from,to,distance), with graph_sensor_ids.txt as published (one comma-separated line): the adjacency equals
+    the original script's within 1e-6, and the pickle is the published [ids, id_to_ind, adj] triple."""
+    pairs = [(a, b, float(d)) for a, b, d in (ln.split(",") for ln in BAY_HEAD.split())]
+    header = {"bay: no header": "", "la: from,to,cost": "from,to,cost\n",
+              "lab: from,to,distance": "from,to,distance\n"}[layout]
+    (tmp_path / "d.csv").write_text(header + BAY_HEAD)
+    (tmp_path / "graph_sensor_ids.txt").write_text(",".join(BAY_IDS))  # one line, no newline, as published
+    p = subprocess.run([sys.executable, "-m", "kernels.data.traffic", "adjacency", "--distances", tmp_path / "d.csv",
+                        "--sensor-ids", tmp_path / "graph_sensor_ids.txt", "--out", tmp_path / "adj.pkl"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    ids, to_ind, adj = traffic.read_adjacency(tmp_path / "adj.pkl")
+    want = gen_adj_mx(pairs, BAY_IDS)
+    assert ids == BAY_IDS and to_ind == {s: i for i, s in enumerate(BAY_IDS)}
+    assert adj.dtype == np.float32 and np.abs(adj - want).max() <= 1e-6
+    assert adj[0, 0] == 1.0  # the first line's pair (400001 to itself) was read, not taken for a header
+    assert adj[2, 4] > 0.1 and adj[4, 2] > 0.1 and adj[4, 8] > 0.9  # 400030->400045, back, 400045->400122
+
+
+def test_a_distances_file_that_is_not_one_is_refused_naming_the_line(tmp_path):
+    (tmp_path / "ids.txt").write_text("a,b")
+    for text, needle in (("sensor,dest,km\na,b,1\n", "neither a header"), ("from,to,cost\na,b,far\n", "line 2"),
+                         ("a,b,1\nb\n", "line 2"), ("", "is empty")):
+        (tmp_path / "d.csv").write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            traffic.read_distances(tmp_path / "d.csv")
+
+
 def test_windows_and_splits_follow_the_original_counts(tmp_path):
     ids, adj = small_graph(4)
     t = 100

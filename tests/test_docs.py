@@ -142,7 +142,8 @@ COMMANDS: dict[str, str] = {
     "lab train --workload dcrnn --dataset metr-la --gpus 4 --gp 2": "skip: needs the METR-LA files",
     "python -m kernels.data.traffic adjacency --distances distances_la_2012.csv --sensor-ids graph_sensor_ids.txt "
     "--out adj_mx.pkl": "skip: needs the original repository's distances CSV; test_dcrnn.py runs this command on "
-                        "a hand-computed case",
+                        "a hand-computed case and on the three published layouts (header from,to,cost, none, "
+                        "from,to,distance)",
     "lab study submit studies/dcrnn_strong.yaml --dry-run": RUN,
     "lab study submit studies/dcrnn_graph.yaml --dry-run": RUN,
     "lab fetch metr-la --from ~/Downloads/dcrnn": "skip: needs the original METR-LA files (a browser download)",

@@ -6,7 +6,8 @@ Formats, as distributed with the original implementation (liyaguang/DCRNN):
   (34,272 x 207), pems-bay.h5 under key `speed` (52,116 x 325);
 - graph: adj_mx.pkl / adj_mx_bay.pkl, a Python-2 pickle (read with encoding='latin1') of
   [sensor_ids, sensor_id_to_ind, adj_mx], adj_mx a float32 N x N weighted adjacency;
-- the graph is built from a distances CSV (from,to,distance) and the sensor id list by
+- the graph is built from a distances CSV (from,to,distance rows; with the header from,to,cost
+  of distances_la_2012.csv, or none as distances_bay_2017.csv) and the sensor id list by
   `build_adjacency` (the original gen_adj_mx: distances start at inf, sigma = std of every
   finite entry, W = exp(-(d / sigma)^2), entries < 0.1 set to 0, no symmetrisation):
 
@@ -207,14 +208,42 @@ def build_adjacency(distances, sensor_ids: list[str], normalized_k: float = 0.1)
     return adj.astype(np.float32)
 
 
-def read_distances(path: Path):
-    import pandas as pd
+def read_distances(path: Path) -> list[tuple[str, str, float]]:
+    """Rows (from, to, distance) of a distances CSV, read as the original files are published.
 
-    df = pd.read_csv(path, dtype={"from": "str", "to": "str"})
-    missing = {"from", "to", "distance"} - set(df.columns)
-    if missing:
-        raise ConfigError(f"--distances: {path} lacks the column(s) {', '.join(sorted(missing))} (header from,to,distance)")
-    return df[["from", "to", "distance"]].itertuples(index=False, name=None)
+    The original repository's distances_la_2012.csv starts with the header `from,to,cost`; its
+    distances_bay_2017.csv has no header (its first line, `400001,400001,0.0`, is already a pair);
+    the lab's synthetic sets write `from,to,distance`. The original gen_adj_mx takes the columns by
+    position, so the third is the distance whatever it is called (cost, distance, or nothing).
+    """
+    import csv
+
+    path = Path(path)
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise ConfigError(f"--distances: {path} is empty; give the distances CSV (from,to,distance per line)")
+    first = 1
+    if not _number(rows[0][2] if len(rows[0]) > 2 else ""):  # a header line
+        names = [c.strip().lower() for c in rows[0]]
+        if len(names) < 3 or names[:2] != ["from", "to"] or names[2] not in ("cost", "distance", ""):
+            raise ConfigError(f"--distances: {path} starts with {','.join(rows[0])!r}, neither a header "
+                              f"from,to,cost / from,to,distance nor a pair of sensor ids and a distance")
+        rows, first = rows[1:], 2
+    out = []
+    for line, r in enumerate(rows, start=first):
+        if len(r) < 3 or not _number(r[2]):
+            raise ConfigError(f"--distances: {path} line {line}: expected from,to,distance, got {','.join(r)!r}")
+        out.append((r[0].strip(), r[1].strip(), float(r[2])))
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- the data set
@@ -563,7 +592,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.data.traffic", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("adjacency", help="build adj_mx.pkl from a distances CSV and the sensor ids (gen_adj_mx)")
-    a.add_argument("--distances", type=Path, required=True, help="CSV with header from,to,distance")
+    a.add_argument("--distances", type=Path, required=True, help="CSV of from,to,distance rows, as published "
+                   "(header from,to,cost or from,to,distance, or none)")
     a.add_argument("--sensor-ids", type=Path, required=True, help="sensor ids, one per line or comma-separated")
     a.add_argument("--normalized-k", type=float, default=0.1, help="weights below this become 0 (default 0.1)")
     a.add_argument("--out", type=Path, required=True, help="the pickle to write")
