@@ -52,6 +52,9 @@ def test_two_process_horovod_run_leaves_a_complete_record_and_the_seed_lines(tmp
     assert total, p.stdout[-2000:]
     value = float(total[0].split("):")[1].split("+-")[0])
     assert 0 < value < 1e6
+    # the seed study's scaling script greps this line: the same total
+    glob = [ln for ln in p.stdout.splitlines() if "Global Img/sec: " in ln]  # horovodrun prefixes [rank]<stdout>:
+    assert len(glob) == 1 and float(glob[0].split("Global Img/sec: ")[1]) == value, glob
 
 
 def test_horovod_and_ddp_reach_the_same_weights_on_the_same_global_batch(tmp_path):

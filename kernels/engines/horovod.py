@@ -170,8 +170,9 @@ ENGINE = HorovodEngine
 
 
 def seed_lines(samples_per_s_per_step: list[float], world: int, on_gpu: bool) -> list[str]:
-    """The two lines of Horovod's pytorch_synthetic_benchmark.py, from per-step throughputs (all ranks):
-    mean per device +- 1.96 standard deviations, and the total."""
+    """The two lines of Horovod's pytorch_synthetic_benchmark.py, from per-step throughputs (all ranks): mean per
+    device +- 1.96 standard deviations, and the total; then the total as the seed study's scaling script greps it
+    (`Global Img/sec: <value>`)."""
     import statistics
 
     dev = "GPU" if on_gpu else "CPU"
@@ -181,7 +182,8 @@ def seed_lines(samples_per_s_per_step: list[float], world: int, on_gpu: bool) ->
     mean = statistics.fmean(per)
     conf = 1.96 * (statistics.stdev(per) if len(per) > 1 else 0.0)
     return [f"Img/sec per {dev}: {mean:.1f} +-{conf:.1f}",
-            f"Total img/sec on {world} {dev}(s): {world * mean:.1f} +-{world * conf:.1f}"]
+            f"Total img/sec on {world} {dev}(s): {world * mean:.1f} +-{world * conf:.1f}",
+            f"Global Img/sec: {world * mean:.1f}"]
 
 
 # ------------------------------------------------------------------ the build
