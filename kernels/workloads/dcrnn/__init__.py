@@ -46,9 +46,10 @@ PARAMS = (
                                        "value to the decoder", group="dcrnn"),
     Param("use_curriculum_learning", bool, True, "scheduled sampling while training (false: always the model's "
                                                  "own predictions)", group="dcrnn"),
-    Param("diffusion_form", str, "paper", "paper (the recursion restarts from x0 for each support) or original "
-                                          "(the released code: x0, x1 carry over between supports)",
-          ("paper", "original"), group="dcrnn"),
+    Param("diffusion_form", str, "original", "original (the released code's recursion, x0 and x1 carried over "
+                                             "between supports: every published accuracy's arithmetic) or paper "
+                                             "(the paper's equation: plain powers S^k x0 per support)",
+          ("original", "paper"), group="dcrnn"),
     Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
                                    "rank and at least 10 % non-zero)",
           ("auto", "dense", "sparse"), group="dcrnn"),

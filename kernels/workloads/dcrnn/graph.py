@@ -5,11 +5,14 @@ S_2 = (D_I^-1 W^T)^T, the random-walk matrices transposed as the original builds
 that S x diffuses x along the edges. They are held dense when small (one batched matmul)
 and sparse (CSR on a CPU, COO on a GPU) when large or sparse (`supports=auto|dense|sparse`).
 
-Diffusion (the gconv of a DCGRU cell) stacks x_0 and, per support, the Chebyshev-style
-recursion x_1 = S x_0, x_k = 2 S x_{k-1} - x_{k-2} up to k = K (max_diffusion_step).
-form='paper' restarts the recursion from x_0 for each support (the paper's equation);
-form='original' reproduces the released code, where x_0 and x_1 carry over from the first
-support into the second (liyaguang/DCRNN issues #45 and #90).
+Diffusion (the gconv of a DCGRU cell) stacks x_0 and K (max_diffusion_step) terms per support.
+form='original' (the default) is the released code's arithmetic, from which every published
+METR-LA / PEMS-BAY accuracy comes: the Chebyshev-style recursion x_1 = S x_0,
+x_k = 2 S x_{k-1} - x_{k-2}, with x_0 and x_1 carried over from the first support into the
+second (liyaguang/DCRNN issues #45 and #90). form='paper' is the paper's equation (Li et al.
+2018, eq. 2): plain powers S^k x_0, k = 1..K, for each support. Where it differs from the
+paper's indexing: the paper sums k = 0..K-1 with a weight per support at k = 0 (the identity
+twice); here x_0 appears once and K counts the powers after it, as in the code.
 
 Graph parallel ("spatial" model parallel): the nodes are split into P parts, a partitioner
 balancing nodes and cutting few edges (METIS through pymetis; without it, a breadth-first
@@ -274,7 +277,7 @@ class Graph(nn.Module):
         out = torch.bmm(self.stacked, flat)
         return [o.reshape(self.n_own, *xs_ext[0].shape[1:]) for o in out]
 
-    def diffuse(self, x0: torch.Tensor, k_max: int, form: str = "paper") -> list[torch.Tensor]:
+    def diffuse(self, x0: torch.Tensor, k_max: int, form: str = "original") -> list[torch.Tensor]:
         """[x_0, then per support x_1 .. x_K]: 1 + supports * K tensors of x0's shape (n_own, B, F)."""
         if k_max == 0:
             return [x0]
@@ -282,7 +285,7 @@ class Graph(nn.Module):
             return self._diffuse_original(x0, k_max)
         ones = self.mul_all(self.extend(x0))
         per = [[x] for x in ones]
-        prev2, prev1 = [x0] * self.count, ones
+        prev1 = ones
         for _ in range(2, k_max + 1):
             if self.plan is None:
                 xs = prev1
@@ -290,10 +293,10 @@ class Graph(nn.Module):
                 f = x0.shape[-1]
                 ext = self.extend(torch.cat(prev1, dim=-1))  # one exchange for every support's x_{k-1}
                 xs = [ext[..., i * f:(i + 1) * f] for i in range(self.count)]
-            nxt = [2 * y - p for y, p in zip(self.mul_each(xs), prev2)]
+            nxt = self.mul_each(xs)  # the paper's plain powers: S^k x0 = S (S^(k-1) x0)
             for i, x in enumerate(nxt):
                 per[i].append(x)
-            prev2, prev1 = prev1, nxt
+            prev1 = nxt
         return [x0] + [x for xs in per for x in xs]
 
     def _diffuse_original(self, x0: torch.Tensor, k_max: int) -> list[torch.Tensor]:

@@ -65,7 +65,7 @@ class DCGRUCell(nn.Module):
 class DCRNN(nn.Module):
     def __init__(self, graph: Graph, mean: float, std: float, *, input_dim: int = 2, output_dim: int = 1,
                  units: int = 64, layers: int = 2, k_max: int = 2, seq_len: int = 12, horizon: int = 12,
-                 cl_decay_steps: int = 2000, curriculum: bool = True, form: str = "paper", seed: int = 0):
+                 cl_decay_steps: int = 2000, curriculum: bool = True, form: str = "original", seed: int = 0):
         super().__init__()
         self.graph, self.form = graph, form
         self.units, self.layers, self.seq_len, self.horizon = units, layers, seq_len, horizon
