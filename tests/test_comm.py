@@ -178,6 +178,64 @@ def test_alpha_beta_fit_recovers_known_parameters_from_noisy_timings():
     assert f["rms_rel_err"] < 0.06
 
 
+def test_a_fit_that_cannot_resolve_a_quantity_says_so_and_is_never_used():
+    """Two noisy sizes (the reduce_scatter case that once printed 1e21 GB/s), a latency-bound series and a poor
+    fit are 'unresolved' with their reason and no number for what they could not resolve; fits() hands only
+    resolved fits to the predictor and the proposal, and lists the others only when asked (the tables)."""
+    alpha, bw = 25e-6, 3.2e9
+    good = [(2, 2 ** k, OPS["all_reduce"].steps(2) * alpha + OPS["all_reduce"].factor(2) * 2 ** k / bw)
+            for k in range(3, 21, 3)]
+    assert predict.fit_points("all_reduce", good)["status"] == "resolved"
+    two = predict.fit_points("reduce_scatter", [(2, 1024, 2.0e-4), (2, 1 << 20, 1.9e-4)])  # noisy: no growth
+    assert two["status"].startswith("unresolved") and two["busbw_Bps"] is None and "fewer than 3" in two["status"]
+    flat = predict.fit_points("all_reduce", [(2, 2 ** k, 1e-4 * (1 + 0.01 * (k % 2))) for k in range(3, 21, 3)])
+    assert flat["busbw_Bps"] is None and "no bandwidth term" in flat["status"] and flat["alpha_s"] > 0
+    rng = np.random.default_rng(1)  # timings unrelated to the model: log-normal spread around it
+    wild = predict.fit_points("all_reduce", [(n, s, t * rng.lognormal(0, 3)) for n, s, t in good])
+    assert wild["status"].startswith("unresolved") and "rms error" in wild["status"] and wild["busbw_Bps"] is None
+    two_pts = [(2, 1024, 2.0e-4), (2, 1 << 20, 1.9e-4)]
+    rows = [{"backend": "gloo", "op": op, "dtype": "fp32", "placement": "intra-node", "ranks": n, "size_bytes": s,
+             "time_us_out": t * 1e6} for op, pts in (("all_reduce", good), ("reduce_scatter", two_pts))
+            for n, s, t in pts]
+    rec = {"config": {"params": {"label": "x"}, "hosts": ["h"]}, "rows": rows}
+    used = predict.fits([rec], by="label")
+    listed = predict.fits([rec], by="label", unresolved=True)
+    assert [k[1] for k in used] == ["all_reduce"] and sorted(k[1] for k in listed) == ["all_reduce", "reduce_scatter"]
+    table = {r["op"]: r for r in predict.fit_table(listed)}
+    assert table["reduce_scatter"]["busbw_GBps"] is None and table["reduce_scatter"]["status"].startswith("unres")
+    assert table["all_reduce"]["busbw_GBps"] == pytest.approx(3.2, rel=1e-6)
+
+
+def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
+    """`lab comm predict` starts from what the 1-rank run used (its threads per rank and backend) and from the runs
+    it is compared with: multi-rank runs of its label that keep the global batch make it strong scaling, ones
+    whose batch grows with the ranks weak; with none beside it, strong (the global batch kept), and it says so."""
+    from kernels import records
+
+    def record(name, gpus, batch, label="L", threads=2):
+        d = tmp_path / "runs" / name
+        records.write_json(d / "config.json", {
+            "params": {"gpus": gpus, "batch": batch, "label": label, "bucket_cap_mb": 25.0},
+            "derived": {"backend": "gloo"}, "ranks": [{"threads": threads}] * gpus, "hosts": ["h"]})
+        records.write_json(d / "summary.json", {"status": "complete", "world_size": gpus, "grad_param_bytes": [4096],
+                                                "step_ms_p50": 100.0, "step_ms_p90": 110.0, "device_name": "CPU"})
+        return d
+
+    one = record("one", 1, 64)
+    run = predict.run_inputs(one)
+    assert (run["threads"], run["backend"], run["label"]) == (2, "gloo", "L")
+    mode, why = predict.scaling_mode(one, run)
+    assert mode == "strong" and "no multi-rank run" in why
+    record("other-label", 2, 128, label="M")  # another series: not a comparison
+    assert "no multi-rank run" in predict.scaling_mode(one, run)[1]
+    record("two", 2, 128)
+    mode, why = predict.scaling_mode(one, run)
+    assert mode == "weak" and "two (2 ranks, global batch 128 against 64" in why
+    (tmp_path / "runs" / "two" / "config.json").unlink()
+    record("two", 2, 64)
+    assert predict.scaling_mode(one, run)[0] == "strong"
+
+
 def test_buckets_follow_ddp_first_bucket_then_cap():
     mib = 1024 * 1024
     params = [4 * mib] * 10 + [mib // 4] * 4  # backward meets the small ones first

@@ -16,7 +16,8 @@ COMPARE_COLUMNS = {"backend": ("Backend", "s"), "op": ("Collective", "s"), "rank
                    "large_busbw": ("busbw (GB/s)", ".3g")}
 FIT_COLUMNS = {"backend": ("Backend", "s"), "op": ("Collective", "s"), "placement": ("Placement", "s"),
                "system": ("System", "s"), "alpha_us": ("$\\alpha$ (us)", ",.4g"), "busbw_GBps": ("busbw (GB/s)", ".3g"),
-               "ranks": ("Ranks", "s"), "points": ("Points", "d"), "rms_rel_err": ("rms err.", ".2f")}
+               "ranks": ("Ranks", "s"), "points": ("Points", "d"), "rms_rel_err": ("rms err.", ".2f"),
+               "status": ("Fit", "s")}
 VALIDATION_COLUMNS = {"series": ("Series", "s"), "gpus": ("Ranks", "d"), "nodes": ("Nodes", "d"),
                       "repeats": ("Rep.", "d"), "measured_step_ms": ("Measured (ms)", ",.4g"),
                       "predicted_step_ms": ("Predicted (ms)", ",.4g"), "error_pct": ("Error (\\%)", "+.1f"),
@@ -114,12 +115,18 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
     backends = sorted({r["config"]["params"]["backend"] for r in recs})
     out = (f"The selected {len(recs)} commbench record{'s' if len(recs) > 1 else ''} cover "
            f"{listing([tex_escape(b) for b in backends])}. ")
-    ar = fits[fits["op"] == "all_reduce"] if not fits.empty else fits
+    ok = fits[fits["status"] == "resolved"] if not fits.empty else fits
+    ar = ok[ok["op"] == "all_reduce"] if not ok.empty else ok
     if not ar.empty:
         parts = [f"{tex_escape(r['backend'])} {tex_escape(r['placement'])} on {tex_escape(r['system'])}: "
                  f"$\\alpha$ = {num(r['alpha_us'])}\\,us and {num(r['busbw_GBps'])}\\,GB/s bus bandwidth "
                  f"(rms error of the fit {pct(r['rms_rel_err'])})" for _, r in ar.iterrows()]
         out += "The all-reduce fits are " + listing(parts) + ". "
+    if len(ok) < len(fits):
+        n = len(fits) - len(ok)
+        out += (f"{n} fit{'s are' if n > 1 else ' is'} unresolved (too few message sizes, no bandwidth term, or an "
+                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in Table~\\ref{{tab:commfit}}, used "
+                f"by no prediction. ")
     multi = v[v["gpus"] > 1] if not v.empty else v
     if multi.empty:
         out += gap_note("no series has both a 1-rank run with gradient sizes and multi-rank runs on a system with "
@@ -142,7 +149,7 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
 
 def section(ctx: Context) -> None:
     recs = selected_comm(ctx)
-    fitted = predict.fits(recs)
+    fitted = predict.fits(recs, unresolved=True)  # the table lists every fit, marked; predictions use resolved ones
     fits = pd.DataFrame(predict.fit_table(fitted))
     v = predict.validation(ctx.runs, recs)
     v = v.assign(error_pct=[100 * e if e is not None and e == e else None for e in v["error"]])
@@ -151,7 +158,8 @@ def section(ctx: Context) -> None:
     why = "no commbench records are selected"
     cmp = ctx.results["comm_compare"]
     ctx.put("comm_table.tex", booktabs(cmp, COMPARE_COLUMNS, size="\\scriptsize") if not cmp.empty else gap_note(why))
-    ctx.put("comm_fit_table.tex", booktabs(fits, FIT_COLUMNS, size="\\scriptsize") if not fits.empty
+    short = fits.assign(status=fits["status"].str.split(":").str[0]) if not fits.empty else fits  # the why: lab comm fit
+    ctx.put("comm_fit_table.tex", booktabs(short, FIT_COLUMNS, size="\\scriptsize") if not fits.empty
             else gap_note(why + " (or none has two sizes at more than one rank)"))
     ctx.put("predictor_table.tex", booktabs(v, VALIDATION_COLUMNS, size="\\scriptsize") if not v.empty
             else gap_note("no series with a 1-rank run and commbench fits on the same system"))
@@ -163,3 +171,5 @@ def section(ctx: Context) -> None:
     multi = v[v["gpus"] > 1] if not v.empty else v
     ctx.macro("labPredictorMaxErr", f"{100 * multi['error'].abs().max():.1f}" if not multi.empty else "--")
     ctx.macro("labPredictorGoal", f"{100 * TARGET_ERROR:.0f}")
+    ctx.macro("labFitMinSizes", str(predict.MIN_FIT_SIZES))
+    ctx.macro("labFitMaxErr", f"{100 * predict.MAX_FIT_RMS_REL_ERR:.0f}")
