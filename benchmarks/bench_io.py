@@ -9,7 +9,8 @@ Samples/s of normalised 1x28x28 batches delivered on the device, no model, for:
 All in one process, side by side, each a median over --repeats passes after a warm-up pass;
 the spread is the min-max of the passes. The streamed-vs-per-sample ratio is of medians
 taken in this one run. The set is built once into --set (default: a temporary directory)
-from MNIST or Fashion-MNIST under data/ (`lab fetch ...`); --set DIR reuses a built one.
+from MNIST or Fashion-MNIST under data/, fetched first when neither is there (Debian's
+Fashion-MNIST where installed, else MNIST's mirrors); --set DIR reuses a built one.
 The table is printed and written to results/bench/io-<device>.md.
 """
 from __future__ import annotations
@@ -57,15 +58,32 @@ def timed_passes(make_iter, device, repeats: int, max_steps: int) -> list[float]
     return rates
 
 
-def source_root(data: Path) -> str:
+DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+
+
+def prepare_source(data: Path) -> str:
+    """The source set under `data`: MNIST or Fashion-MNIST when one is there and verifies; else fetched now, so that
+    `make bench` runs on a fresh clone: Debian's Fashion-MNIST where the package is installed (copied and
+    verified, as `lab fetch fashion-mnist --from` does), else MNIST from its official mirrors (`lab fetch mnist`)."""
     for name in ("mnist", "fashion-mnist"):
         try:
             mnist.verify(name, data)
             return name
         except Exception:  # noqa: BLE001 - try the next
             continue
-    raise SystemExit(f"error: neither MNIST nor Fashion-MNIST under {data}; `lab fetch mnist` or "
-                     f"`lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist`")
+    if DEBIAN_FASHION.is_dir():
+        print(f"no MNIST under {data}: copying Debian's Fashion-MNIST from {DEBIAN_FASHION} "
+              f"(lab fetch fashion-mnist --from {DEBIAN_FASHION})", flush=True)
+        mnist.fetch("fashion-mnist", data, from_dir=DEBIAN_FASHION)
+        return "fashion-mnist"
+    print(f"no MNIST under {data} and no Debian Fashion-MNIST: downloading MNIST (lab fetch mnist)", flush=True)
+    try:
+        mnist.fetch("mnist", data)
+    except Exception as e:  # noqa: BLE001 - one line naming both ways, not a traceback
+        raise SystemExit(f"error: no MNIST or Fashion-MNIST under {data}, and MNIST could not be downloaded ({e}); "
+                         f"`apt-get install dataset-fashion-mnist` (Debian) or `lab fetch mnist` where its mirrors "
+                         f"are reachable, then run again") from None
+    return "mnist"
 
 
 def row(label: str, rates: list[float], note: str = "") -> str:
@@ -93,7 +111,7 @@ def main(argv=None) -> int:
     name = sysinfo.device_name(device if device.type == "cpu" else torch.device("cuda", 0))
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
-        src_name = source_root(args.data)
+        src_name = prepare_source(args.data)
         set_dir = args.set
         if set_dir is None:
             set_dir = Path(tmp) / "bigmnist"
