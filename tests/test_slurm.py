@@ -82,7 +82,10 @@ def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_v
     """The issue's acceptance run: 02_profile through the batch script, 4 ranks on the two emulated nodes."""
     res = tmp_path / "runs"
     p = [*TINY_P, "-p", "epochs", "2", "-p", "profile_wait", "1", "-p", "profile_warmup", "1", "-p", "profile_steps",
-         "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res]
+         "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res, "-p", "monitor_hz", "5"]
+    # the training loop must span several sampling intervals for the summary's monitor to have samples in it:
+    # 8 steps of this tiny model took 0.43 s once, under one 2 Hz interval
+    p[p.index("train_samples") + 1] = "1024"
     job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
                           ["notebooks/02_profile.ipynb", "-p", "gpus", "4", *p])
     assert rc == 0, log
