@@ -8,7 +8,7 @@ set (34,272 steps x 207 sensors; generated into data/ if absent), with the produ
   float32 conversion and host-to-device copy, 384 torch.sparse.mm per forward inside the
   Python loop, sparse supports;
 - lab: kernels/workloads/dcrnn with the index-batched series on the device, node-major tensors,
-  its default supports (auto: sparse for road graphs); diffusion_form=original so that both
+  its default supports (auto: sparse for road graphs) and diffusion_form (original), so that both
   compute the same function;
 - lab, dense supports: the same with supports=dense (both supports in one batched matmul).
 
