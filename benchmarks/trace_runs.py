@@ -13,6 +13,10 @@ script traces an old commit's worktree and the current code. Per run it keeps:
   summary.json counts and final metrics, config.json parameters and derived facts).
 `compare` prints one line per run: identical, or what differs.
 
+The fp16 run traces autocast fp16 with the GradScaler enabled on CPU ranks: the lab refuses fp16
+without a GPU, so in that run's rank processes (only) the trace lifts that one refusal; torch
+itself runs fp16 autocast and the scaler on a CPU.
+
 CPU numerics differ between CPU models: compare traces recorded on one machine, one
 after the other. The traces are evidence for a change, not a test fixture.
 """
@@ -51,6 +55,41 @@ if os.environ.get("LAB_TRACE_DIR") and (os.environ.get("RANK") or os.environ.get
         return _orig(self, *a, **k)
 
     torch.Tensor.backward = backward
+
+if os.environ.get("LAB_TRACE_CPU_FP16"):
+    # The lab refuses fp16 without a GPU (check_environment); torch runs fp16 autocast and an enabled GradScaler on
+    # a CPU, which is the code path to trace. Whichever module defines check_environment (kernels.params in older
+    # trees, kernels.config now) gets it wrapped to let that one refusal pass, before anything imports the name.
+    import importlib.abc
+    import sys
+
+    class _Lift(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in ("kernels.params", "kernels.config"):
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                check = getattr(module, "check_environment", None)
+                if check is not None:
+                    def lifted(cfg, **kw):
+                        try:
+                            return check(cfg, **kw)
+                        except ValueError as e:
+                            if "fp16 needs a GPU" not in str(e):
+                                raise
+                    module.check_environment = lifted
+            spec.loader.exec_module = exec_module
+            return spec
+
+    import importlib.util
+    sys.meta_path.insert(0, _Lift())
 '''
 
 R18 = ["--workload", "resnet18", "--dataset", "digits", "--width", "8", "--precision", "fp32", "--log_every", "0",
@@ -82,7 +121,11 @@ RUNS = {
     "dcrnn-2ranks-ddp": [with_args(DCRNN, "--gpus", "2")],
     "dcrnn-2ranks-gp2": [with_args(DCRNN, "--gpus", "2", "--gp", "2")],
     "horovod-2proc": [with_args(R18, "--gpus", "2", "--engine", "horovod", "--comm_probe_steps", "0")],
+    # fp16 autocast with the GradScaler enabled, on CPU ranks (see SITE: the lab itself refuses fp16 without a GPU)
+    "resnet18-2ranks-fp16-scaler": [with_args(R18, "--gpus", "2", "--precision", "fp16", "--train_samples", "128",
+                                              "--epochs", "1")],
 }
+ENV = {"resnet18-2ranks-fp16-scaler": {"LAB_TRACE_CPU_FP16": "1"}}
 
 
 def _sha(tensors) -> str:
@@ -151,7 +194,8 @@ def run_one(name: str, invocations: list, tree: Path, work: Path, data_dir: Path
             args += ["--data_dir", str(data_dir)]
         single = "--gpus" in args and args[args.index("--gpus") + 1] == "1"
         p = subprocess.run([sys.executable, "-m", "kernels.train", *args], cwd=tree, capture_output=True, text=True,
-                           env={**env, **({"LAB_TRACE_SINGLE": "1"} if single else {})}, timeout=900)
+                           env={**env, **({"LAB_TRACE_SINGLE": "1"} if single else {}), **ENV.get(name, {})},
+                           timeout=900)
         if p.returncode != 0:
             raise SystemExit(f"{name}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     losses = {f.stem: f.read_text().split() for f in sorted(trace.glob("rank*.txt"))}
