@@ -100,7 +100,7 @@ class Loop:
             else nullcontext()
         self.ms, self.io = MetricSums(wl, dev), IOAccount(self.src, self.rank, name)
         self.record.set_facts(model, wl, dev, name, flops, peak_tflops(name, cfg.precision) if dev.type == "cuda"
-                              else None)
+                              else None, self.ms.cols)
         src = self.src  # config.json's derived facts
         self.derived = {"per_rank_batch": cfg.per_rank_batch, "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
                         "steps_per_epoch": self.steps_per_epoch, "train_samples_used": src.num_samples,

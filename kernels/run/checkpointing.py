@@ -12,6 +12,7 @@ import time
 from statistics import median
 
 import torch
+import torch.distributed as dist
 
 from kernels import checkpoint as ckpt
 from kernels.dist import all_gather_object
@@ -38,8 +39,6 @@ class Checkpointer:
 
     def save(self, st: dict, parts, io_state: dict) -> None:
         """st: the loop's position and record state; parts: model, optimizer, scaler, scheduler."""
-        import torch.distributed as dist
-
         self.beat()
         rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
         io = all_gather_object(io_state)            # every rank's I/O counters, so the record covers all attempts

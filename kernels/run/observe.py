@@ -28,6 +28,8 @@ class Observers:
         self.syncs: SyncCounter | None = None
         self.monitor = None
         self.train_window: list | None = None
+        self.run_dir: Path | None = None  # the record's, from run_start
+        self.run_id: str | None = None
         self.steps = 0  # steps of this attempt: warm-up (compilation, autotuning) recurs in every new process
         c = cfg
         self.profiled = (range(c.profile_wait, c.profile_wait + c.profile_warmup + c.profile_steps)
@@ -52,9 +54,8 @@ class Observers:
 
     def check_window(self, total_steps: int, steps_per_epoch: int) -> None:
         """The profiled window lies inside the run (checked before anything is written)."""
-        c = self.cfg
-        end = c.profile_wait + c.profile_warmup + c.profile_steps
-        if c.profile_steps and end > total_steps:
+        c, end = self.cfg, self.profiled.stop
+        if self.profiled and end > total_steps:
             raise ConfigError(
                 f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {c.profile_wait} + "
                 f"profile_warmup {c.profile_warmup} + profile_steps {c.profile_steps}) but the run has {total_steps} "

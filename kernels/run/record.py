@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
 
+import torch
+
 from kernels import checkpoint as ckpt
 from kernels import records, sysinfo
 from kernels.dist import all_gather_object, broadcast_object, check_distinct_gpus, gpu_uuid
@@ -88,11 +90,12 @@ class RunRecord:
         self.facts: dict = {}  # set_facts(): the device, FLOPs, metric columns
         self.attempts: list[dict] = []
 
-    def set_facts(self, model, wl, device, name: str, flops: dict, peak: float | None) -> None:
-        """What the summary needs to know of the device, the model and the workload's metrics."""
+    def set_facts(self, model, wl, device, name: str, flops: dict, peak: float | None, metric_cols: list[str]) -> None:
+        """What the summary needs to know of the device, the model and the workload's metrics (metric_cols: the
+        loop's MetricSums.cols)."""
         self.facts = {
             "device_name": name, "device_type": device.type, "flops": flops, "peak": peak,
-            "metric_cols": [c.removeprefix("eval_") for m in wl.metrics for c in m.columns("eval")],
+            "metric_cols": metric_cols,
             "columns": records.metric_columns(wl.metrics),
             # gradient sizes in registration order: what DDP's buckets are made of (the predictor's input)
             "grad_param_bytes": [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]}
@@ -103,7 +106,7 @@ class RunRecord:
         when resuming (rank 0 read it while deciding; the others read it here), else None."""
         self.ranks = all_gather_object({
             "host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
-            "device": self.facts["device_name"], "threads": _threads(), "global_rank": self.renv.global_rank,
+            "device": self.facts["device_name"], "threads": torch.get_num_threads(), "global_rank": self.renv.global_rank,
             "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(device),
             "cpus": sysinfo.cpu_list(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None})
         check_distinct_gpus(self.ranks)
@@ -267,8 +270,3 @@ def workload_report(wl, model, info, rank: int, device) -> dict:
              **(mine.get("rank") or {})}
     return {"workload": mine.get("shared"), "ranks": sorted(all_gather_object(entry), key=lambda x: x["rank"])}
 
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
