@@ -227,6 +227,8 @@ def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
     mode, why = predict.scaling_mode(one, run)
     assert mode == "strong" and "no multi-rank run" in why
     record("other-label", 2, 128, label="M")  # another series: not a comparison
+    (tmp_path / "runs" / "damaged").mkdir()
+    (tmp_path / "runs" / "damaged" / "config.json").write_text('{"params": {"gpus": 2, "lab')  # cut mid-write
     assert "no multi-rank run" in predict.scaling_mode(one, run)[1]
     record("two", 2, 128)
     mode, why = predict.scaling_mode(one, run)

@@ -64,26 +64,22 @@ def fit_points(op: str, points: list[tuple[int, int, float]]) -> dict:
     a = np.array([[st / t, f / t] for st, f, t in rows])
     b = np.ones(len(rows))
     (alpha, inv_bw), *_ = np.linalg.lstsq(a, b, rcond=None)
-    why = []
-    if inv_bw <= 0:  # latency-bound everywhere: the bandwidth term is not resolved; fit latency alone
-        alpha = float(np.median([t / st for st, _, t in rows]))
-        inv_bw = 0.0
-        why.append("no bandwidth term (the time does not grow with the size)")
+    bandwidth = inv_bw > 0
+    if not bandwidth:  # latency-bound everywhere: the bandwidth term is not resolved; fit latency alone
+        alpha, inv_bw = float(np.median([t / st for st, _, t in rows])), 0.0
     alpha = max(float(alpha), 0.0)
     pred = np.array([alpha * st + f * inv_bw for st, f, _ in rows])
     real = np.array([t for *_, t in rows])
     err = float(np.sqrt(np.mean((pred / real - 1) ** 2)))
     sizes = len({s for n, s, t in points if n > 1 and t > 0})
-    if sizes < MIN_FIT_SIZES:
-        why.append(f"{sizes} message size(s), fewer than {MIN_FIT_SIZES}")
-    if err > MAX_FIT_RMS_REL_ERR:
-        why.append(f"rms error {100 * err:.1f} % above {100 * MAX_FIT_RMS_REL_ERR:.0f} %")
-    resolved = not why
-    return {"alpha_s": alpha if resolved or inv_bw == 0.0 and len(why) == 1 else None,
-            "busbw_Bps": 1.0 / inv_bw if resolved else None, "points": len(rows),
-            "ranks": sorted({n for n, *_ in points}), "rms_rel_err": err,
+    latency_ok = sizes >= MIN_FIT_SIZES and err <= MAX_FIT_RMS_REL_ERR  # alpha stands without the bandwidth term
+    why = ([] if bandwidth else ["no bandwidth term (the time does not grow with the size)"]) + \
+        ([] if sizes >= MIN_FIT_SIZES else [f"{sizes} message size(s), fewer than {MIN_FIT_SIZES}"]) + \
+        ([] if err <= MAX_FIT_RMS_REL_ERR else [f"rms error {100 * err:.1f} % above {100 * MAX_FIT_RMS_REL_ERR:.0f} %"])
+    return {"alpha_s": alpha if latency_ok else None, "busbw_Bps": 1.0 / inv_bw if latency_ok and bandwidth else None,
+            "points": len(rows), "ranks": sorted({n for n, *_ in points}), "rms_rel_err": err,
             "max_bytes": int(max(s for _, s, _ in points)),
-            "status": "resolved" if resolved else "unresolved: " + "; ".join(why)}
+            "status": "unresolved: " + "; ".join(why) if why else "resolved"}
 
 
 def cost(op: str, fit: dict, nbytes: float, n: int) -> float:
@@ -276,10 +272,13 @@ def scaling_mode(run_dir: Path, run: dict) -> tuple[str, str]:
     """(strong or weak, where that came from): the multi-rank runs beside the 1-rank one with its label tell
     (they keep its global batch: strong; their batch grows with the ranks: weak); without them, strong (the
     1-rank run's global batch kept), said so."""
-    from kernels.records import read_json
+    from kernels.records import RecordError, read_json
 
     for d in sorted(Path(run_dir).parent.glob("*/config.json")):
-        params = (read_json(d) if d.stat().st_size else {}).get("params") or {}
+        try:
+            params = read_json(d).get("params") or {}
+        except (RecordError, OSError):  # a damaged record beside it tells nothing
+            continue
         if int(params.get("gpus") or 1) > 1 and params.get("label", "") == run["label"] and params.get("batch"):
             mode = "strong" if int(params["batch"]) == run["batch"] else "weak"
             return mode, (f"{d.parent.name} ({params['gpus']} ranks, global batch {params['batch']} against "
