@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.errors import ConfigError, exit_status  # noqa: F401 (re-exported for callers of the table)
-from kernels.files import PROJECT_ROOT, RESULTS_ENV, results_home  # noqa: F401
+from kernels.errors import ConfigError  # also imported from here by notebooks, examples and tests
+from kernels.files import PROJECT_ROOT, results_home
 
 PER_WORKLOAD = None  # the default of a common parameter that each workload sets
 
