@@ -129,7 +129,7 @@ class Loop:
             self._build()
             self.watchdog.beat()
             self._open()
-            self.obs.run_start(self.record.run_dir, self.record.run_id, self.record.ranks[self.rank]["node"])
+            self.obs.run_start(self.record.run_dir, self.record.run_id, self.record.ranks)
             with self.obs.training():
                 status = self._epochs()
             if self.renv.is_rank0:

@@ -254,7 +254,8 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(staged), "--log-output", "--no-progress-bar",
            "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
     print("notebook: " + " ".join(cmd), flush=True)
-    rc = subprocess.run(cmd, env={**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1"}).returncode
+    rc = subprocess.run(cmd, env={**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
+                                  "LAB_NOTEBOOK": notebook.stem}).returncode
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
     handoff_file.unlink(missing_ok=True)
     if not staged.exists():

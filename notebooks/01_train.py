@@ -162,6 +162,10 @@ keys += [k for k in summary if k.startswith("final_eval_") and k != "final_eval_
 facts = {"nodes": ", ".join(config["nodes"]), "slurm job": config["slurm"].get("slurm_job_id", "-"),
          "backend": config["derived"]["backend"], "model": config["derived"]["model_variant"],
          "torch": config["versions"]["torch"], "git": (config["git"]["commit"] or "-")[:10]}
+contention = summary.get("contention") or {}
+if contention.get("contended"):  # the analysis sets this point aside until it is re-run on quiet cores
+    print("CONTENDED: this run shared its cores or GPUs with foreign work:\n  " + "\n  ".join(contention["evidence"]))
+facts["contended"] = {True: "yes", False: "no", None: "not measured"}[contention.get("contended")]
 pd.concat([pd.Series({k: summary.get(k) for k in keys}), pd.Series(facts)]).to_frame("value")
 
 # %%

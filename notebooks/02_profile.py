@@ -198,6 +198,9 @@ import matplotlib.pyplot as plt
 
 mon = pd.read_csv(run_dir / "monitor.csv") if (run_dir / "monitor.csv").exists() else None
 print(pd.Series(summary["monitor"] or {}, name="monitor").to_string())
+contention = summary.get("contention") or {}
+print("contended:", {True: "yes", False: "no", None: "not measured"}[contention.get("contended")],
+      *(["--"] + contention["evidence"] if contention.get("evidence") else []))
 if mon is not None and len(mon):
     gpu = mon.dropna(subset=["gpu_util_pct"])
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.2))

@@ -7,6 +7,7 @@ timing_warmup_steps of every process start are not timed.
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,18 +31,23 @@ class Observers:
         self.train_window: list | None = None
         self.run_dir: Path | None = None  # the record's, from run_start
         self.run_id: str | None = None
+        self.ranks: list[dict] = []  # the record's gathered rank list, from run_start
         self.steps = 0  # steps of this attempt: warm-up (compilation, autotuning) recurs in every new process
         c = cfg
         self.profiled = (range(c.profile_wait, c.profile_wait + c.profile_warmup + c.profile_steps)
                          if c.profile_steps else range(0))
 
     # ------------------------------------------------------------------ hooks
-    def run_start(self, run_dir: Path, run_id: str, node: str) -> None:
-        """Local rank 0 of each node samples its node (GPUs and host) into monitor/<node>.csv."""
+    def run_start(self, run_dir: Path, run_id: str, ranks: list[dict]) -> None:
+        """Local rank 0 of each node samples its node (GPUs and host) into monitor/<node>.csv, telling this run's
+        processes on its host (ranks: the record's gathered list, with pid and affinity) from foreign ones."""
+        me = ranks[self.rank]
         if self.cfg.monitor_hz and self.local_rank == 0:
-            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{node}.csv", node, self.cfg.monitor_hz)
+            pids = [r["pid"] for r in ranks if r["host"] == me["host"]]
+            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{me['node']}.csv", me["node"], self.cfg.monitor_hz,
+                                               pids, res_monitor.rank_cpus(ranks, "host", me["host"]))
             self.monitor.start()
-        self.run_dir, self.run_id = run_dir, run_id
+        self.run_dir, self.run_id, self.ranks = run_dir, run_id, ranks
 
     @contextmanager
     def training(self):
@@ -117,15 +123,16 @@ class Observers:
         return self.syncs.per_step if self.syncs is not None else None
 
     def monitor_summary(self, run_dir: Path) -> dict | None:
-        """summary.json's `monitor`, over the training loop only (after the run)."""
-        if not self.cfg.monitor_hz:
-            return None
-        try:
-            merged = res_monitor.merge(run_dir)
-            window = self.train_window
-            return res_monitor.summarise(merged, tuple(window) if window and window[1] else None)
-        except Exception as e:  # the monitor's files must never cost the run its record
-            return {"error": f"{type(e).__name__}: {e}"}
+        """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`."""
+        mon = None
+        if self.cfg.monitor_hz:
+            try:
+                merged = res_monitor.merge(run_dir)
+                window = self.train_window
+                mon = res_monitor.summarise(merged, tuple(window) if window and window[1] else None)
+            except Exception as e:  # the monitor's files must never cost the run its record
+                mon = {"error": f"{type(e).__name__}: {e}"}
+        return {**(mon or {}), "contention": res_monitor.contention(mon, self.ranks, os.cpu_count())}
 
     def collect_profile(self, probe: dict, world: int, device_name: str) -> dict | None:
         """Each rank analyses its own trace; rank 0 writes the breakdown files, runs HTA, returns the summary."""

@@ -107,7 +107,7 @@ class RunRecord:
         self.ranks = all_gather_object({
             "host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
             "device": self.facts["device_name"], "threads": torch.get_num_threads(), "global_rank": self.renv.global_rank,
-            "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(device),
+            "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(device), "pid": os.getpid(),
             "cpus": sysinfo.cpu_list(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None})
         check_distinct_gpus(self.ranks)
         decision, state = None, None
@@ -216,8 +216,10 @@ class RunRecord:
                    **self._throughput(t, rows)}
         summary.update(checkpoints=seen.get("checkpoints"), host_syncs_per_step=seen.get("host_syncs_per_step"))
         summary.update(seen.get("probe") or {})
-        mon, prof = seen.get("monitor"), seen.get("profile")
-        summary.update(device_type=f["device_type"], profile=prof, monitor=mon)
+        mon, prof = dict(seen.get("monitor") or {}), seen.get("profile")
+        contention = mon.pop("contention", None)  # did foreign work share this run's cores or GPUs, with evidence
+        mon = mon or None
+        summary.update(device_type=f["device_type"], profile=prof, monitor=mon, contention=contention)
         summary["bottleneck"] = (verdict.decide(summary, mon, prof if prof and prof.get("share") else None)
                                  if status != "running" else None)
         io = seen.get("io")  # the run's headline beside the I/O figures, for the I/O tables
