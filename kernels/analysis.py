@@ -16,6 +16,11 @@ Definitions (one place; the documents quote them):
 - The baseline is the smallest N measured in the series (normally 1); when it
   is N_0 > 1, efficiencies are relative to it (E = (X_N / N) / (X_N0 / N0)).
 - Accuracy gap: 100 (acc_N - acc_baseline), in points.
+- Repeats: runs with equal CONFIG_KEYS at the same N and batch. `kind` is one of them:
+  a profiled run (profile_steps > 0) or a run of another notebook than 01_train is
+  never a repeat of a training point.
+- Points that may not become a headline (contended, superlinear, disagreeing or too
+  few repeats) are flagged in `flags` and `clean` (kernels/trust.py).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kernels import trust
 from kernels.records import read_run
 from kernels.stats import median_ci
 from kernels.params import default
@@ -31,7 +37,7 @@ from kernels.params import default
 # The configuration that defines "the same experiment" apart from gpus and batch.
 CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
                "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
-               "synthetic_shape", "rnn_units", "gp", "engine")
+               "synthetic_shape", "rnn_units", "gp", "engine", "kind")
 # Optimisations compared before/after, with the "before" value.
 FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": default("bucket_cap_mb"), "channels_last": False,
            "compile": False}
@@ -89,9 +95,14 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
 
 def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
     """One complete record as a row of the analysis table (load_runs)."""
-    params = cfg["params"]
+    params, lab = cfg["params"], cfg.get("lab") or {}
     derived, versions = cfg["derived"], cfg["versions"]
     row = {k: params.get(k) for k in CONFIG_KEYS}
+    contention = summ.get("contention") or {}
+    row.update({"kind": run_kind(params, lab), "contended": contention.get("contended"),
+                "contention": "; ".join(contention.get("evidence") or []), "params": params, "lab": lab,
+                "study_repeats": int(lab["lab_study_repeats"]) if lab.get("lab_study_repeats") else None,
+                "study_point_index": point_index(d.name, lab)})
     row.update({
         "run_id": d.name, "label": params.get("label", ""), "gpus": params["gpus"], "batch": params["batch"],
         "per_rank_batch": derived["per_rank_batch"], "nodes": derived.get("nodes", 1),
@@ -140,6 +151,21 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
     return row
 
 
+def run_kind(params: dict, lab: dict) -> str:
+    """What a run measured: 'train' (01_train or lab train), 'profiled' (a profiler window slows its steps), or the
+    notebook that ran it. Only runs of one kind are repeats of each other."""
+    if params.get("profile_steps"):
+        return "profiled"
+    notebook = lab.get("lab_notebook")
+    return "train" if notebook in (None, "", "01_train") else notebook
+
+
+def point_index(run_id: str, lab: dict) -> int | None:
+    """A study run's point index (its run id is <study>-pNNN), else None."""
+    point = lab.get("lab_study_point") or (run_id.rpartition("-")[2] if lab.get("lab_study_id") else "")
+    return int(point[1:]) if point[:1] == "p" and point[1:].isdigit() else None
+
+
 def system_of(config: dict) -> str:
     """Which machine a record (run or commbench) was measured on: the Slurm cluster's name, else rank 0's host."""
     slurm = config.get("slurm") or {}
@@ -180,7 +206,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
             "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
             "samples_per_s_per_device", "step_s", "epoch_s", "speedup", "efficiency", "final_eval_acc",
-            "acc_gap_points", "baseline_gpus"]
+            "acc_gap_points", "baseline_gpus", "flags", "clean", "run_ids"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     runs = runs.assign(_key=runs.apply(_key, axis=1))
@@ -214,6 +240,9 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             agg["acc_gap_points"] = (agg["final_eval_acc"] - acc0) * 100 if acc0 is not None and not pd.isna(acc0) else None
             agg["mode"], agg["series"], agg["baseline_gpus"] = mode, series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), n0
             agg["dataset"] = dict(zip(CONFIG_KEYS, key))["dataset"]
+            agg["run_ids"] = [list(series[series["gpus"] == n]["run_id"]) for n in agg["gpus"]]
+            agg["flags"] = trust.point_flags(agg, series)
+            agg["clean"] = agg["flags"] == ""
             out.append(agg[cols])
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
 
@@ -222,6 +251,7 @@ def series_name(key: dict, by: str, fixed) -> str:
     what = f"B={fixed}" if by == "batch" else f"b={fixed}/rank"
     extras = [f"{k}={key[k]}" for k in ("precision", "pipeline") if key.get(k) is not None]
     extras += [f"engine={key['engine']}"] if key.get("engine") not in (None, "ddp") else []
+    extras += [f"({key['kind']} runs)"] if key.get("kind") not in (None, "train") else []
     return f"{key['workload']} {key['dataset']} {what} " + " ".join(extras)
 
 
@@ -243,6 +273,29 @@ def optimisation_gains(runs: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"factor": factor, "before": before, "after": after, "gpus": grp["gpus"].iloc[0],
                              "batch": grp["batch"].iloc[0], "samples_per_s_before": med[before],
                              "samples_per_s_after": x, "speedup": x / med[before]})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def optimisations_together(runs: pd.DataFrame) -> pd.DataFrame:
+    """The best configuration over the one with every optimisation off (FACTORS at their "before" values), at equal
+    everything else, ranks and batch (medians over repeats). One row per group where both exist."""
+    cols = ["after", "gpus", "batch", "samples_per_s_before", "samples_per_s_after", "speedup"]
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    factors = list(FACTORS)
+    others = [k for k in CONFIG_KEYS if k not in FACTORS] + ["gpus", "batch"]
+    rows = []
+    for _, grp in runs.groupby(others, dropna=False):
+        med = grp.groupby(factors, dropna=False)["samples_per_s"].median()
+        off = tuple(FACTORS.values())
+        if off not in med.index or len(med) < 2:
+            continue
+        best = med.idxmax()
+        if best == off:
+            best = med.drop(off).idxmax()
+        changed = ", ".join(f"{k}={v}" for k, v, b in zip(factors, best, off) if v != b)
+        rows.append({"after": changed, "gpus": grp["gpus"].iloc[0], "batch": grp["batch"].iloc[0],
+                     "samples_per_s_before": med[off], "samples_per_s_after": med[best], "speedup": med[best] / med[off]})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -299,6 +352,7 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "io_source" not in runs:
         return pd.DataFrame(columns=cols)
     r = runs[runs["io_source"].notna() & (runs["workload"] != "dcrnn")].copy()  # DCRNN: one resident series
+    r = r[r["kind"] == "train"] if "kind" in r else r  # a profiled run is no repeat of a training point
     if r.empty:
         return pd.DataFrame(columns=cols)
     r["io_cache"] = r["io_cache"].fillna("memory")
@@ -339,6 +393,7 @@ def dcrnn_table(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "workload" not in runs:
         return pd.DataFrame(columns=cols)
     r = runs[runs["workload"] == "dcrnn"]
+    r = r[r["kind"] == "train"] if "kind" in r else r  # a profiled run is no repeat of a training point
     if r.empty:
         return pd.DataFrame(columns=cols)
     rows = []

@@ -2,7 +2,7 @@
 
     lab study submit   studies/strong_resnet18.yaml [--dry-run]
     lab study status   studies/strong_resnet18.yaml
-    lab study resubmit studies/strong_resnet18.yaml [--dry-run]
+    lab study resubmit studies/strong_resnet18.yaml [--points 3,7] [--dry-run]
     lab study points   studies/strong_resnet18.yaml [--write | --point N]
 
 A study file names the notebook, a cluster profile (clusters/<name>.yaml: the
@@ -328,7 +328,9 @@ def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: 
            f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
            f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
     cmd += cluster_options(c) + (["--dependency=singleton"] if study.serial else [])
-    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file), **{k: str(v) for k, v in c["env"].items()},
+    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file),
+           "LAB_STUDY_REPEATS": str(1 + max((p.repeat for p in study.points), default=0)),
+           **{k: str(v) for k, v in c["env"].items()},
            **(study.env or {})}
     if c["container"]:
         env["LAB_CONTAINER"] = c["container"]
@@ -459,6 +461,32 @@ def print_status(rows: list[dict], out=sys.stdout) -> None:
               file=out)
 
 
+def set_aside(study: Study, indices: list[int], out=sys.stdout) -> None:
+    """Move the records of points about to run again to <results>/set_aside/ (kept, out of the analysis): a
+    point's run id is fixed, and a complete record is never overwritten."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    for p in study.points:
+        old = study.runs_dir / p.run_id
+        if p.index in indices and old.is_dir():
+            new = study.runs_dir.parent / "set_aside" / f"{p.run_id}-{stamp}"
+            new.parent.mkdir(parents=True, exist_ok=True)
+            old.rename(new)
+            print(f"p{p.index:03d}: earlier record moved to {new}", file=out)
+
+
+def chosen_points(study: Study, text: str) -> list[int]:
+    """--points 3,7 -> [3, 7], each a point of the study."""
+    try:
+        picked = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ConfigError(f"--points: {text!r} must be point indices separated by commas, e.g. 3,7") from None
+    bad = [i for i in picked if not 0 <= i < len(study.points)]
+    if bad or not picked:
+        raise ConfigError(f"--points: study {study.name} has points 0..{len(study.points) - 1}, not "
+                          f"{', '.join(map(str, bad)) or text!r}")
+    return picked
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
@@ -466,6 +494,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     ap.add_argument("--json", action="store_true", help="status as JSON")
     ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
+    ap.add_argument("--points", default="",
+                    help="resubmit: these points (comma-separated indices, e.g. 3,7) whatever their state, such as "
+                         "points the analysis set aside; default: the failed and missing ones")
     ap.add_argument("--write", action="store_true",
                     help="points: write every point's parameter file to results/studies/<study>/points/")
     a = ap.parse_args(argv)
@@ -489,8 +520,11 @@ def main(argv=None) -> int:
             rows = status(study)
             print(json.dumps(rows, indent=2)) if a.json else print_status(rows)
         else:
-            todo = [r["point"] for r in status(study) if r["state"] in ("failed", "missing")]
+            todo = (chosen_points(study, a.points) if a.points else
+                    [r["point"] for r in status(study) if r["state"] in ("failed", "missing")])
             print(f"resubmitting {len(todo)} point(s): {', '.join(map(str, todo)) or 'none'}")
+            if a.points and not a.dry_run:
+                set_aside(study, todo)
             submit(study, only=todo, dry_run=a.dry_run)
         return 0
 

@@ -95,7 +95,27 @@ result["excluded"]
 # efficiency are relative to the series' smallest rank count.
 
 # %%
-result["scaling"]
+result["scaling"].drop(columns=["run_ids"])
+
+# %% [markdown]
+# ## Results to re-run
+# Points set aside (column `flags` above) and never quoted in the abstract, the request or
+# the slides: a contended run, efficiency above 100 % + the tolerance, disagreeing repeats,
+# fewer repeats than the study asked for (kernels/trust.py). Each with the command that
+# measures it again.
+
+# %%
+rerun = result["rerun"]
+print("nothing set aside" if rerun.empty else "\n".join(f"N={r.gpus} {r.series}: {r.reasons}\n  " + "\n  ".join(r.commands)
+                                                         for r in rerun.itertuples()))
+
+# %% [markdown]
+# ## The project's targets as criteria
+# Met / not met / not measured, from the records above (set-aside points excluded); a
+# criterion not measured names the study that measures it.
+
+# %%
+result["criteria"][["key", "status", "value", "threshold", "evidence", "source"]]
 
 # %%
 from IPython.display import display

@@ -24,7 +24,7 @@ KERNELS = ROOT / "kernels"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
               "kernels.flops", "kernels.alttext", "kernels.sysinfo", "kernels.dist")),
-    ("records", ("kernels.records", "kernels.checkpoint", "kernels.analysis")),
+    ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
     ("data", ("kernels.data", "kernels.data.*")),
     ("workloads", ("kernels.workloads", "kernels.workloads.*")),
     ("run parts", ("kernels.engines", "kernels.engines.*", "kernels.run", "kernels.run.*", "kernels.profiling",

@@ -26,7 +26,8 @@ PLAN = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
 
 def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, acc: float = 0.9,
                  status: str = "complete", torch_version: str = "2.13.0", device: str = "NVIDIA H100 80GB HBM3",
-                 steps_per_epoch: int = 100, label: str = "t", hosts: int | None = None, **params):
+                 steps_per_epoch: int = 100, label: str = "t", hosts: int | None = None, lab_ids: dict | None = None,
+                 contended: bool | None = False, **params):
     """A run record in the real schema (as kernels/ddp_core.py writes it), with chosen numbers."""
     cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": label, "precision": "fp32",
                    **params})
@@ -40,7 +41,7 @@ def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, ac
                     "nodes": nodes, "backend": "nccl", "model_variant": "resnet18-cifar-stem-width64"},
         "git": {"commit": "abc1234def", "dirty": False},
         "versions": {"torch": torch_version, "cuda": "12.8", "nccl": "2.27.3", "python": "3.11.7"},
-        "hosts": host_names, "nodes": host_names, "devices": [device], "ranks": [], "slurm": {}, "lab": {}})
+        "hosts": host_names, "nodes": host_names, "devices": [device], "ranks": [], "slurm": {}, "lab": lab_ids or {}})
     rows = [{c: None for c in cols} | {"epoch": e + 1, "eval_acc": acc * (e + 1) / 2, "samples_per_s": x}
             for e in range(2)]
     records.write_metrics(d / "metrics.csv", rows, cols)
@@ -51,7 +52,9 @@ def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, ac
         "samples_per_s_p10": 0.9 * x, "samples_per_s_p90": 1.1 * x, "samples_per_s_mean": 0.97 * x,
         "step_ms_p50": 1e3 * batch / x, "epoch_s_median": steps_per_epoch * batch / x, "data_wait_frac": 0.05,
         "final_eval_acc": acc, "mfu": 0.4, "exposed_comm_ms": 1.5 if gpus > 1 else None, "peak_mem_gib": 3.0,
-        "train_flops_per_sample": 3.33e9, "started_utc": "2026-01-01T00:00:00+00:00"})
+        "train_flops_per_sample": 3.33e9, "started_utc": "2026-01-01T00:00:00+00:00",
+        "contention": {"contended": contended, "evidence": ["foreign processes used 0.90 of the 2 cores"] if contended
+                       else []}})
 
 
 SELECT_T = {"labels": ["t"]}
@@ -396,3 +399,63 @@ def pd_isna(v) -> bool:
     import pandas as pd
 
     return bool(pd.isna(v))
+
+
+def test_suspicious_points_are_set_aside_named_with_their_rerun_and_never_quoted(tmp_path):
+    """The 790 % case: a contended 1-rank baseline makes 2 ranks look superlinear. Neither becomes a headline; the
+    re-run table names why and the command; a profiled run is no repeat; a study point short of its repeats and
+    one whose repeats disagree are set aside too."""
+    runs = tmp_path / "runs"
+    write_record(runs, "one", gpus=1, batch=64, x=20.0, contended=True, lab_ids={"lab_notebook": "01_train"},
+                 width=16)
+    write_record(runs, "two", gpus=2, batch=64, x=316.0, width=16)
+    write_record(runs, "two-prof", gpus=2, batch=64, x=483.0, profile_steps=5, width=16,
+                 lab_ids={"lab_notebook": "02_profile"})
+    study = {"lab_study_id": "demo_strong", "lab_study_repeats": "3"}
+    for i, (n, x) in enumerate([(1, 100.0), (1, 101.0), (1, 99.0), (2, 180.0), (2, 185.0), (2, 182.0), (4, 300.0),
+                                (4, 390.0), (4, 310.0)]):
+        if i != 4:  # point 4 (2 ranks, second repeat) is missing
+            write_record(runs, f"demo_strong-p{i:03d}", gpus=n, batch=128, x=x, lab_ids=study)
+    res = report.build(runs, tmp_path / "out", PLAN, SYSTEMS, {})
+    scal = res["scaling"].set_index(["batch", "gpus"])
+    assert "contended" in scal.loc[(64, 1), "flags"] and not scal.loc[(64, 1), "clean"]
+    assert "efficiency 7.90 above 1.10" in scal.loc[(64, 2), "flags"]
+    assert scal.loc[(64, 2), "repeats"] == 1  # the profiled run is not a repeat of the training point
+    assert "2 of 3 repeats" in scal.loc[(128, 2), "flags"]
+    assert "apart" in scal.loc[(128, 4), "flags"]
+    assert scal.loc[(128, 1), "clean"]
+    rerun = res["rerun"].set_index(["series", "gpus"])
+    cmds = " | ".join(c for cs in rerun["commands"] for c in cs)
+    assert "lab run notebooks/01_train.ipynb -p dataset synthetic" in cmds and "-p width 16" in cmds
+    assert "lab study resubmit studies/demo_strong.yaml |" in cmds + " |"  # the missing repeat
+    assert "lab study resubmit studies/demo_strong.yaml --points 6,7,8" in cmds  # the disagreeing repeats
+    tables = tmp_path / "out" / "tables"
+    for name in ("abstract_results.tex", "slide_results.tex", "request_text.tex", "slide_request.tex"):
+        text = (tables / name).read_text()
+        assert "790" not in text and "7.90" not in text, (name, text)
+    assert "No scaling figure" in (tables / "abstract_results.tex").read_text()
+    assert "4 of 5 scaling points were set aside" in (tables / "results_text.tex").read_text()
+
+
+def test_criteria_are_judged_from_the_records(study, tmp_path):
+    """Every target gets a verdict: strong E(8) = 5600 / 8 / 1000 = 70 % meets >= 70 %; weak (64 per rank, the
+    8-rank strong point included) 5600 / 8 / 980 = 71 % misses >= 90 %; each optimisation: the smaller of AMP
+    1710 / 1000 and the device pipeline 1000 / 800 = +25 %; together 1710 / 800 = +114 % over everything off; the
+    accuracy gap at 8 ranks is -2.1 points (not met); no DCRNN records: not measured, with the study that measures
+    them. A set-aside point judges nothing."""
+    write_record(study, "loader", gpus=1, batch=512, x=800.0, pipeline="dataloader", acc=0.93)
+    res = report.build(study, tmp_path / "out", PLAN, SYSTEMS, SELECT_T)
+    c = res["criteria"].set_index("key")
+    assert c.loc["strong_e8", "status"] == "met" and c.loc["strong_e8", "value"] == "70 %"
+    assert c.loc["weak_epoch", "status"] == "not met" and c.loc["weak_epoch", "value"] == "71 % at N=8"
+    assert c.loc["optim_each", "status"] == "met" and c.loc["optim_each", "value"] == "+25 % (pipeline)"
+    assert c.loc["optim_all", "status"] == "met" and c.loc["optim_all", "value"] == "+114 %"
+    assert c.loc["accuracy", "status"] == "not met" and "-2.10 points at N=8" in c.loc["accuracy", "value"]
+    for k in ("dcrnn_strong", "dcrnn_time", "dcrnn_mae"):
+        assert c.loc[k, "status"] == "not measured" and "studies/dcrnn_strong.yaml" in c.loc[k, "evidence"]
+    assert "\\labCriteriaMet" not in (tmp_path / "out" / "tables" / "criteria_table.tex").read_text()
+
+    write_record(study, "s8_hot", gpus=8, batch=512, x=5500.0, contended=True, acc=0.906)
+    res = report.build(study, tmp_path / "out2", PLAN, SYSTEMS, SELECT_T)
+    c = res["criteria"].set_index("key")
+    assert c.loc["strong_e8", "status"] == "not measured" and "set aside" in c.loc["strong_e8", "evidence"]

@@ -18,11 +18,12 @@ from pathlib import Path
 import pandas as pd
 
 from kernels import analysis
-from kernels.report import comm, dcrnn, io, lab, profiling, request, scaling
+from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling
 from kernels.report.context import Context
 from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
 
-SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, request)  # request uses the scaling and I/O results: keep it last
+# criteria and request use the scaling results, request the I/O ones too: keep them last
+SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request)
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",

@@ -9,7 +9,7 @@ from kernels import analysis
 from kernels.data import DATASETS
 from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
-from kernels.report.scaling import main_series
+from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.report.tex import booktabs, gap_note, num, pct, tex_escape
 from kernels.params import default
 
@@ -36,10 +36,12 @@ def requested(total: float, plan: dict) -> int:
 
 
 def section(ctx: Context) -> None:
-    runs, plan, system = ctx.runs, ctx.plan, ctx.system
+    runs, plan, system = quiet(ctx.runs), ctx.plan, ctx.system
     scal = ctx.results.get("scaling", pd.DataFrame())
     if not scal.empty and (~scal["dataset"].isin(STREAMED)).any():
         scal = scal[~scal["dataset"].isin(STREAMED)]  # the I/O study is costed on its own (io_study_hours)
+    aside = set_aside_note(scal, in_paper=False)
+    scal = clean(scal)  # a set-aside point never prices the request
     main = main_series(scal) if not scal.empty else scal
     if not main.empty:
         epoch_by_n = main.groupby("gpus")["epoch_s"].median().to_dict()
@@ -83,7 +85,7 @@ def section(ctx: Context) -> None:
         text += ("They were measured on the target system's GPU model; points without a measurement "
                  + ("are predicted as described above" if predicted else
                     "use the assumed efficiency (no 1-rank record with gradient sizes is selected)") + " and are replaced by measurements as the study proceeds.")
-    ctx.put("request_text.tex", pred_note + text + "\n")
+    ctx.put("request_text.tex", pred_note + text + (" " + aside if aside else "") + "\n")
     ctx.put("slide_request.tex",
             f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
             f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
@@ -94,6 +96,13 @@ def section(ctx: Context) -> None:
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
 
 
+def quiet(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs no foreign work shared cores or GPUs with (the only ones a request may be priced on)."""
+    if runs.empty or "contended" not in runs:
+        return runs
+    return runs[~runs["contended"].fillna(False).astype(bool)]
+
+
 def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:
     """Time per epoch at the planned GPU counts without a measurement, from the step predictor
     (kernels/comm/predict.py): a 1-rank record with gradient sizes, strong scaling at its global batch on the
@@ -101,7 +110,7 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
     the system's published link bandwidths. ({}, gap note) when there is no such record."""
     from kernels.comm import predict
 
-    runs = ctx.runs
+    runs = quiet(ctx.runs)
     if runs.empty or "grad_param_bytes" not in runs:
         return {}, ""
     base = runs[(runs["gpus"] == 1) & runs["grad_param_bytes"].notna() & ~runs["dataset"].isin(STREAMED)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kernels import analysis
+from kernels import analysis, trust
 from kernels.report.context import Context
 from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
                                     style)
@@ -27,10 +27,10 @@ SCALING_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "nodes": ("Nodes
                    "repeats": ("Rep.", "d"), "samples_per_s": ("Samples/s", ",.1f"), "ci": ("Interval", "raw"),
                    "samples_per_s_per_device": ("per rank", ",.1f"), "epoch_s": ("Epoch (s)", ".2f"),
                    "speedup": ("Speedup", ".2f"), "efficiency": ("Eff.", ".2f"),
-                   "acc_gap_points": ("Acc. gap (pt)", "+.2f")}
+                   "acc_gap_points": ("Acc. gap (pt)", "+.2f"), "mark": ("", "raw")}
 COMPACT_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "batch": ("$B$", "d"), "repeats": ("Rep.", "d"),
                    "samples_per_s": ("Samples/s", ",.0f"), "ci": ("Interval", "raw"), "speedup": ("Speedup", ".2f"),
-                   "efficiency": ("Eff.", ".2f")}
+                   "efficiency": ("Eff.", ".2f"), "mark": ("", "raw")}
 GAINS_COLUMNS = {"factor": ("Optimisation", "s"), "before": ("Before", "s"), "after": ("After", "s"),
                  "gpus": ("$N$", "d"), "samples_per_s_before": ("Samples/s before", ",.1f"),
                  "samples_per_s_after": ("after", ",.1f"), "speedup": ("Speedup", ".2f")}
@@ -44,6 +44,38 @@ def _interval(row) -> str:
         return "--"
     lo, hi = (f"{v:,.0f}".replace(",", "{,}") for v in (row["samples_per_s_ci_lo"], row["samples_per_s_ci_hi"]))
     return f"{lo}--{hi} ({100 * row['ci_level']:.0f}\\,\\%)"
+
+
+RERUN_COLUMNS = {"series": ("Series", "s"), "gpus": ("$N$", "d"), "reasons": ("Set aside because", "s"),
+                 "command": ("Re-run with", "raw")}
+SET_ASIDE_MARK = "$\\dagger$"
+
+
+def clean(scal: pd.DataFrame) -> pd.DataFrame:
+    """The points that may be quoted: none of trust.py's reasons to set them aside."""
+    return scal[scal["clean"]] if not scal.empty else scal
+
+
+def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
+    """'k of n points were set aside (reasons)': what the headline sentences left out, and why ('' when none).
+    in_paper: point to the re-run table by its reference (the paper holds it), else by name."""
+    if scal.empty or scal["clean"].all():
+        return ""
+    out = scal[~scal["clean"]]
+    kinds = {}
+    for flags in out["flags"]:
+        for reason in flags.split("; "):
+            word = reason.split(" (")[0].split(" above")[0]
+            word = ("too few repeats" if " repeats" in word and " of " in word else
+                    "disagreeing repeats" if "apart" in word else
+                    "measured against a set-aside baseline" if word.startswith("baseline") else
+                    "superlinear efficiency" if word.startswith("efficiency") else word)
+            kinds[word] = kinds.get(word, 0) + 1
+    why = listing([f"{tex_escape(k)} ({v})" for k, v in kinds.items()])
+    return (f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
+            f"{'were' if len(out) > 1 else 'was'} set aside and not quoted: {why}; "
+            + ("Table~\\ref{tab:rerun} lists them with the commands that re-run them." if in_paper else
+               "the paper's table of results to re-run lists them with the commands that re-run them."))
 
 
 def main_series(scal: pd.DataFrame, mode: str = "strong") -> pd.DataFrame:
@@ -81,6 +113,10 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
         fig, ax = plt.subplots(figsize=(4.2, 3.1))
         for (mode, series), s in scal.groupby(["mode", "series"]):
             ax.plot(s["gpus"], 100 * s["efficiency"], marker="o", label=f"{mode}: {series}")
+        aside = scal[~scal["clean"]]
+        if len(aside):
+            ax.plot(aside["gpus"], (100 * aside["efficiency"]).clip(upper=108), ls="none", marker="x", ms=9,
+                    color="tab:red", label="set aside (re-run)")
         ax.axhline(100 * TARGET_E, ls="--", color="tab:red", lw=1, label=f"{100 * TARGET_E:.0f}% target")
         ax.plot([8], [100 * TARGET_E8], marker="*", ms=10, color="tab:red", ls="none",
                 label=f"{100 * TARGET_E8:.0f}% at 8 GPUs")
@@ -129,10 +165,14 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
 
 
 def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
-    """(results paragraph, one abstract sentence, slide bullets) from the main strong series."""
-    main = main_series(scal)
-    if main.empty:
-        return gap_note(NO_SERIES), "", "\\item " + tex_escape(NO_SERIES) + "\n"
+    """(results paragraph, one abstract sentence, slide bullets) from the main strong series' clean points."""
+    note, elsewhere = set_aside_note(scal), set_aside_note(scal, in_paper=False)
+    main = main_series(clean(scal))
+    if main.empty or main["gpus"].nunique() < 2:
+        if scal.empty:
+            return gap_note(NO_SERIES), "", "\\item " + tex_escape(NO_SERIES) + "\n"
+        return (f"No scaling figure is quoted. {note}\n", f"No scaling figure is quoted yet: {note}\n",
+                f"\\item No scaling figure quoted yet: {elsewhere}\n")
     base, top = main.iloc[0], main.iloc[-1]
     n0, n = int(base["gpus"]), int(top["gpus"])
     series = tex_escape(base["series"])
@@ -152,7 +192,8 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
                  + ". ")
     else:
         text += "Each point is a single run: no interval can be given before repeats exist. "
-    weak = main_series(scal, "weak")
+    text += note + (" " if note else "")
+    weak = main_series(clean(scal), "weak")
     if not weak.empty:
         wt = weak.iloc[-1]
         text += (f"In weak scaling ({tex_escape(wt['series'])}) the efficiency at {int(wt['gpus'])} ranks is "
@@ -163,13 +204,41 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
         verdict = "within" if worst <= TARGET_ACC_GAP else "outside"
         text += (f"The final accuracy stays {verdict} the {TARGET_ACC_GAP:g}-point criterion: the largest gap to the "
                  f"{n0}-rank baseline is {worst:.1f} points (best accuracy {100 * main['final_eval_acc'].max():.1f}\\,\\%). ")
+    aside = int((~scal["clean"]).sum())
     abstract = (f"On that hardware the largest strong-scaling point ({n} ranks) reaches a speedup of {spd:.2f} over "
-                f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}.")
+                f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}"
+                + (f" ({aside} suspicious point{'s' if aside > 1 else ''} set aside for a re-run)." if aside else "."))
     slide = (f"\\item {n} ranks: speedup {spd:.2f}, efficiency {pct(eff)}\n"
              f"\\item {num(top['samples_per_s'])} samples/s at {n} ranks (median of {int(top['repeats'])})\n")
     if len(gaps) > 1:
         slide += f"\\item accuracy gap $\\le$ {gaps.abs().max():.1f} points\n"
+    if aside:
+        slide += f"\\item {aside} suspicious point{'s' if aside > 1 else ''} set aside, to re-run\n"
     return text + "\n", abstract + "\n", slide
+
+
+def resolved_defaults(params: dict) -> dict:
+    """Every parameter's default for a record's workload (what a re-run command may leave out)."""
+    from kernels import config
+    from kernels.errors import ConfigError
+
+    try:
+        return config.resolve({"workload": params.get("workload")}).to_dict()
+    except ConfigError:
+        return trust.common_defaults(params)
+
+
+def rerun_section(runs: pd.DataFrame, scal: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """The 'results to re-run' table (tab:rerun): every set-aside point, why, and the command that re-runs it."""
+    t = trust.rerun_table(runs, scal, resolved_defaults)
+    if t.empty:
+        return "", t
+    t = t.assign(command=[" \\newline ".join(f"\\texttt{{{tex_escape(c)}}}" for c in cmds) for cmds in t["commands"]])
+    table = booktabs(t, RERUN_COLUMNS, size="\\footnotesize",
+                     spec="@{}p{0.2\\linewidth}rp{0.3\\linewidth}p{0.42\\linewidth}@{}")
+    return ("\\begin{table*}[t]\\centering\n\\caption{Results to re-run: points set aside (" + SET_ASIDE_MARK +
+            " in the scaling tables), why, and the command that measures them again}\\label{tab:rerun}\n" + table +
+            "\\end{table*}\n"), t
 
 
 def optim_section(gains: pd.DataFrame) -> str:
@@ -200,9 +269,10 @@ def optim_text(gains: pd.DataFrame) -> str:
 def section(ctx: Context) -> None:
     runs = ctx.runs
     scal = analysis.scaling(runs)
-    gains = analysis.optimisation_gains(runs)
+    gains = analysis.optimisation_gains(runs[~runs["contended"].fillna(False).astype(bool)] if not runs.empty else runs)
     if not scal.empty:
-        scal = scal.assign(ci=scal.apply(_interval, axis=1))
+        scal = scal.assign(ci=scal.apply(_interval, axis=1),
+                           mark=[("" if c else SET_ASIDE_MARK) for c in scal["clean"]])
     made = figures(ctx, scal, gains)
     ctx.put("fig_throughput.tex", figure_snippet("throughput", "throughput" in made, NO_SERIES))
     ctx.put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in made, NO_SERIES))
@@ -217,4 +287,8 @@ def section(ctx: Context) -> None:
     ctx.put("abstract_results.tex", abstract)
     ctx.put("slide_results.tex", slide)
     ctx.put("optim_section.tex", optim_section(gains))
-    ctx.results.update(scaling=scal, gains=gains)
+    rerun_tex, rerun = rerun_section(runs, scal)
+    ctx.put("rerun_table.tex", rerun_tex)
+    ctx.macro("labEffTolerance", pct(trust.EFFICIENCY_TOL))
+    ctx.macro("labSpreadTolerance", pct(trust.SPREAD_TOL))
+    ctx.results.update(scaling=scal, gains=gains, rerun=rerun)

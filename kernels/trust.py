@@ -1,0 +1,114 @@
+"""Which scaling points may become a headline, and how to re-run the others.
+
+A point (one configuration at one rank count, its repeats aggregated) is set aside, shown
+but never quoted in the abstract, the request or the slides, when:
+- contended: a repeat shared its cores or GPUs with foreign work (summary.json's
+  `contention`, from the resource monitor and the allocation);
+- superlinear: its efficiency exceeds 1 + EFFICIENCY_TOL (faster per rank than the
+  baseline by more than cache effects plausibly give: usually a slowed baseline);
+- spread: its repeats disagree, (max - min) / median above SPREAD_TOL;
+- too few repeats: fewer complete repeats than its study asked for;
+- baseline set aside: the point its speedup and efficiency are taken against is.
+"""
+from __future__ import annotations
+
+import shlex
+
+import pandas as pd
+
+from kernels.params import COMMON
+
+EFFICIENCY_TOL = 0.10   # efficiency above 110 % is not believed without a re-run
+SPREAD_TOL = 0.20       # repeats more than 20 % of their median apart disagree
+# never part of a re-run command: a new record gets a new id; the ranks record launcher=none (they are the ranks)
+RUN_ONLY = ("run_id", "results_dir", "launcher")
+
+
+def point_flags(agg: pd.DataFrame, series: pd.DataFrame) -> list[str]:
+    """One reason string per row of `agg` (a series' points, baseline first; '' when clean); series: its runs."""
+    own = []
+    for _, p in agg.iterrows():
+        runs = series[series["gpus"] == p["gpus"]]
+        why = []
+        hit = runs[runs["contended"].fillna(False).astype(bool)] if "contended" in runs else runs.iloc[0:0]
+        if len(hit):
+            why.append(f"contended ({', '.join(hit['run_id'])}: {hit['contention'].iloc[0]})")
+        if p["efficiency"] > 1 + EFFICIENCY_TOL:
+            why.append(f"efficiency {p['efficiency']:.2f} above {1 + EFFICIENCY_TOL:.2f}")
+        if p["repeats"] > 1 and p["samples_per_s"]:
+            spread = (p["samples_per_s_max"] - p["samples_per_s_min"]) / p["samples_per_s"]
+            if spread > SPREAD_TOL:
+                why.append(f"repeats {100 * spread:.0f} % apart (more than {100 * SPREAD_TOL:.0f} %)")
+        asked = pd.to_numeric(runs.get("study_repeats"), errors="coerce").max() if "study_repeats" in runs else None
+        if asked and not pd.isna(asked) and p["repeats"] < asked:
+            why.append(f"{int(p['repeats'])} of {int(asked)} repeats")
+        own.append("; ".join(why))
+    base = own[0] if own else ""
+    return [f + ("; " if f else "") + f"baseline N={agg['gpus'].iloc[0]} set aside" if i and base else f
+            for i, f in enumerate(own)]
+
+
+def common_defaults(params: dict) -> dict:
+    """The common parameters' defaults (a caller that can resolve a workload's own defaults passes better ones)."""
+    return {p.name: p.default for p in COMMON}
+
+
+def rerun_command(row: dict | pd.Series, defaults_of=common_defaults) -> str:
+    """The command that measures a run's configuration again: its study's resubmit, else the notebook or CLI
+    call with the record's parameters that differ from the defaults (defaults_of(params) -> {name: default})."""
+    params, lab = row["params"], row.get("lab") or {}
+    if lab.get("lab_study_id"):
+        return f"lab study resubmit studies/{lab['lab_study_id']}.yaml --points {row['study_point_index']}"
+    defaults = defaults_of(params)
+    args = [(k, v) for k, v in params.items()
+            if k not in RUN_ONLY and v is not None and (k not in defaults or v != defaults[k])]
+    notebook = lab.get("lab_notebook")
+    if notebook:
+        return shlex.join(["lab", "run", f"notebooks/{notebook}.ipynb",
+                           *[x for k, v in args for x in ("-p", k, _text(v))]])
+    return shlex.join(["lab", "train", *[x for k, v in args for x in (f"--{k}", _text(v))]])
+
+
+def _text(v) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def rerun_table(runs: pd.DataFrame, scal: pd.DataFrame, defaults_of=common_defaults) -> pd.DataFrame:
+    """'Results to re-run': one row per set-aside point with reasons of its own (not only its baseline's), and
+    the commands that re-run it (one per study, or one per distinct ad-hoc configuration)."""
+    cols = ["series", "gpus", "repeats", "reasons", "commands"]
+    if scal.empty or "flags" not in scal:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for _, p in scal[scal["flags"] != ""].iterrows():
+        own = "; ".join(r for r in p["flags"].split("; ") if not r.startswith("baseline"))
+        if not own:
+            continue
+        pick = runs[runs["run_id"].isin(p["run_ids"])]
+        contended = pick[pick["contended"].fillna(False).astype(bool)]
+        studies = sorted({(lab or {}).get("lab_study_id") for lab in pick["lab"]} - {None})
+        if " repeats" in own and ";" not in own and studies:  # only missing repeats: submit the missing points
+            commands = [f"lab study resubmit studies/{sid}.yaml" for sid in studies]
+        else:
+            pick = contended if len(contended) and own.startswith("contended") and ";" not in own else pick
+            commands = _commands(pick, defaults_of)
+        rows.append({"series": p["series"], "gpus": int(p["gpus"]), "repeats": int(p["repeats"]), "reasons": own,
+                     "commands": commands})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _commands(runs: pd.DataFrame, defaults_of) -> list[str]:
+    """Study runs: one resubmit per study with all their point indices; others: one command per configuration."""
+    out: list[str] = []
+    studies: dict[str, list[int]] = {}
+    for _, r in runs.iterrows():
+        sid = (r["lab"] or {}).get("lab_study_id")
+        if sid and r["study_point_index"] is not None:
+            studies.setdefault(sid, []).append(int(r["study_point_index"]))
+            continue
+        cmd = rerun_command(r, defaults_of)
+        if cmd not in out:
+            out.append(cmd)
+    for sid, idx in studies.items():
+        out.append(f"lab study resubmit studies/{sid}.yaml --points {','.join(map(str, sorted(set(idx))))}")
+    return out
