@@ -1,4 +1,4 @@
-"""The criteria section: every project target judged met / not met / not measured (kernels/criteria.py).
+"""The criteria table: every project target judged met / not met / not measured (kernels/criteria.py; the proposal shows it).
 
 Writes tables/criteria_table.tex (a full-width table, tab:criteria) and the macros
 \\labCriteriaMet, \\labCriteriaNotMet, \\labCriteriaNotMeasured. Set-aside points and
@@ -13,8 +13,8 @@ from kernels.report.context import Context
 from kernels.report.request import quiet
 from kernels.report.tex import booktabs, tex_escape
 
-COLUMNS = {"what": ("Criterion (source)", "raw"), "threshold": ("Target", "s"), "status": ("Verdict", "raw"),
-           "detail": ("Measured, or how to measure", "raw")}
+COLUMNS = {"short": ("Criterion", "raw"), "threshold": ("Target", "s"), "status": ("Verdict", "raw"),
+           "detail": ("Measured, or the study that measures it", "raw")}
 STATUS_TEX = {criteria.MET: "\\textbf{met}", criteria.NOT_MET: "\\textbf{not met}",
               criteria.NOT_MEASURED: "not measured"}
 
@@ -29,16 +29,15 @@ def table(ctx: Context) -> pd.DataFrame:
 def section(ctx: Context) -> None:
     t = table(ctx)
     shown = t.assign(
-        what=[f"{tex_escape(r.definition)} \\emph{{({tex_escape(r.source)})}}" for r in t.itertuples()],
-        status=[STATUS_TEX[s] for s in t["status"]],
-        detail=[(tex_escape(r.value) + ": " if r.value else "") +
-                (f"\\texttt{{{tex_escape(r.evidence)}}}" if r.status == criteria.NOT_MEASURED
-                 and r.evidence.startswith("lab ") else tex_escape(r.evidence)) for r in t.itertuples()])
+        status=[STATUS_TEX[x] for x in t["status"]],
+        detail=[tex_escape(r.value) if r.value else
+                tex_escape(r.evidence.removeprefix("lab study submit ")) if r.evidence.startswith("lab ")
+                else tex_escape(r.evidence) for r in t.itertuples()])
     ctx.put("criteria_table.tex",
-            "\\begin{table*}[t]\\centering\n\\caption{The project's targets as criteria, judged on the selected "
-            "records (set-aside points excluded)}\\label{tab:criteria}\n"
-            + booktabs(shown, COLUMNS, size="\\footnotesize",
-                       spec="@{}p{0.42\\linewidth}p{0.1\\linewidth}lp{0.34\\linewidth}@{}") + "\\end{table*}\n")
+            "\\begin{table}[H]\\centering\n\\caption{The project's targets, judged on the selected records "
+            "(set-aside points excluded); definitions and sources in the analysis notebook}\\label{tab:criteria}\n"
+            + booktabs(shown, COLUMNS, size="\\scriptsize",
+                       spec="@{}p{0.3\\linewidth}p{0.13\\linewidth}lp{0.33\\linewidth}@{}") + "\\end{table}\n")
     counts = t["status"].value_counts()
     ctx.macro("labCriteriaMet", int(counts.get(criteria.MET, 0)))
     ctx.macro("labCriteriaNotMet", int(counts.get(criteria.NOT_MET, 0)))
