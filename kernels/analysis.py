@@ -206,7 +206,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
             "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
             "samples_per_s_per_device", "step_s", "epoch_s", "speedup", "efficiency", "final_eval_acc",
-            "acc_gap_points", "baseline_gpus", "flags", "clean", "run_ids"]
+            "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     runs = runs.assign(_key=runs.apply(_key, axis=1))
@@ -241,10 +241,24 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             agg["mode"], agg["series"], agg["baseline_gpus"] = mode, series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), n0
             agg["dataset"] = dict(zip(CONFIG_KEYS, key))["dataset"]
             agg["run_ids"] = [list(series[series["gpus"] == n]["run_id"]) for n in agg["gpus"]]
-            agg["flags"] = trust.point_flags(agg, series)
+            agg["reasons"] = trust.point_reasons(agg, series)
+            agg["flags"] = ["; ".join(t for _, t in why) for why in agg["reasons"]]
             agg["clean"] = agg["flags"] == ""
             out.append(agg[cols])
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
+
+
+def main_series(scal: pd.DataFrame, mode: str = "strong", workload: str | None = None) -> pd.DataFrame:
+    """The series the documents quote and the criteria judge: of `mode` (and `workload`), the one with the most rank
+    counts, then the largest one."""
+    s = scal[scal["mode"] == mode] if not scal.empty else scal
+    if workload and not s.empty:
+        s = s[s["series"].str.startswith(workload + " ")]
+    if s.empty:
+        return s
+    best = max(s["series"].unique(), key=lambda name: (s[s["series"] == name]["gpus"].nunique(),
+                                                       s[s["series"] == name]["gpus"].max()))
+    return s[s["series"] == best].sort_values("gpus")
 
 
 def series_name(key: dict, by: str, fixed) -> str:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kernels.analysis import main_series
+
 MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 
 
@@ -62,26 +64,13 @@ def _row(c: Criterion, status: str, value: str = "", evidence: str = "") -> dict
             "status": status, "value": value, "evidence": evidence or (c.measure if status == NOT_MEASURED else "")}
 
 
-def _series(scal: pd.DataFrame, mode: str, workload: str | None = None) -> pd.DataFrame:
-    """The series of `mode` (of `workload` when given) with the most rank counts."""
-    if scal.empty:
-        return scal
-    s = scal[scal["mode"] == mode]
-    if workload:
-        s = s[s["series"].str.startswith(workload + " ")]
-    if s.empty:
-        return s
-    best = max(s["series"].unique(), key=lambda n: (s[s["series"] == n]["gpus"].nunique(), s[s["series"] == n]["gpus"].max()))
-    return s[s["series"] == best].sort_values("gpus")
-
-
 def _set_aside(c: Criterion, point: pd.Series) -> dict:
     return _row(c, NOT_MEASURED, evidence=f"the N={int(point['gpus'])} point is set aside ({point['flags']}); "
                                           f"re-run it (Table of results to re-run)")
 
 
 def strong_e8(c: Criterion, scal: pd.DataFrame) -> dict:
-    s = _series(scal, "strong", "resnet18")
+    s = main_series(scal, "strong", "resnet18")
     at8 = s[s["gpus"] == 8] if not s.empty else s
     if at8.empty:
         return _row(c, NOT_MEASURED)
@@ -93,7 +82,7 @@ def strong_e8(c: Criterion, scal: pd.DataFrame) -> dict:
 
 
 def weak_epoch(c: Criterion, scal: pd.DataFrame) -> dict:
-    s = _series(scal, "weak", "resnet18")
+    s = main_series(scal, "weak", "resnet18")
     if s.empty:
         return _row(c, NOT_MEASURED)
     p = s.iloc[-1]
@@ -121,7 +110,7 @@ def optim_all(c: Criterion, together: pd.DataFrame) -> dict:
 
 
 def accuracy(c: Criterion, scal: pd.DataFrame) -> dict:
-    s = _series(scal, "strong")
+    s = main_series(scal, "strong")
     s = s[s["acc_gap_points"].notna()] if not s.empty else s
     if len(s) < 2:
         return _row(c, NOT_MEASURED)

@@ -305,3 +305,15 @@ def cpu_list(cpus: list[int]) -> str:
         out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def cpu_set(text: str | None) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}: the inverse of cpu_list (Slurm's and taskset's cpu list form)."""
+    out: set[int] = set()
+    for part in (text or "").split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out |= set(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.add(int(part))
+    return out

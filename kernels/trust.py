@@ -24,28 +24,43 @@ SPREAD_TOL = 0.20       # repeats more than 20 % of their median apart disagree
 RUN_ONLY = ("run_id", "results_dir", "launcher")
 
 
-def point_flags(agg: pd.DataFrame, series: pd.DataFrame) -> list[str]:
-    """One reason string per row of `agg` (a series' points, baseline first; '' when clean); series: its runs."""
+# Why a point is set aside: a kind per reason (the documents count them by these words), its detail in `flags`.
+REASON_WORDS = {"contended": "contended", "superlinear": "superlinear efficiency", "spread": "disagreeing repeats",
+                "repeats": "too few repeats", "baseline": "measured against a set-aside baseline"}
+
+
+def contended(runs: pd.DataFrame) -> pd.Series:
+    """True for the runs that foreign work shared cores or GPUs with (summary.json's contention)."""
+    return runs["contended"].fillna(False).astype(bool) if "contended" in runs else pd.Series(False, index=runs.index)
+
+
+def quiet(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs no foreign work shared cores or GPUs with: the only ones a gain, a request or a criterion uses."""
+    return runs if runs.empty else runs[~contended(runs)]
+
+
+def point_reasons(agg: pd.DataFrame, series: pd.DataFrame) -> list[list[tuple[str, str]]]:
+    """Per row of `agg` (a series' points, baseline first) its reasons to be set aside, [(kind, detail)]; [] when
+    clean. series: the series' runs."""
     own = []
     for _, p in agg.iterrows():
         runs = series[series["gpus"] == p["gpus"]]
         why = []
-        hit = runs[runs["contended"].fillna(False).astype(bool)] if "contended" in runs else runs.iloc[0:0]
+        hit = runs[contended(runs)]
         if len(hit):
-            why.append(f"contended ({', '.join(hit['run_id'])}: {hit['contention'].iloc[0]})")
+            why.append(("contended", f"contended ({', '.join(hit['run_id'])}: {hit['contention'].iloc[0]})"))
         if p["efficiency"] > 1 + EFFICIENCY_TOL:
-            why.append(f"efficiency {p['efficiency']:.2f} above {1 + EFFICIENCY_TOL:.2f}")
+            why.append(("superlinear", f"efficiency {p['efficiency']:.2f} above {1 + EFFICIENCY_TOL:.2f}"))
         if p["repeats"] > 1 and p["samples_per_s"]:
             spread = (p["samples_per_s_max"] - p["samples_per_s_min"]) / p["samples_per_s"]
             if spread > SPREAD_TOL:
-                why.append(f"repeats {100 * spread:.0f} % apart (more than {100 * SPREAD_TOL:.0f} %)")
+                why.append(("spread", f"repeats {100 * spread:.0f} % apart (more than {100 * SPREAD_TOL:.0f} %)"))
         asked = pd.to_numeric(runs.get("study_repeats"), errors="coerce").max() if "study_repeats" in runs else None
         if asked and not pd.isna(asked) and p["repeats"] < asked:
-            why.append(f"{int(p['repeats'])} of {int(asked)} repeats")
-        own.append("; ".join(why))
-    base = own[0] if own else ""
-    return [f + ("; " if f else "") + f"baseline N={agg['gpus'].iloc[0]} set aside" if i and base else f
-            for i, f in enumerate(own)]
+            why.append(("repeats", f"{int(p['repeats'])} of {int(asked)} repeats"))
+        own.append(why)
+    base = ("baseline", f"baseline N={agg['gpus'].iloc[0]} set aside") if own and own[0] else None
+    return [why + [base] if i and base else why for i, why in enumerate(own)]
 
 
 def common_defaults(params: dict) -> dict:
@@ -54,11 +69,9 @@ def common_defaults(params: dict) -> dict:
 
 
 def rerun_command(row: dict | pd.Series, defaults_of=common_defaults) -> str:
-    """The command that measures a run's configuration again: its study's resubmit, else the notebook or CLI
-    call with the record's parameters that differ from the defaults (defaults_of(params) -> {name: default})."""
+    """The notebook or CLI call that measures a run's configuration again: the record's parameters that differ
+    from the defaults (defaults_of(params) -> {name: default}). Study runs are resubmitted instead (_commands)."""
     params, lab = row["params"], row.get("lab") or {}
-    if lab.get("lab_study_id"):
-        return f"lab study resubmit studies/{lab['lab_study_id']}.yaml --points {row['study_point_index']}"
     defaults = defaults_of(params)
     args = [(k, v) for k, v in params.items()
             if k not in RUN_ONLY and v is not None and (k not in defaults or v != defaults[k])]
@@ -80,18 +93,17 @@ def rerun_table(runs: pd.DataFrame, scal: pd.DataFrame, defaults_of=common_defau
     if scal.empty or "flags" not in scal:
         return pd.DataFrame(columns=cols)
     rows = []
-    for _, p in scal[scal["flags"] != ""].iterrows():
-        own = "; ".join(r for r in p["flags"].split("; ") if not r.startswith("baseline"))
-        if not own:
+    for _, p in scal[~scal["clean"]].iterrows():
+        mine = [(k, t) for k, t in p["reasons"] if k != "baseline"]  # a baseline's own row says what to re-run
+        if not mine:
             continue
+        kinds, own = {k for k, _ in mine}, "; ".join(t for _, t in mine)
         pick = runs[runs["run_id"].isin(p["run_ids"])]
-        contended = pick[pick["contended"].fillna(False).astype(bool)]
         studies = sorted({(lab or {}).get("lab_study_id") for lab in pick["lab"]} - {None})
-        if " repeats" in own and ";" not in own and studies:  # only missing repeats: submit the missing points
+        if kinds == {"repeats"} and studies:  # only missing repeats: submit the missing points
             commands = [f"lab study resubmit studies/{sid}.yaml" for sid in studies]
         else:
-            pick = contended if len(contended) and own.startswith("contended") and ";" not in own else pick
-            commands = _commands(pick, defaults_of)
+            commands = _commands(pick[contended(pick)] if kinds == {"contended"} else pick, defaults_of)
         rows.append({"series": p["series"], "gpus": int(p["gpus"]), "repeats": int(p["repeats"]), "reasons": own,
                      "commands": commands})
     return pd.DataFrame(rows, columns=cols)

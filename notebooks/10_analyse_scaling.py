@@ -95,7 +95,7 @@ result["excluded"]
 # efficiency are relative to the series' smallest rank count.
 
 # %%
-result["scaling"].drop(columns=["run_ids"])
+result["scaling"].drop(columns=["run_ids", "reasons"])  # reasons: the kinds behind `flags`
 
 # %% [markdown]
 # ## Results to re-run

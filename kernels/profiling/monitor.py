@@ -18,8 +18,9 @@ sample; one row per sample on a node without GPUs.
 Contention (`contention`): a run shared its cores or GPUs with foreign work when, over
 the training window, foreign processes used at least FOREIGN_MIN_CORES cores of the
 cores this run's ranks may run on (their affinity) while those were near full (this
-run's use plus the foreign use at least BUSY_SHARE of them), when a GPU of the run had compute processes that are not its ranks, or when
-the allocation put more compute threads on a host than the ranks there may run on.
+run's use plus the foreign use at least BUSY_SHARE of them), when a GPU of the run had
+compute processes that are not its ranks, or when the allocation put more compute
+threads on a host than the ranks there may run on.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import os
 import threading
 import time
 from pathlib import Path
+
+from kernels.sysinfo import cpu_set
 
 MAX_HZ = 5.0
 COLUMNS = ("unix_s", "t_s", "node", "gpu", "gpu_util_pct", "gpu_mem_used_mib", "gpu_power_w", "gpu_temp_c",
@@ -279,7 +282,7 @@ def rank_cpus(ranks: list[dict], key: str, value: str) -> set[int]:
     out: set[int] = set()
     for r in ranks:
         if r.get(key) == value:
-            out |= _cpu_set(r.get("cpus"))
+            out |= cpu_set(r.get("cpus"))
     return out
 
 
@@ -298,18 +301,6 @@ def oversubscribed(ranks: list[dict], host_cores: int | None) -> list[str]:
     return out
 
 
-def _cpu_set(text: str | None) -> set[int]:
-    """'0-3,8' -> {0, 1, 2, 3, 8} (Slurm's and taskset's cpu list form)."""
-    out: set[int] = set()
-    for part in (text or "").split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out |= set(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.add(int(part))
-    return out
-
-
 def contention(mon: dict | None, ranks: list[dict], host_cores: int | None) -> dict:
     """summary.json's `contention`: did the run share its cores or GPUs with foreign work, and the evidence.
     contended is None when nothing could be measured (monitor off and the allocation fine)."""
@@ -323,7 +314,7 @@ def contention(mon: dict | None, ranks: list[dict], host_cores: int | None) -> d
         full = cores and (own or 0) + foreign >= BUSY_SHARE * cores
         if foreign >= FOREIGN_MIN_CORES and full:
             evidence.append(f"foreign processes used {foreign:.2f} of the {cores} cores of this run on "
-                            f"{mon.get('foreign_cpu_node')} beside this run's {own or 0:.2f} (mean over training)")
+                            f"{node} beside this run's {own or 0:.2f} (mean over training)")
     gpu = (mon or {}).get("gpu_foreign_procs_max")
     if gpu is not None:
         measured = True

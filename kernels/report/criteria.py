@@ -9,8 +9,8 @@ from __future__ import annotations
 import pandas as pd
 
 from kernels import analysis, criteria
+from kernels.trust import quiet
 from kernels.report.context import Context
-from kernels.report.request import quiet
 from kernels.report.tex import booktabs, tex_escape
 
 COLUMNS = {"short": ("Criterion", "raw"), "threshold": ("Target", "s"), "status": ("Verdict", "raw"),

@@ -6,6 +6,7 @@ import math
 import pandas as pd
 
 from kernels import analysis
+from kernels.trust import quiet
 from kernels.data import DATASETS
 from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
@@ -94,13 +95,6 @@ def section(ctx: Context) -> None:
     ctx.macro("labNodeHours", num(total, 4))
     ctx.macro("labNodeHoursRequest", num(ask))
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
-
-
-def quiet(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs no foreign work shared cores or GPUs with (the only ones a request may be priced on)."""
-    if runs.empty or "contended" not in runs:
-        return runs
-    return runs[~runs["contended"].fillna(False).astype(bool)]
 
 
 def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:

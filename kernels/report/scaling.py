@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kernels import analysis, trust
+from kernels.analysis import main_series
 from kernels.report.context import Context
 from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
                                     style)
@@ -62,30 +63,15 @@ def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
     if scal.empty or scal["clean"].all():
         return ""
     out = scal[~scal["clean"]]
-    kinds = {}
-    for flags in out["flags"]:
-        for reason in flags.split("; "):
-            word = reason.split(" (")[0].split(" above")[0]
-            word = ("too few repeats" if " repeats" in word and " of " in word else
-                    "disagreeing repeats" if "apart" in word else
-                    "measured against a set-aside baseline" if word.startswith("baseline") else
-                    "superlinear efficiency" if word.startswith("efficiency") else word)
-            kinds[word] = kinds.get(word, 0) + 1
+    kinds: dict[str, int] = {}
+    for reasons in out["reasons"]:
+        for kind, _ in reasons:
+            kinds[trust.REASON_WORDS[kind]] = kinds.get(trust.REASON_WORDS[kind], 0) + 1
     why = listing([f"{tex_escape(k)} ({v})" for k, v in kinds.items()])
     return (f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
             f"{'were' if len(out) > 1 else 'was'} set aside and not quoted: {why}; "
             + ("Table~\\ref{tab:rerun} lists them with the commands that re-run them." if in_paper else
                "the paper's table of results to re-run lists them with the commands that re-run them."))
-
-
-def main_series(scal: pd.DataFrame, mode: str = "strong") -> pd.DataFrame:
-    """The series the prose quotes: most rank counts, then the largest one."""
-    s = scal[scal["mode"] == mode] if not scal.empty else scal
-    if s.empty:
-        return s
-    best = max(s["series"].unique(), key=lambda name: (s[s["series"] == name]["gpus"].nunique(),
-                                                       s[s["series"] == name]["gpus"].max()))
-    return s[s["series"] == best].sort_values("gpus")
 
 
 def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
@@ -269,7 +255,7 @@ def optim_text(gains: pd.DataFrame) -> str:
 def section(ctx: Context) -> None:
     runs = ctx.runs
     scal = analysis.scaling(runs)
-    gains = analysis.optimisation_gains(runs[~runs["contended"].fillna(False).astype(bool)] if not runs.empty else runs)
+    gains = analysis.optimisation_gains(trust.quiet(runs))
     if not scal.empty:
         scal = scal.assign(ci=scal.apply(_interval, axis=1),
                            mark=[("" if c else SET_ASIDE_MARK) for c in scal["clean"]])
