@@ -13,7 +13,7 @@ from kernels.trust import quiet
 from kernels.report.context import Context
 from kernels.report.tex import booktabs, tex_escape
 
-COLUMNS = {"short": ("Criterion", "raw"), "threshold": ("Target", "s"), "status": ("Verdict", "raw"),
+COLUMNS = {"short": ("Criterion", "raw"), "target": ("Target", "raw"), "status": ("Verdict", "raw"),
            "detail": ("Measured, or the study that measures it", "raw")}
 STATUS_TEX = {criteria.MET: "\\textbf{met}", criteria.NOT_MET: "\\textbf{not met}",
               criteria.NOT_MEASURED: "not measured"}
@@ -29,6 +29,7 @@ def table(ctx: Context) -> pd.DataFrame:
 def section(ctx: Context) -> None:
     t = table(ctx)
     shown = t.assign(
+        target=[tex_escape(x).replace(">=", "$\\geq$").replace("> ", "$>$ ") for x in t["threshold"]],
         status=[STATUS_TEX[x] for x in t["status"]],
         detail=[tex_escape(r.value) if r.value else
                 tex_escape(r.evidence.removeprefix("lab study submit ")) if r.evidence.startswith("lab ")
