@@ -123,7 +123,11 @@ class Observers:
         return self.syncs.per_step if self.syncs is not None else None
 
     def monitor_summary(self, run_dir: Path) -> dict | None:
-        """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`."""
+        """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`.
+        Rank 0 only: it writes the summary, and a second rank merging beside it would rewrite monitor.csv while
+        rank 0 reads it (a run's summary once said 'EmptyDataError')."""
+        if self.rank != 0:
+            return None
         mon = None
         if self.cfg.monitor_hz:
             try:
