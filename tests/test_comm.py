@@ -285,6 +285,7 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     scaling of a narrow ResNet-18 at 1, 2 and 4 gloo ranks; then the predicted-against-measured table. Its
     errors must be computed for every multi-rank point and stay inside a generous bound (the measured ones, on
     the full studies, are in the paper's communication section)."""
+    import pandas as pd
     import yaml
 
     from kernels.analysis import load_runs
@@ -296,7 +297,9 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     for name in ("commbench_local", "predictor_local"):
         spec = yaml.safe_load((ROOT / "studies" / f"{name}.yaml").read_text())
         if name == "commbench_local":
-            spec["fixed"].update(min_bytes="16K", max_bytes="4M", iters=5)
+            # 64K up: gloo's smallest messages on a shared 2-core machine are the noisiest, and one slow loop
+            # there can lift the intra-node fit's rms error past MAX_FIT_RMS_REL_ERR (then no 2-rank prediction)
+            spec["fixed"].update(min_bytes="64K", max_bytes="4M", iters=10)
         else:
             spec["repeats"] = 1
             spec["fixed"].update(width=8, train_samples=1024, test_samples=64, timing_warmup_steps=2,
@@ -318,6 +321,7 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     runs, problems, _ = load_runs(tmp_path / "runs")
     assert problems.empty and sorted(runs["gpus"]) == [1, 2, 4], problems
     table = predict.validation(runs, recs)
+    print(pd.DataFrame(predict.fit_table(predict.fits(recs, unresolved=True))).to_string())
     print(table.to_string())
     assert list(table["gpus"]) == [1, 2, 4] and set(table["system"]) == {"lab"}
     multi = table[table["gpus"] > 1]
