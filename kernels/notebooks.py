@@ -266,6 +266,11 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
         final = run_dir / staged.name
         shutil.move(staged, final)  # replaces a previous one of the same name
     html = render_html(final)
+    if run_dir is not None and "SLURM_JOB_ID" in os.environ and (run_dir / "config.json").is_file():
+        from kernels import accounting  # the job's steps are done: Slurm's view of them goes into the record
+
+        entry = accounting.store(os.environ["SLURM_JOB_ID"], [run_dir])
+        print(f"sacct: {accounting.describe(entry)}", flush=True)
     if rc != 0 and run_dir is not None and _status(run_dir) == "preempted":
         from kernels.launch import EXIT_PREEMPTED
 

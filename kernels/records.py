@@ -7,6 +7,8 @@ A record is a directory results/runs/<run_id>/ holding:
     checkpoint.pt latest checkpoint (a run resumes from it)
     monitor.csv   the resource monitor's samples, all nodes (monitor/<node>.csv while the run lasts)
     traces/, breakdown.csv, top_ops.csv, breakdown.png   profiled runs (profile_steps > 0)
+    sacct.json    Slurm's accounting of the job(s) that ran it, stored when a job's notebook ends
+                  (kernels/accounting.py)
 Files are written atomically (temp file + rename), so a reader never sees half a
 file. Only `status == "complete"` marks a finished run: a run that failed says
 "failed" with the error, one stopped on purpose says "stopped", one in progress
@@ -161,6 +163,20 @@ IO_FIELDS = {
     "data_wait_frac_min": "the smallest rank's",
     "ranks": "per rank: rank, host, device_name, samples, bytes_read, read_s, read_calls, read_mb_s, "
              "data_wait_frac, bytes_by_epoch",
+}
+
+
+# sacct.json: {"jobs": {<job id>: entry}}, one entry per Slurm job that ran the record (kernels/accounting.py)
+SACCT_FIELDS = {
+    "job": "the Slurm job id",
+    "queried_utc": "when sacct was asked (when the notebook ended: the job itself still runs, its steps are done)",
+    "available": "false when the cluster keeps no accounting or sacct failed; `note` then gives sacct's own words",
+    "note": "why no accounting is stored (available: false)",
+    "source": "accounting database (the job and its steps) or job completion log (sacct -c: the job only, once ended)",
+    "command": "the sacct command line",
+    "rows": "the job, its batch step and its srun steps: job_id, name, state, exit_code, start, end, elapsed_s, nodes, "
+            "tasks, cpus, max_rss_bytes and max_rss_node (empty without jobacct_gather), energy_j (ConsumedEnergyRaw; "
+            "empty without acct_gather_energy)",
 }
 
 
@@ -408,6 +424,10 @@ def schema_markdown() -> str:
     lines += [f"| `io.{k}` | {v} |" for k, v in IO_FIELDS.items()]
     lines += ["", "### summary.json: workload and ranks (DCRNN)", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in DCRNN_FIELDS.items()]
+    lines += ["", "## sacct.json", "", "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
+              "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster without accounting gives an "
+              "entry that says so.", "", "| field | meaning |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in SACCT_FIELDS.items()]
     lines += [""]
     return "\n".join(lines)
 

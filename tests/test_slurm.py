@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from kernels import records
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,18 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     # the job log shows the environment overrides and the streamed progress
     assert "env: NCCL_DEBUG=WARN" in log and "env: TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in log
     assert "srun --ntasks=4 --nodes=2" in log and "epoch 1/1 done" in log
+    # Slurm's accounting in the record: this cluster keeps no accounting database, and while the job runs its
+    # completion log has no line for it either, so the record notes why, in sacct's words, and the job succeeds
+    entry = records.read_json(run / "sacct.json")["jobs"][job]
+    assert entry["available"] is False and "accounting storage is disabled" in entry["note"], entry
+    assert "sacct: not available (accounting database: sacct exited 1" in log
+    # after the job, its completion log has it: the record then holds Slurm's own final view
+    p = subprocess.run([sys.executable, "-m", "kernels.accounting", "store", job, str(run)], cwd=ROOT,
+                       env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]}, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and f"sacct: job {job} COMPLETED" in p.stdout, p.stdout + p.stderr
+    (row,) = records.read_json(run / "sacct.json")["jobs"][job]["rows"]
+    assert row["state"] == "COMPLETED" and row["nodes"] == 2 and row["elapsed_s"] >= 1, row
 
 
 def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_verdict(slurm, tmp_path):
