@@ -86,10 +86,12 @@ SYSTEM     ?=
 STUDY      ?=
 PAPER_OUT  ?= paper/build
 SLIDES_OUT ?= slides/build
+# APPENDIX=no: the paper without its appendix of detail tables (a conference's 6 pages)
+APPENDIX   ?= yes
 
 paper: setup
 	$(BIN)/lab paper --results "$(RESULTS)" --system "$(SYSTEM)" --study "$(STUDY)" \
-		--paper-out "$(PAPER_OUT)" --slides-out "$(SLIDES_OUT)"
+		--paper-out "$(PAPER_OUT)" --slides-out "$(SLIDES_OUT)" $(if $(filter no,$(APPENDIX)),--no-appendix)
 
 # JupyterLab on this repository; notebooks/*.py open as notebooks (jupytext).
 lab: setup

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "make paper": RUN,
     "make paper SYSTEM=leonardo-booster": RUN,
     "make paper STUDY=strong_resnet18": RUN,
+    "make paper APPENDIX=no": RUN,
     ". .venv/bin/activate": RUN,
     "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
     "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a notebook",
@@ -263,6 +264,12 @@ def test_documented_commands_run_as_written(tmp_path):
     rerun = (tables / "rerun_table.tex").read_text()
     assert "contended" in rerun and one["run_id"] in rerun and "lab run notebooks/01\\_train.ipynb" in rerun, rerun
     assert "not measured" in (tables / "criteria_table.tex").read_text()
+    from test_paper import pages
+
+    full = tmp_path / "pdf" / "paper.pdf"
+    full_pages = pages(full)
+    _sh("make paper APPENDIX=no", env)  # the demo's paper, contended point and criteria included, fits 6 pages
+    assert pages(full) <= 6 and pages(full) < full_pages, (pages(full), full_pages)
     _sh("make paper SYSTEM=leonardo-booster", env)
     _sh("make paper STUDY=strong_resnet18", env)  # no such records here: the documents say so and still build
     assert (tmp_path / "pdf" / "proposal.pdf").stat().st_size > 10_000

@@ -251,14 +251,15 @@ def page_fill(pdf: Path, tmp: Path) -> list[tuple[float, float]]:
 
 
 def assert_documents_look_finished(pdfs: dict, tmp: Path):
-    """Page counts in range, no page that is mostly blank, no 'n/a' in the prose."""
-    assert 4 <= pages(pdfs["paper"]) <= 6
+    """Page counts in range, no page that is mostly blank, no 'n/a' in the prose, no unresolved reference."""
+    assert 4 <= pages(pdfs["paper"]) <= 8  # with its appendix; 6 at most without (test_the_paper_without_...)
     assert 6 <= pages(pdfs["proposal"]) <= 8
     assert pages(pdfs["pitch"]) == 6  # title + five slides
     for name, pdf in pdfs.items():
         for i, (ink, span) in enumerate(page_fill(pdf, tmp), 1):
             assert ink > 0.1 and span > 0.3, f"{name}.pdf page {i} is mostly blank (ink rows {ink:.2f}, span {span:.2f})"
         text = pdf_text(pdf)
+        assert "??" not in text, f"{name}.pdf has an unresolved reference: " + text[max(0, text.find("??") - 200):][:250]
         assert "n/a" not in text, f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
 
 
@@ -284,6 +285,18 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert f"{num(total, 4).replace('{,}', ',')} node-hours" in proposal
     assert f"we request {num(ask).replace('{,}', ',')} node-hours" in proposal
     assert SYSTEMS[PLAN["system"]]["name"].split(" (")[0] in proposal
+    assert "WP1 Port" in proposal and "Support needed." in proposal  # the Gantt chart and the paragraph
+    # the paper carries the criteria table, and its detail tables in an appendix that the build can drop
+    paper = " ".join(pdf_text(pdfs["paper"], layout=False).split())
+    assert "judges the targets set before the study" in paper and "The tables and figures behind Sections" in paper
+    short = res / "short"
+    subprocess.run(["make", "paper", f"RESULTS={res}", f"PAPER_OUT={short}", f"SLIDES_OUT={short}", "STUDY=t",
+                    "APPENDIX=no"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    assert pages(short / "paper.pdf") <= min(6, pages(pdfs["paper"]))
+    text = " ".join(pdf_text(short / "paper.pdf", layout=False).split())
+    assert "The tables and figures behind" not in text and "the appendix of the full version" in text
+    assert "??" not in text
+    assert "judges the targets set before the study" in text
     assert f"{num(total, 4).replace('{,}', ',')} node-hours" in " ".join(pdf_text(pdfs["pitch"], layout=False).split())
 
     # nothing rebuilds needlessly ...
@@ -336,6 +349,47 @@ def test_bad_plan_is_one_clear_error(tmp_path):
         report.check_plan({**PLAN, "margn": 0.2}, SYSTEMS)
     with pytest.raises(ConfigError, match="key 'system': unknown system 'nowhere'"):
         report.check_plan({**PLAN, "system": "nowhere"}, SYSTEMS)
+    late = [{**PLAN["work_plan"][0], "months": [3, 2]}]
+    with pytest.raises(ConfigError, match=r"work_plan entry 1 \(Port\): months must be \[first, last\]"):
+        report.check_plan({**PLAN, "work_plan": late}, SYSTEMS)
+    with pytest.raises(ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got months, package"):
+        report.check_plan({**PLAN, "work_plan": [{"package": "Port", "months": [1, 1]}]}, SYSTEMS)
+
+
+def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch_script(tmp_path):
+    """The proposal's Gantt chart, work-plan table and 'support needed' paragraph are generated: another plan
+    gives another chart, and every figure in the support paragraph is computed from the plan, the target system,
+    the batch script or the data format."""
+    from kernels.data.bigmnist import RECORD_BYTES
+    from kernels.report.tex import tex_escape
+
+    (tmp_path / "runs").mkdir()
+    plan = {**PLAN, "gpus": [1, 8, 40], "io_study": {**PLAN["io_study"], "samples": 3_000_000},
+            "work_plan": [{"package": "Port", "work": "validation on {system}", "months": [1, 2], "milestone": "first"},
+                          {"package": "Scale", "work": "bucket x batch to {max_gpus} GPUs", "months": [2, 7],
+                           "milestone": "figures"}]}
+    report.build(tmp_path / "runs", tmp_path / "out", plan, SYSTEMS, select=None)
+    tables = tmp_path / "out" / "tables"
+    gantt = (tables / "workplan_gantt.tex").read_text()
+    assert "]{1}{7}" in gantt and "\\gantttitlelist{1,...,7}{1}" in gantt
+    assert "\\ganttbar{WP1 Port}{1}{2}\\ganttmilestone[inline]{M1}{2}" in gantt
+    assert "\\ganttbar{WP2 Scale}{2}{7}\\ganttmilestone[inline]{M2}{7}" in gantt
+    table = (tables / "workplan_table.tex").read_text()
+    system = SYSTEMS[PLAN["system"]]
+    assert f"1--2 & Port & validation on {tex_escape(system['name'])} & M1 first" in table
+    assert "2--7 & Scale & bucket $\\times$ batch to 40 GPUs & M2 figures" in table
+    numbers = (tables / "numbers.tex").read_text()
+    assert "\\newcommand{\\labLastMilestone}{M2}" in numbers and "\\newcommand{\\labPlanMonths}{7}" in numbers
+    support = " ".join((tables / "support_text.tex").read_text().split())
+    script_limit = re.search(r"^#SBATCH --time=(\S+)", (ROOT / "slurm" / "papermill_run.sbatch").read_text(), re.M)[1]
+    assert f"jobs of up to {math.ceil(40 / system['gpus_per_node'])} nodes" in support
+    assert f"({script_limit})" in support
+    assert f"{math.ceil(3_000_000 * RECORD_BYTES / 1e9)} GB of project storage" in support
+    # without an I/O study, the storage item (it names {storage}) is left out rather than printed empty
+    report.build(tmp_path / "runs", tmp_path / "out2", {k: v for k, v in plan.items() if k != "io_study"}, SYSTEMS,
+                 select=None)
+    support = (tmp_path / "out2" / "tables" / "support_text.tex").read_text()
+    assert "Support needed" in support and "project storage" not in support
 
 
 def _io(ranks: list[tuple[str, float, float | None]], source: str, cache: str | None, data_bytes: int | None,

@@ -18,12 +18,12 @@ from pathlib import Path
 import pandas as pd
 
 from kernels import analysis
-from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling
+from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling, workplan
 from kernels.report.context import Context
 from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
 
 # criteria and request use the scaling results, request the I/O ones too: keep them last
-SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request)
+SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request, workplan)
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
@@ -33,7 +33,9 @@ PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of 
              "assumed_efficiency": "efficiency assumed where a point is not measured yet",
              "margin": "share added to the computed node-hours in the request",
              "round_to": "the request is rounded up to a multiple of this",
-             "io_study": "the planned I/O study (MNIST vs bigMNIST): gpus, epochs, samples, runs_per_point, repeats"}
+             "io_study": "the planned I/O study (MNIST vs bigMNIST): gpus, epochs, samples, runs_per_point, repeats",
+             "work_plan": "the proposal's work packages: package, work, months [first, last], milestone",
+             "support": "what the proposal asks of the centre besides node-hours (support needed)"}
 
 
 def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> None:
@@ -63,6 +65,7 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> Non
                               f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}")
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
+    workplan.check(plan, where)
 
 
 def plan_macros(ctx: Context) -> None:

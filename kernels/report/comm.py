@@ -125,7 +125,7 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
     if len(ok) < len(fits):
         n = len(fits) - len(ok)
         out += (f"{n} fit{'s are' if n > 1 else ' is'} unresolved (too few message sizes, no bandwidth term, or an "
-                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in Table~\\ref{{tab:commfit}}, used "
+                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in \\inappendix{{Table}}{{tab:commfit}}, used "
                 f"by no prediction. ")
     multi = v[v["gpus"] > 1] if not v.empty else v
     if multi.empty:

@@ -1,6 +1,6 @@
-"""The criteria table: every project target judged met / not met / not measured (kernels/criteria.py; the proposal shows it).
+"""The criteria table: every project target judged met / not met / not measured (kernels/criteria.py).
 
-Writes tables/criteria_table.tex (a full-width table, tab:criteria) and the macros
+Writes tables/criteria_table.tex (the tabular; the paper and the proposal float it as tab:criteria) and the macros
 \\labCriteriaMet, \\labCriteriaNotMet, \\labCriteriaNotMeasured. Set-aside points and
 contended runs never judge a criterion.
 """
@@ -34,11 +34,8 @@ def section(ctx: Context) -> None:
         detail=[tex_escape(r.value) if r.value else
                 tex_escape(r.evidence.removeprefix("lab study submit ")) if r.evidence.startswith("lab ")
                 else tex_escape(r.evidence) for r in t.itertuples()])
-    ctx.put("criteria_table.tex",
-            "\\begin{table}[H]\\centering\n\\caption{The project's targets, judged on the selected records "
-            "(set-aside points excluded); definitions and sources in the analysis notebook}\\label{tab:criteria}\n"
-            + booktabs(shown, COLUMNS, size="\\scriptsize",
-                       spec="@{}p{0.3\\linewidth}p{0.13\\linewidth}lp{0.33\\linewidth}@{}") + "\\end{table}\n")
+    ctx.put("criteria_table.tex", booktabs(shown, COLUMNS, size="\\scriptsize",
+                                           spec="@{}p{0.3\\linewidth}p{0.13\\linewidth}lp{0.33\\linewidth}@{}"))
     counts = t["status"].value_counts()
     ctx.macro("labCriteriaMet", int(counts.get(criteria.MET, 0)))
     ctx.macro("labCriteriaNotMet", int(counts.get(criteria.NOT_MET, 0)))

@@ -1,6 +1,7 @@
 """`lab paper`: records -> analysis notebook -> figures and tables -> paper, proposal and slides (PDF).
 
-    lab paper [--results DIR] [--system NAME] [--study NAME] [--paper-out DIR] [--slides-out DIR] [--force]
+    lab paper [--results DIR] [--system NAME] [--study NAME] [--paper-out DIR] [--slides-out DIR] [--no-appendix]
+              [--force]
 
 1. The analysis notebook (notebooks/10_analyse_scaling) runs under Papermill when
    any of its inputs changed: a record (config.json, summary.json, metrics.csv of
@@ -12,6 +13,9 @@
    directory with latexmk, so a build from another results folder can never
    reuse a stale one, and paths with spaces work. The PDF replaces the old one
    atomically; a failed build keeps the old PDF and leaves <name>.log beside it.
+3. The paper's detail tables and figures (all collectives, fits, engines, profiles, verdicts) sit in an appendix;
+   --no-appendix builds the paper without it, within a conference's page limit, and its text then points to the
+   full version instead of to the tables.
 """
 from __future__ import annotations
 
@@ -91,10 +95,16 @@ def _latex_error(log: Path) -> str:
     return "\n".join(lines[-15:])
 
 
-def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bool) -> bool:
+def build_options(appendix: bool) -> str:
+    """build_options.tex: the switches the documents read (\\ifappendix in the paper)."""
+    return "\\appendixtrue\n" if appendix else "\\appendixfalse\n"
+
+
+def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bool, appendix: bool = True) -> bool:
     """Build one PDF if its inputs changed. True when built."""
     inputs = [tex, BIB, *sorted((results / "tables").glob("*.tex")), *sorted((results / "figures").glob("*.pdf"))]
-    fp = fingerprint(inputs)
+    options = build_options(appendix)
+    fp = fingerprint(inputs, extra=options)
     pdf, stamp = out_dir / f"{name}.pdf", out_dir / f".{name}.sha256"
     if not force and pdf.exists() and stamp.exists() and stamp.read_text() == fp:
         return False
@@ -102,6 +112,7 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
     with tempfile.TemporaryDirectory(prefix="lab-tex-") as tmp:
         for f in inputs:
             shutil.copy2(f, Path(tmp) / f.name)
+        (Path(tmp) / "build_options.tex").write_text(options)
         p = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name], cwd=tmp,
                            capture_output=True, text=True)
         log = Path(tmp) / f"{name}.log"
@@ -119,7 +130,7 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
 
 
 def make(results: Path, system: str = "", study: str = "", paper_out: Path | None = None,
-         slides_out: Path | None = None, force: bool = False, out=sys.stdout) -> dict[str, Path]:
+         slides_out: Path | None = None, force: bool = False, out=sys.stdout, appendix: bool = True) -> dict[str, Path]:
     check_tex()
     results = Path(results)
     runs = results / "runs"
@@ -140,7 +151,7 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     # LaTeX runs on one core: the three documents are built side by side (each in its own temporary directory),
     # then reported in a fixed order; the first failure, in that order, is the one raised
     with ThreadPoolExecutor(max_workers=max(1, min(len(targets), usable_cores()))) as pool:
-        jobs = {name: pool.submit(build_document, name, tex, results, target, force)
+        jobs = {name: pool.submit(build_document, name, tex, results, target, force, appendix)
                 for name, (tex, target) in targets.items()}
     built = {}
     for name, job in jobs.items():
@@ -166,9 +177,12 @@ def main(argv=None) -> int:
     ap.add_argument("--paper-out", type=Path, default=None, help="where paper.pdf and proposal.pdf go "
                                                                  "(default: paper/build)")
     ap.add_argument("--slides-out", type=Path, default=None, help="where pitch.pdf goes (default: slides/build)")
+    ap.add_argument("--no-appendix", dest="appendix", action="store_false",
+                    help="build the paper without its appendix of detail tables (within the page limit)")
     ap.add_argument("--force", action="store_true", help="rerun the analysis and rebuild every document")
     a = ap.parse_args(argv)
-    return exit_status(lambda: make(a.results, a.system, a.study, a.paper_out, a.slides_out, a.force) and 0)
+    return exit_status(lambda: make(a.results, a.system, a.study, a.paper_out, a.slides_out, a.force,
+                                    appendix=a.appendix) and 0)
 
 
 if __name__ == "__main__":

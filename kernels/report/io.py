@@ -102,7 +102,7 @@ def io_text(t: pd.DataFrame) -> str:
     mixed = t[t["devices"].str.contains(",")]  # a run's ranks on more than one device type
     if not mixed.empty:
         text += ("Some points mix device types (" + tex_escape(mixed["devices"].iloc[0]) + "): the slowest rank "
-                 "bounds every step, so Fig.~\\ref{fig:io} shows the per-rank data wait. ")
+                 "bounds every step, so \\inappendix{Fig.}{fig:io} shows the per-rank data wait. ")
     return text + "\n"
 
 

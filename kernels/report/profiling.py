@@ -178,7 +178,7 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
         counts = runs["bottleneck"].value_counts()
         parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}" for v, n in counts.items()])
                      + f" (thresholds: data wait {pct(DATA_WAIT)}, communication {pct(COMM)}, utilisation "
-                       f"{pct(UTILISATION)}); Table~\\ref{{tab:bottleneck}} lists them by rank count. ")
+                       f"{pct(UTILISATION)}); \\inappendix{{Table}}{{tab:bottleneck}} lists them by rank count. ")
     mfu = runs["mfu"].dropna()
     if len(mfu):
         parts.append(f"The model FLOPs utilisation reaches {pct(mfu.max(), 1)} of the device's dense peak. ")
