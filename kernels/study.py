@@ -40,6 +40,7 @@ from kernels.errors import ConfigError, exit_status
 from kernels.files import PROJECT_ROOT, results_home
 from kernels.config import resolve, table
 from kernels.launch import geometry
+from kernels import yamlfile
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
               "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
@@ -77,24 +78,12 @@ def _check_keys(d: dict, allowed: dict, where: str) -> None:
             raise ConfigError(f"{where}: unknown key '{k}'{hint} Allowed: {', '.join(allowed)}")
 
 
-def read_yaml(path: Path, what: str) -> dict:
-    """A YAML file as a dict; a syntax error is one line naming file:line:column, not a parser traceback."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{what} {where}: YAML syntax error: {problem}") from None
-    return data or {}
-
-
 def load_cluster(ref: str) -> dict:
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
     if not path.is_file():
         raise ConfigError(f"study key 'cluster': no cluster profile {path}; "
                           f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
-    prof = read_yaml(path, "cluster profile")
+    prof = yamlfile.read(path, "cluster profile")
     _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
     prof.setdefault("name", path.stem)
     for k, default in (("partition", ""), ("account", ""), ("qos", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
@@ -159,7 +148,7 @@ def load(path: Path) -> Study:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"study file {path} not found")
-    spec = read_yaml(path, "study file")
+    spec = yamlfile.read(path, "study file")
     where = f"study file {path}"
     _check_keys(spec, STUDY_KEYS, where)
     name = str(spec.get("name") or path.stem)

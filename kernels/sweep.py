@@ -30,10 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from kernels.errors import ConfigError, exit_status
 from kernels.files import PROJECT_ROOT
+from kernels import yamlfile
 from kernels.study import _check_keys, cluster_options, load_cluster, results_root, run_sbatch
 
 SWEEP_KEYS = {"name": "sweep id", "cluster": "cluster profile", "command": "command template with {name} fields",
@@ -49,7 +48,7 @@ def load(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {path} not found")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = yamlfile.read(path, "sweep file")
     where = f"sweep file {path}"
     _check_keys(spec, SWEEP_KEYS, where)
     _check_keys(spec.get("sbatch") or {}, SBATCH_KEYS, f"{where}: key 'sbatch'")

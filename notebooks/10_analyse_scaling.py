@@ -49,9 +49,7 @@ _parameter_names = set(globals()) - _names_before_parameters  # first: before an
 from pathlib import Path
 
 import pandas as pd
-import yaml
-
-from kernels import report
+from kernels import report, yamlfile
 from kernels.notebooks import check_parameter_names, handoff
 from kernels.params import PROJECT_ROOT
 
@@ -59,8 +57,8 @@ check_parameter_names(_parameter_names, ["runs_dir", "out_dir", "plan", "system"
 runs_path = Path(runs_dir) if runs_dir else PROJECT_ROOT / "results" / "runs"
 out_path = Path(out_dir) if out_dir else PROJECT_ROOT / "results"
 plan_path = Path(plan) if plan else PROJECT_ROOT / "paper" / "plan.yaml"
-systems = yaml.safe_load((PROJECT_ROOT / "paper" / "systems.yaml").read_text())
-study_plan = yaml.safe_load(plan_path.read_text())
+systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")
+study_plan = yamlfile.read(plan_path, "plan")
 if system:
     study_plan["system"] = system
 select = None

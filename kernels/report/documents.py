@@ -134,13 +134,17 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     check_tex()
     results = Path(results)
     runs = results / "runs"
-    if system:
-        import yaml
+    # the plan and the systems are checked here, before the analysis notebook starts (a duplicate key, an unknown
+    # key or system is one line naming the file, not a failed notebook)
+    from kernels import yamlfile
+    from kernels.report import check_plan
 
-        systems = yaml.safe_load((PROJECT_ROOT / "paper" / "systems.yaml").read_text())
-        if system not in systems:
-            raise ConfigError(f"--system: unknown system '{system}'; choose one of {', '.join(systems)} "
-                              f"(paper/systems.yaml)")
+    systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")
+    if system and system not in systems:
+        raise ConfigError(f"--system: unknown system '{system}'; choose one of {', '.join(systems)} "
+                          f"(paper/systems.yaml)")
+    plan = yamlfile.read(PROJECT_ROOT / "paper" / "plan.yaml", "plan")
+    check_plan({**plan, "system": system or plan.get("system")}, systems)
     if study and not re.fullmatch(r"[A-Za-z0-9_.,-]+", study):
         raise ConfigError(f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), "
                           f"comma-separated")
