@@ -61,3 +61,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sizes(*nbytes: float) -> list[str]:
+    """Byte counts in one unit, precise enough that different counts never print alike ("20 MiB free, needs
+    about 20 MiB" explains nothing): KiB below 100 MiB, MiB below 100 GiB, else GiB."""
+    top = max(nbytes)
+    unit, scale = ("KiB", 2**10) if top < 100 * 2**20 else ("MiB", 2**20) if top < 100 * 2**30 else ("GiB", 2**30)
+    for digits in range(4):
+        out = [f"{b / scale:,.{digits}f} {unit}" for b in nbytes]
+        if len(set(out)) == len(set(nbytes)):
+            return out
+    return out
+

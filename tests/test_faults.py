@@ -249,6 +249,40 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, reference
     assert_same_result(run, reference)
 
 
+def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
+    """A study with `gpus: [1, 2]` and later `gpus: [4]` lost two points silently (the last key won). Every YAML the
+    lab reads refuses a repeated key, naming both lines, before anything is submitted or built."""
+    from kernels import yamlfile
+    from kernels.errors import ConfigError
+
+    study = (ROOT / "studies" / "predictor_local.yaml").read_text()
+    assert study.count("\ngpus: [1, 2, 4]\n") == 1
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(study.replace("\ngpus: [1, 2, 4]\n", "\ngpus: [1, 2]\nrepeats: 1\ngpus: [4]\n"))
+    first = twice.read_text().splitlines().index("gpus: [1, 2]") + 1
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "kernels.study", "submit", str(twice), "--dry-run"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    record_fault("study file with a key given twice", 20, time.monotonic() - t0, p.returncode, "refused")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"study file {twice}:{first + 2}: key 'gpus' is given twice, on lines {first} and {first + 2}" in p.stderr
+    # nested mappings too, and the other files: cluster profiles, sweeps, paper/plan.yaml, paper/systems.yaml
+    for name, what in (("clusters/local.yaml", "cluster profile"), ("sweeps/allreduce_latency.yaml", "sweep file"),
+                       ("paper/plan.yaml", "plan"), ("paper/systems.yaml", "systems file")):
+        lines = (ROOT / name).read_text().splitlines()
+        i, line = next((i, x) for i, x in enumerate(lines) if re.match(r"\s*\w+:", x) and i > 0)
+        f = tmp_path / Path(name).name
+        f.write_text("\n".join(lines[:i + 1] + [line] + lines[i + 1:]) + "\n")
+        key = line.split(":")[0].strip()
+        with pytest.raises(ConfigError, match=rf"{what} .*:{i + 2}: key '{key}' is given twice, on lines {i + 1} "
+                                              rf"and {i + 2}"):
+            yamlfile.read(f, what)
+        assert yamlfile.read(ROOT / name, what)  # the files as shipped have no repeated key
+    with pytest.raises(ConfigError, match="key 'b' is given twice, on lines 2 and 4"):
+        yamlfile.loads("a:\n  b: 1\n  c: 2\n  b: 3\n")
+    assert yamlfile.loads("a: &x {b: 1}\nc:\n  <<: *x\n  d: 2\n") == {"a": {"b": 1}, "c": {"b": 1, "d": 2}}
+
+
 def test_truncated_summary_is_a_clear_error(tmp_path):
     from kernels import analysis
 
@@ -302,7 +336,11 @@ def test_full_file_system(tmp_path):
         p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", mnt / "runs", "--run_id", "r")
         record_fault("results_dir on a full file system (4 MiB tmpfs)", 20, time.monotonic() - t0, p.returncode,
                      "no record")
-        assert p.returncode == 2 and "MiB free" in p.stderr and str(mnt) in p.stderr, p.stderr
+        assert p.returncode == 2 and str(mnt) in p.stderr, p.stderr
+        # the two sizes in one unit, precise enough to show why, and what takes the space
+        has, needs = re.search(r"has ([\d,]+) KiB free, this run needs about ([\d,]+) KiB: two checkpoints",
+                               p.stderr).groups()
+        assert int(has.replace(",", "")) < int(needs.replace(",", "")) and "for the record" in p.stderr
         assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
         from kernels.records import RecordError, atomic_write_bytes
 
@@ -468,3 +506,14 @@ def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, referen
     record_fault("Slurm: USR1 to a study's array task", 60, took, 75, "preempted, then complete")
     assert s["requeues"] == 1 and [a["status"] for a in s["attempts"]] == ["preempted", "complete"], s["attempts"]
     assert_same_result(run, reference)
+
+
+def test_free_space_figures_never_print_alike_when_they_differ():
+    """'has 20 MiB free, needs about 20 MiB' explained nothing: two different sizes always print differently,
+    in one unit (KiB below 100 MiB)."""
+    from kernels.files import sizes
+
+    assert sizes(20.4 * 2**20, 20.6 * 2**20) == ["20,890 KiB", "21,094 KiB"]
+    assert sizes(20 * 2**20, 20 * 2**20 + 10) == ["20,480.00 KiB", "20,480.01 KiB"]
+    assert sizes(3 * 2**30, 150 * 2**30) == ["3 GiB", "150 GiB"]
+    assert sizes(512 * 2**20, 2**30)[1] == "1,024 MiB"

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.errors import ConfigError
+from kernels.files import sizes
 from kernels.sysinfo import free_space
 
 RECORD = np.dtype([("image", np.uint8, (28, 28)), ("label", np.uint8)])
@@ -324,7 +325,8 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
                for i in todo) + (shard_bytes(len(yt)) if task == 0 else 0)
     _, free = free_space(out)
     if need > free:
-        raise ConfigError(f"--out: {out} has {human_bytes(free)} free but this build needs {human_bytes(need)} "
+        has, needs = sizes(free, need)
+        raise ConfigError(f"--out: {out} has {has} free but this build needs {needs} "
                           f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
                           f"choose another --out, or build fewer --replicas")
     out.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ import numpy as np
 
 from kernels.data.download import sha256sum
 from kernels.errors import ConfigError, exit_status
-from kernels.files import PROJECT_ROOT
+from kernels.files import PROJECT_ROOT, sizes
 from kernels.sysinfo import free_space
 
 SEQ_LEN = HORIZON = 12
@@ -523,8 +523,10 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
     _, free = free_space(d)
     need = t_steps * n * (4 if float32 else 8) + (n * n * 4) + (64 << 20)
     if free < need:
-        raise ConfigError(f"--root: {d} has {free / 2**20:,.0f} MiB free, the {label} set needs about "
-                          f"{need / 2**20:,.0f} MiB")
+        has, needs = sizes(free, need)
+        raise ConfigError(f"--root: {d} has {has} free, the {label} set needs about {needs} (the speeds as "
+                          f"{'float32' if float32 else 'float64'}, the adjacency and 64 MiB of working room); free "
+                          f"space there or choose another --root")
     shape = label
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)

@@ -16,7 +16,7 @@ from statistics import median
 import torch
 
 from kernels import checkpoint as ckpt
-from kernels import records, sysinfo
+from kernels import files, records, sysinfo
 from kernels.dist import all_gather_object, broadcast_object, check_distinct_gpus, gpu_uuid
 from kernels.errors import ConfigError
 from kernels.flops import mfu
@@ -26,6 +26,7 @@ from kernels.stats import step_summary
 from kernels.workloads import get_workload
 
 # Parameters that do not change what a run computes: they may differ between attempts.
+RECORD_ROOM = 16 << 20  # the record's own files (config, summary, metrics, monitor, notebooks) with room to spare
 OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps", "checkpoint_every",
                          "stop_after_steps", "timeout_min", "startup_timeout_min", "hang_timeout_min",
                          "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
@@ -72,12 +73,14 @@ def check_free_space(model, run_dir: Path) -> None:
     """Before anything is written: room for two checkpoints (current and previous) of this model with
     up to two optimizer moments per parameter, and the record."""
     tensors = [*model.parameters(), *model.buffers()]
-    need = 2 * 3 * sum(t.numel() * t.element_size() for t in tensors) + (16 << 20)
+    checkpoint = 3 * sum(t.numel() * t.element_size() for t in tensors)
+    need = 2 * checkpoint + RECORD_ROOM
     probe, free = sysinfo.free_space(run_dir)
     if free < need:
-        raise ConfigError(f"parameter 'results_dir': {probe} has {free / 2**20:,.0f} MiB free, this run needs "
-                          f"about {need / 2**20:,.0f} MiB for its checkpoints and record; free space there or "
-                          f"pass results_dir=<a directory with room>")
+        has, needs, each, room = files.sizes(free, need, checkpoint, RECORD_ROOM)
+        raise ConfigError(f"parameter 'results_dir': {probe} has {has} free, this run needs about {needs}: two "
+                          f"checkpoints (current and previous) of {each} each (weights and two optimizer moments) "
+                          f"and {room} for the record; free space there or pass results_dir=<a directory with room>")
 
 
 class RunRecord:
