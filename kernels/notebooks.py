@@ -228,6 +228,32 @@ def render_html(notebook: Path) -> Path:
     return notebook.with_suffix(".html")
 
 
+def _comm_parameters(namespace: dict, names: set) -> None:
+    from kernels.comm import bench
+
+    check_parameter_names(names, bench.BY_NAME)
+    bench.resolve({name: namespace[name] for name in bench.BY_NAME})
+
+
+# How each notebook checks its parameters (its resolve cell); any other notebook: names only, against its cell
+PARAMETER_CHECKS = {"01_train": resolve_notebook_parameters, "02_profile": resolve_notebook_parameters,
+                    "03_commbench": _comm_parameters}
+
+
+def precheck(notebook: Path, papermill_args: list[str]) -> None:
+    """The parameters the notebook will get, checked as its resolve cell checks them, before Papermill starts a
+    kernel: a misspelt or malformed parameter is the CLI's one-line ConfigError and nothing is left behind."""
+    from kernels import papermill_args as pa
+
+    given = pa.injected(papermill_args)
+    cell = pa.defaults(notebook)
+    check = PARAMETER_CHECKS.get(notebook.stem)
+    if check is None:
+        check_parameter_names(set(given), list(cell), where=" (injected into the notebook, e.g. by papermill -p)")
+    else:
+        check({**cell, **given}, set(cell) | set(given))
+
+
 def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "",
         staging: Path | None = None) -> int:
     """Execute `notebook` with Papermill; file the executed copy and HTML with the run record.
@@ -241,6 +267,11 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
         return 2
     if notebook.suffix != ".ipynb":
         print(f"error: {notebook} is not an .ipynb; run the .ipynb twin of a jupytext source", file=sys.stderr)
+        return 2
+    try:
+        precheck(notebook, papermill_args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     tag = job_tag()
     staging = Path(staging) if staging else staging_dir()

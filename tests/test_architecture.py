@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("launch", ("kernels.launch", "kernels.train")),
     ("comm", ("kernels.comm", "kernels.comm.*")),
     ("orchestrate", ("kernels.notebooks", "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
-                     "kernels.bigmnist_jobs", "kernels.accounting")),
+                     "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args")),
     ("report", ("kernels.report", "kernels.report.*")),
 ]
 

@@ -517,3 +517,33 @@ def test_free_space_figures_never_print_alike_when_they_differ():
     assert sizes(20 * 2**20, 20 * 2**20 + 10) == ["20,480.00 KiB", "20,480.01 KiB"]
     assert sizes(3 * 2**30, 150 * 2**30) == ["3 GiB", "150 GiB"]
     assert sizes(512 * 2**20, 2**30)[1] == "1,024 MiB"
+
+
+def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
+    """`lab run notebooks/01_train.ipynb -p btach 32` failed inside the kernel with exit 1, its error at line 73 of
+    an 80-line traceback, and left a failed .ipynb and .html behind. The runner checks the parameters as the
+    notebook's resolve cell does (names, types, choices; -p, -y and -f alike) and stops before Papermill."""
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
+    cases = [("01_train", ["-p", "btach", "32"], "unknown parameter 'btach' (injected into the notebook, e.g. by "
+                                                 "papermill -p); did you mean 'batch'?"),
+             ("02_profile", ["-p", "gpus", "2", "-y", "precision: bf17"], "parameter 'precision': unknown value 'bf17'"),
+             ("01_train", ["-p", "batch", "abc"], "parameter 'batch': 'abc' is not a valid int"),
+             ("03_commbench", ["-p", "itres", "3"], "unknown parameter 'itres' (injected into the notebook); did you "
+                                                   "mean 'iters'?"),
+             ("10_analyse_scaling", ["-p", "sytem", "x"], "did you mean 'system'?")]
+    for notebook, args, error in cases:
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", f"notebooks/{notebook}.ipynb", *args],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        if notebook == "01_train" and args[1] == "btach":
+            record_fault("notebook parameter misspelt (lab run ... -p btach 32)", 10, time.monotonic() - t0,
+                         p.returncode, "refused, nothing written")
+        assert p.returncode == 2 and error in p.stderr, (notebook, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "papermill" not in p.stdout.lower(), p.stdout + p.stderr
+        assert not (tmp_path / "results").exists()  # no staged notebook, no HTML, no record
+    # a good parameter set still runs (the notebook's own check agrees with the runner's)
+    p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", "notebooks/01_train.ipynb", "-p", "dataset",
+                        "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "precision", "fp32", "-y",
+                        "train_samples: 128\ntest_samples: 64\nbatch: 32"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and "notebook complete" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
