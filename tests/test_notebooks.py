@@ -102,15 +102,24 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     (["-p", "gpus", "3"], "parameter 'batch': the global batch 32 is not divisible by gpus=3"),
 ])
 def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, needle):
+    """Refused by the runner before Papermill starts a kernel: exit 2, one line, no record, no executed copy."""
     import re
 
     res = tmp_path / "runs"
     p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res, *args)
-    assert p.returncode != 0
-    assert re.search(needle, p.stdout + p.stderr), p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert re.search(needle, p.stderr), p.stdout[-3000:] + p.stderr[-3000:]
+    assert not res.exists() and not list(tmp_path.glob("**/01_train-*"))
+
+
+def test_the_notebook_itself_refuses_what_the_runner_would(tmp_path):
+    """Papermill run directly (no runner): the notebook's resolve cell gives the same error before any record."""
+    res = tmp_path / "runs"
+    p = subprocess.run([sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "01_train.ipynb"),
+                        str(tmp_path / "out.ipynb"), "--kernel", "python3", *map(str, TINY_P), "-p", "results_dir",
+                        str(res), "-p", "gpu", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "did you mean 'gpus'" in p.stdout + p.stderr
     assert not res.exists()
-    failed = list((tmp_path / "notebooks").glob("01_train-*.ipynb"))
-    assert len(failed) == 1 and json.loads(failed[0].read_text())["metadata"]["papermill"]["exception"]
 
 
 def test_unknown_notebook_path_fails_fast(tmp_path):
