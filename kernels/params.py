@@ -211,6 +211,33 @@ def format_value(value) -> str:
     return str(value)
 
 
+# Every integer parameter ends up in a C int somewhere (torch's and NCCL's counts, sizes and ranks, numpy
+# indices, Slurm's task counts); a larger one is refused at once instead of running without end or overflowing.
+INT_BOUND = 2**31 - 1
+
+
+def _integer(value, bad: ConfigError) -> int:
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise bad from None
+    raise bad
+
+
+def _bounded(param: Param, v: int) -> int:
+    if abs(v) > INT_BOUND:
+        raise ConfigError(f"parameter '{param.name}': {v} is beyond what it can hold: an integer parameter lies "
+                          f"within +-{INT_BOUND:,} (2^31 - 1, a C int as torch, NCCL and Slurm count)")
+    return v
+
+
 def coerce(param: Param, value):
     """Convert a CLI string or a notebook literal to the parameter's type, strictly."""
     t = param.type
@@ -226,18 +253,7 @@ def coerce(param: Param, value):
             return False
         raise bad
     if t is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise bad from None
-        raise bad
+        return _bounded(param, _integer(value, bad))
     if t is float:
         if isinstance(value, bool):
             raise bad

@@ -547,3 +547,20 @@ def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
                         "train_samples: 128\ntest_samples: 64\nbatch: 32"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and "notebook complete" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_an_integer_beyond_what_its_use_can_hold_is_refused_at_once():
+    """--epochs 99999999999999999999999 was accepted and ran without end. Every integer parameter of a run and of a
+    commbench is bounded by a C int, and the error says the bound."""
+    t0 = time.monotonic()
+    p = lab(*BASE, "--epochs", "99999999999999999999999")
+    record_fault("--epochs 99999999999999999999999", 10, time.monotonic() - t0, p.returncode, "refused")
+    assert p.returncode == 2 and "parameter 'epochs': 99999999999999999999999 is beyond what it can hold" in p.stderr
+    assert "2,147,483,647" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--iters", str(2**31)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "parameter 'iters': 2147483648 is beyond what it can hold" in p.stderr, p.stderr
+    from kernels.params import COMMON, coerce
+
+    gpus = next(x for x in COMMON if x.name == "gpus")
+    assert coerce(gpus, str(2**31 - 1)) == 2**31 - 1 and coerce(gpus, "-3") == -3  # the range checks say the rest
