@@ -328,7 +328,26 @@ def spawn_horovodrun(cfg: RunConfig, stdout=None) -> int:
     return rc
 
 
+def steps_past_stop(cfg: RunConfig) -> int | None:
+    """The steps a stopped or preempted record already has when that reaches stop_after_steps (the stop point is
+    absolute: the same command run again must not add a step each time), else None."""
+    summary = cfg.results_root / cfg.run_id / "summary.json"
+    if not cfg.stop_after_steps or not summary.exists():
+        return None
+    try:
+        s = records.read_json(summary)
+    except records.RecordError:
+        return None  # the run's own start reports a damaged record
+    done = int(s.get("steps_done") or 0)
+    return done if s.get("status") in ("stopped", "preempted") and done >= cfg.stop_after_steps else None
+
+
 def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
+    done = steps_past_stop(cfg)  # every rank of a launch reads the same record: all go on, or none
+    if done is not None:
+        print(f"run {cfg.run_id} has already done {done} steps, stop_after_steps={cfg.stop_after_steps}: nothing to "
+              f"do (a larger stop_after_steps goes further, 0 runs to the end)", file=stdout or sys.stdout, flush=True)
+        return 0
     if launcher == "none":
         from kernels import ddp_core
 

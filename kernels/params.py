@@ -113,8 +113,8 @@ COMMON: tuple[Param, ...] = (
                                 "only)"),
     Param("eval_batch", int, 0, "samples per rank per evaluation batch (0: 4 x the per-rank training batch; "
                                 "evaluation keeps no activations for backward)"),
-    Param("stop_after_steps", int, 0, "checkpoint and stop after this many total steps (0: run to the end); "
-                                      "resume by re-running"),
+    Param("stop_after_steps", int, 0, "checkpoint and stop at this total step count (0: run to the end); a run "
+                                      "already there does nothing, a larger value or 0 resumes it"),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
     Param("startup_timeout_min", float, 5.0, "minutes for all ranks to reach the rendezvous (MASTER_ADDR, "
                                              "MASTER_PORT) and for the first step to complete"),

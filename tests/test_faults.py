@@ -564,3 +564,20 @@ def test_an_integer_beyond_what_its_use_can_hold_is_refused_at_once():
 
     gpus = next(x for x in COMMON if x.name == "gpus")
     assert coerce(gpus, str(2**31 - 1)) == 2**31 - 1 and coerce(gpus, "-3") == -3  # the range checks say the rest
+
+
+def test_a_stop_point_is_absolute(tmp_path):
+    """Running the same `--stop_after_steps 5` command again did one more step each time. A run already at its
+    stop point does nothing and says so; a later stop point goes on from where it stopped."""
+    run = tmp_path / "r"
+    first = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "5", "--results_dir", tmp_path, "--run_id", "r")
+    assert first.returncode == 0 and summary(run)["steps_done"] == 5
+    before = (run / "summary.json").read_bytes()
+    t0 = time.monotonic()
+    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "5", "--results_dir", tmp_path, "--run_id", "r")
+    record_fault("the same --stop_after_steps command again", 10, time.monotonic() - t0, p.returncode,
+                 "nothing done, said so")
+    assert p.returncode == 0 and "run r has already done 5 steps, stop_after_steps=5: nothing to do" in p.stdout
+    assert (run / "summary.json").read_bytes() == before  # not even a new attempt in the record
+    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "8", "--results_dir", tmp_path, "--run_id", "r")
+    assert p.returncode == 0 and summary(run)["steps_done"] == 8 and summary(run)["status"] == "stopped"
