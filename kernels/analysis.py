@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernels import trust
-from kernels.records import read_run
+from kernels.records import check_side_files, read_run
 from kernels.stats import median_ci
 from kernels.params import default
 
@@ -64,33 +64,38 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
     runs_dir = Path(runs_dir)
     for d in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
         try:
-            rec = read_run(d)
-        except (OSError, ValueError) as e:
-            problems.append({"run_id": d.name, "status": "unreadable", "reason": str(e)})
-            continue
-        cfg, summ = rec["config"], rec["summary"]
-        if cfg is None or summ is None:
-            problems.append({"run_id": d.name, "status": "incomplete", "reason": "config.json or summary.json missing"})
-            continue
-        params = cfg["params"]
-        if not selected(params, cfg.get("lab") or {}, select):
-            excluded.append({"run_id": d.name, "label": params.get("label", ""),
-                             "study": (cfg.get("lab") or {}).get("lab_study_id", ""), "status": summ.get("status")})
-            continue
-        if summ.get("status") != "complete":
-            problems.append({"run_id": d.name, "status": summ.get("status"), "reason": summ.get("error") or ""})
-            continue
-        if not summ.get("samples_per_s"):
-            problems.append({"run_id": d.name, "status": "no timed steps",
-                             "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer"})
-            continue
-        if cfg.get("schema_version", 1) < 2:
-            problems.append({"run_id": d.name, "status": "old schema",
-                             "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point"})
-            continue
-        rows.append(run_row(d, cfg, summ, rec["metrics"]))
+            kind, item = _load_one(d, select)
+        except (OSError, ValueError) as e:  # RecordError is an OSError; a damaged file names itself
+            kind, item = "problem", {"run_id": d.name, "status": "unreadable", "reason": str(e)}
+        except (KeyError, TypeError, AttributeError) as e:  # valid files lacking what a record holds
+            kind, item = "problem", {"run_id": d.name, "status": "unreadable",
+                                     "reason": f"config.json or summary.json lacks or mistypes {e}; the record is "
+                                               f"damaged or from another program: remove it and run again"}
+        {"row": rows, "problem": problems, "excluded": excluded}[kind].append(item)
     return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
             pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
+
+
+def _load_one(d: Path, select: dict | None) -> tuple[str, dict]:
+    """One record directory: ("row", its analysis row), ("problem", why it is not used) or ("excluded", ...)."""
+    rec = read_run(d)
+    check_side_files(d)
+    cfg, summ = rec["config"], rec["summary"]
+    if cfg is None or summ is None:
+        return "problem", {"run_id": d.name, "status": "incomplete", "reason": "config.json or summary.json missing"}
+    params = cfg["params"]
+    if not selected(params, cfg.get("lab") or {}, select):
+        return "excluded", {"run_id": d.name, "label": params.get("label", ""),
+                            "study": (cfg.get("lab") or {}).get("lab_study_id", ""), "status": summ.get("status")}
+    if summ.get("status") != "complete":
+        return "problem", {"run_id": d.name, "status": summ.get("status"), "reason": summ.get("error") or ""}
+    if not summ.get("samples_per_s"):
+        return "problem", {"run_id": d.name, "status": "no timed steps",
+                           "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer"}
+    if cfg.get("schema_version", 1) < 2:
+        return "problem", {"run_id": d.name, "status": "old schema",
+                           "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point"}
+    return "row", run_row(d, cfg, summ, rec["metrics"])
 
 
 def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:

@@ -233,13 +233,41 @@ def read_run(run_dir: Path) -> dict:
         p = run_dir / f"{name}.json"
         out[name] = read_json(p) if p.exists() else None
     p = run_dir / "metrics.csv"
-    rows = []
-    if p.exists():
-        with open(p, newline="") as f:
-            for row in csv.DictReader(f):
-                rows.append({k: _num(v) for k, v in row.items()})
-    out["metrics"] = rows
+    out["metrics"] = read_csv_rows(p) if p.exists() else []
     return out
+
+
+SIDE_CSVS = ("monitor.csv", "breakdown.csv", "top_ops.csv")  # read by the notebooks, checked by the analysis
+
+
+def check_side_files(run_dir: Path) -> None:
+    """The record's other CSV files are whole (each row has the header's fields): a RecordError names the first
+    that is not, so a record with one damaged file is set aside as a whole instead of half-read."""
+    for name in SIDE_CSVS:
+        if (Path(run_dir) / name).exists():
+            read_csv_rows(Path(run_dir) / name, typed=False)
+
+
+def read_csv_rows(path: Path, typed: bool = True) -> list[dict]:
+    """A record's CSV as rows of typed values (typed=False: checked only, no rows kept); a row cut short, with
+    extra fields, or undecodable is a RecordError naming the file and the line (a file cut mid-write must not
+    pass for data)."""
+    path = Path(path)
+    rows = []
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                if None in row or None in row.values():
+                    raise RecordError(f"{path}: line {reader.line_num} does not have the header's "
+                                      f"{len(reader.fieldnames)} fields; the file is cut short or damaged: restore it, "
+                                      f"or remove the record {path.parent} and run again")
+                if typed:
+                    rows.append({k: _num(v) for k, v in row.items()})
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise RecordError(f"{path} is not a readable CSV ({e}); restore it, or remove the record {path.parent} "
+                          f"and run again") from None
+    return rows
 
 
 def status_of(run_dir: Path) -> str | None:

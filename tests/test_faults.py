@@ -581,3 +581,65 @@ def test_a_stop_point_is_absolute(tmp_path):
     assert (run / "summary.json").read_bytes() == before  # not even a new attempt in the record
     p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "8", "--results_dir", tmp_path, "--run_id", "r")
     assert p.returncode == 0 and summary(run)["steps_done"] == 8 and summary(run)["status"] == "stopped"
+
+
+def _cut(path: Path, keep: int | None = None) -> None:
+    """Cut a file mid-write: keep its first bytes, ending inside a row."""
+    data = path.read_bytes()
+    keep = keep if keep is not None else len(data) - max(3, min(40, len(data) // 5))
+    path.write_bytes(data[:keep])
+
+
+def test_one_damaged_file_never_sinks_the_report(tmp_path):
+    """One metrics.csv cut mid-row made the whole analysis and `lab paper` fail for every run. A report builds
+    from a results folder holding one damaged copy of every kind of record file (a real profiled run's and a real
+    commbench record's); each damaged record is left out, listed with the file and the reason."""
+    import shutil
+
+    import yaml
+
+    from kernels import report
+
+    res = tmp_path / "results"
+    env = {**os.environ, "LAB_RESULTS": str(res)}
+    p = lab("--dataset", "digits", "--width", "4", "--batch", "64", "--precision", "fp32", "--gpus", "2", "--epochs",
+            "2", "--profile_steps", "2", "--profile_wait", "2", "--comm_probe_steps", "0", "--label", "dmg", "--run_id",
+            "good", "--results_dir", res / "runs", env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--backend", "gloo", "--gpus", "2", "--ops",
+                        "all_reduce", "--max_bytes", "64K", "--iters", "2", "--repeats", "1", "--run_id", "cgood"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    good, cgood = res / "runs" / "good", res / "comm" / "cgood"
+    assert all((good / f).exists() for f in ("monitor.csv", "breakdown.csv", "top_ops.csv"))
+    damage = {"config.json": _cut, "summary.json": _cut, "metrics.csv": _cut, "monitor.csv": _cut,
+              "breakdown.csv": _cut, "top_ops.csv": _cut}
+    for name, harm in damage.items():
+        copy = res / "runs" / f"bad-{name.replace('.', '-')}"
+        shutil.copytree(good, copy)
+        harm(copy / name)
+    missing_field = res / "runs" / "bad-metrics-field"  # a row with a field fewer, the file otherwise whole
+    shutil.copytree(good, missing_field)
+    lines = (missing_field / "metrics.csv").read_text().splitlines()
+    (missing_field / "metrics.csv").write_text("\n".join(lines[:-1] + [lines[-1].rsplit(",", 1)[0]]) + "\n")
+    for name in ("results.csv", "summary.json", "config.json"):
+        copy = res / "comm" / f"bad-{name.replace('.', '-')}"
+        shutil.copytree(cgood, copy)
+        _cut(copy / name)
+
+    plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
+    systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
+    t0 = time.monotonic()
+    built = report.build(res / "runs", res, plan, systems, select={"labels": ["dmg"], "studies": []})
+    record_fault("one damaged copy of every record file in the results folder", 60, time.monotonic() - t0, 0,
+                 "report built, each damaged record listed")
+    assert built["runs"]["run_id"].tolist() == ["good"]
+    problems = built["problems"].set_index("run_id")
+    expect = {**{f"bad-{n.replace('.', '-')}": n for n in damage}, "bad-metrics-field": "metrics.csv",
+              **{f"comm/bad-{n.replace('.', '-')}": n for n in ("results.csv", "summary.json", "config.json")}}
+    for run_id, name in expect.items():
+        assert problems.loc[run_id, "status"] == "unreadable" and name in problems.loc[run_id, "reason"], run_id
+    listed = (res / "tables" / "excluded.csv").read_text()
+    notes = (res / "tables" / "data_notes.tex").read_text()
+    assert all(run_id in listed for run_id in expect) and all(r.replace("_", "\\_") in notes or r in notes
+                                                               for r in expect)

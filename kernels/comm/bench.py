@@ -584,6 +584,5 @@ def read_record(run_dir: Path) -> dict:
            "summary": records.read_json(run_dir / "summary.json"), "rows": []}
     p = run_dir / "results.csv"
     if p.exists():
-        with open(p, newline="") as f:
-            out["rows"] = [{k: records._num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        out["rows"] = records.read_csv_rows(p)
     return out

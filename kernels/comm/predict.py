@@ -90,15 +90,18 @@ def cost(op: str, fit: dict, nbytes: float, n: int) -> float:
     return o.steps(n) * fit["alpha_s"] + o.factor(n) * nbytes / fit["busbw_Bps"]
 
 
-def load_comm_records(comm_dir: Path) -> list[dict]:
+def load_comm_records(comm_dir: Path, problems: list | None = None) -> list[dict]:
+    """The complete commbench records under comm_dir; one that cannot be read is left out and, when `problems`
+    is given, listed there as {run_id, status: unreadable, reason}."""
     from kernels.comm.bench import read_record
-    from kernels.records import RecordError
 
     out = []
     for d in sorted(Path(comm_dir).glob("*/summary.json")):
         try:
             rec = read_record(d.parent)
-        except (RecordError, OSError):
+        except (OSError, ValueError) as e:  # RecordError is an OSError
+            if problems is not None:
+                problems.append({"run_id": f"comm/{d.parent.name}", "status": "unreadable", "reason": str(e)})
             continue
         if rec["summary"].get("status") == "complete":
             out.append(rec)

@@ -109,8 +109,12 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
     ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out),
                   comm_dir=Path(runs_dir).parent / "comm")
     plan_macros(ctx)
+    _ = ctx.comm_records  # read first: an unreadable commbench record joins the problems the lab section lists
     for section in SECTIONS:
         section.section(ctx)
     ctx.written["numbers.tex"] = write_if_changed(ctx.tables / "numbers.tex", macros_file(ctx.macros))
-    ctx.written["excluded.csv"] = write_if_changed(ctx.tables / "excluded.csv", excluded.to_csv(index=False))
-    return {"runs": runs, "problems": problems, "excluded": excluded, "written": ctx.written, **ctx.results}
+    # every record not used, and why: outside the selection, or not complete (failed, unreadable, ...)
+    unused = pd.concat([excluded.assign(reason="outside the selection"), ctx.problems], ignore_index=True)
+    unused = unused.reindex(columns=["run_id", "label", "study", "status", "reason"]).fillna("")
+    ctx.written["excluded.csv"] = write_if_changed(ctx.tables / "excluded.csv", unused.to_csv(index=False))
+    return {"runs": runs, "problems": ctx.problems, "excluded": excluded, "written": ctx.written, **ctx.results}

@@ -29,10 +29,17 @@ class Context:
 
     @cached_property
     def comm_records(self) -> list[dict]:
-        """Every complete commbench record in comm_dir, read once for all sections (unselected)."""
+        """Every complete commbench record in comm_dir, read once for all sections (unselected); one that cannot
+        be read joins `problems` (the documents list it) instead of stopping the build."""
         from kernels.comm.predict import load_comm_records
 
-        return load_comm_records(self.comm_dir) if self.comm_dir and self.comm_dir.is_dir() else []
+        if not (self.comm_dir and self.comm_dir.is_dir()):
+            return []
+        unreadable: list[dict] = []
+        recs = load_comm_records(self.comm_dir, unreadable)
+        if unreadable:
+            self.problems = pd.concat([self.problems, pd.DataFrame(unreadable)], ignore_index=True)
+        return recs
 
     @property
     def tables(self) -> Path:

@@ -166,7 +166,8 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     if excluded.exists():
         n = max(0, len(excluded.read_text().splitlines()) - 1)
         if n:
-            print(f"{n} record(s) outside the selection were not used: {excluded}", file=out)
+            print(f"{n} record(s) were not used (outside the selection, or not complete or unreadable; why is in "
+                  f"the file): {excluded}", file=out)
     return built
 
 
