@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 from functools import partial
 import time
-import traceback
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -139,8 +138,7 @@ class Loop:
         except BaseException as e:
             if self.renv.is_rank0 and self.record.owned:
                 self._summarise("failed", error=f"{type(e).__name__}: {e}")
-                traceback.print_exc()
-            raise
+            raise  # the rank's main prints it (kernels/train.py)
         finally:
             self.watchdog.stopped = True
             self.obs.stop_monitor()

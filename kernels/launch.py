@@ -64,6 +64,7 @@ def _thread_env(cfg: RunConfig, ranks_here: int) -> dict:
 
 
 EXIT_PREEMPTED = 75   # the ranks checkpointed and stopped on request (USR1/TERM): resumable (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130  # the same after Ctrl-C (SIGINT; 128 + 2, as a shell reports it)
 
 
 FAILURE_GRACE_S = 10  # after a rank failed, the others get this long to leave before SIGKILL
@@ -79,6 +80,8 @@ def _die_with_parent() -> None:
 
 def exit_cause(code: int) -> str:
     """A rank's exit status in words (Popen gives -N for a signal, shells and srun 128+N)."""
+    if code == EXIT_INTERRUPTED:
+        return "checkpointed and stopped after Ctrl-C (SIGINT)"
     if code < 0 or 128 < code < 128 + 65:
         try:
             return f"was killed by signal {signal.Signals(-code if code < 0 else code - 128).name}"
@@ -115,18 +118,21 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
              for r, p in enumerate(procs)]
     for t in pumps:
         t.start()
-    stop = {"signal": None}
-    previous = None
+    stop = {"signal": None, "now": False}
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        def on_term(signum, frame):
+        def on_signal(signum, frame):  # TERM or a first Ctrl-C: the ranks checkpoint; a second Ctrl-C: stop now
+            stop["now"] = signum == signal.SIGINT and stop["signal"] == signal.SIGINT
             stop["signal"] = signum
-        previous = signal.signal(signal.SIGTERM, on_term)
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         rc = _wait_all(procs, stdout, stop, cfg.term_grace_s + 15)
-    finally:  # interrupted (Ctrl-C, a notebook's stop button): take the ranks down with us
+    finally:  # an error here: take the ranks down with us
         _terminate(procs, FAILURE_GRACE_S)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop["signal"] == signal.SIGINT and rc in (0, EXIT_PREEMPTED):
+        rc = EXIT_INTERRUPTED if rc else 0
     for t in pumps:
         t.join(timeout=5)
     mark_if_died(run_dir or cfg.results_root / cfg.run_id, rc, "the local launcher", stdout)
@@ -135,7 +141,7 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
 
 def mark_if_died(run_dir, rc: int, seen_by: str, stdout) -> None:
     """A launcher whose ranks ended badly marks a record they left 'running' as failed, with the cause."""
-    if rc not in (0, EXIT_PREEMPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {seen_by})"):
+    if rc not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {seen_by})"):
         print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
 
 
@@ -165,13 +171,14 @@ def _wait_all(procs: list, stdout, stop: dict | None = None, stop_grace_s: float
     forwarded = None
     while remaining:
         if stop and stop["signal"] and forwarded is None:
-            print(f"launcher: got signal {stop['signal']}; asking the ranks to checkpoint and stop", file=stdout,
+            print(f"launcher: got {signal.Signals(stop['signal']).name}; asking the ranks to checkpoint and stop", file=stdout,
                   flush=True)
             for r in remaining:
                 procs[r].send_signal(signal.SIGTERM)
             forwarded = time.monotonic()
-        if forwarded is not None and time.monotonic() - forwarded > stop_grace_s:
-            _terminate([procs[r] for r in remaining], 0)
+        if forwarded is not None and (stop["now"] or time.monotonic() - forwarded > stop_grace_s):
+            # a second Ctrl-C: the ranks, which got it too, record why and leave; whoever has not in 3 s is killed
+            _terminate([procs[r] for r in remaining], 3 if stop["now"] else 0)
         for r in list(remaining):
             code = procs[r].poll()
             if code is None:
@@ -179,7 +186,7 @@ def _wait_all(procs: list, stdout, stop: dict | None = None, stop_grace_s: float
             remaining.discard(r)
             if code != 0 and rc == 0:
                 rc = code
-                if code != EXIT_PREEMPTED:
+                if code not in (EXIT_PREEMPTED, EXIT_INTERRUPTED):
                     print(f"launcher: rank {r} {exit_cause(code)}; ending the other ranks", file=stdout, flush=True)
                     _terminate([procs[o] for o in remaining], FAILURE_GRACE_S)
         if remaining:
@@ -350,8 +357,11 @@ def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
         return 0
     if launcher == "none":
         from kernels import ddp_core
+        from kernels.run import guards
 
-        return EXIT_PREEMPTED if ddp_core.run(cfg) == "preempted" else 0
+        if ddp_core.run(cfg) != "preempted":
+            return 0
+        return EXIT_INTERRUPTED if guards.INTERRUPTED else EXIT_PREEMPTED
     if launcher == "local":
         return spawn_horovodrun(cfg, stdout) if cfg.engine == "horovod" else spawn_local(cfg, stdout)
     if cfg.engine == "horovod":  # srun starts MPI ranks: Horovod's MPI controller

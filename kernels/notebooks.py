@@ -123,6 +123,9 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
     handoff(run_dir)
     print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
     rc = launch.start(launcher, cfg, stdout or sys.stdout)
+    if rc == launch.EXIT_INTERRUPTED:
+        raise KeyboardInterrupt(f"interrupted: the ranks checkpointed and stopped; running the same run_id again "
+                                f"({cfg.run_id}) resumes it")
     if rc == launch.EXIT_PREEMPTED:
         raise Preempted(f"the run was preempted: its ranks checkpointed and stopped on request; running the "
                         f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)")

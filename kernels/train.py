@@ -14,8 +14,9 @@ import traceback
 
 from kernels.config import resolve, table
 from kernels.errors import ConfigError
-from kernels.launch import leave, prepare, start
+from kernels.launch import EXIT_INTERRUPTED, leave, prepare, start
 from kernels.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
+from kernels.run import guards
 
 def _default_text(p, workloads) -> str:
     if p.default is PER_WORKLOAD:
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         rc = 2
+    except guards.Terminated as e:  # a second Ctrl-C, or TERM with no step boundary in time: one line, not a traceback
+        if not is_rank:
+            raise
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        rc = EXIT_INTERRUPTED if guards.INTERRUPTED else 1
     except BaseException:
         if not is_rank:
             raise

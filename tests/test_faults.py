@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -141,6 +142,55 @@ def test_rank_stopped_with_sigstop(tmp_path, reference):
     assert s["status"] == "failed" and "hung" in s["error"], s
     assert "Python stacks of every thread follow" in (tmp_path / "log").read_text()
     resume_matches(run, tmp_path, reference)
+
+
+def test_ctrl_c_checkpoints_like_sigterm_and_a_second_stops_at_once(tmp_path, reference):
+    """Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) recorded 'failed' with
+    KeyboardInterrupt, wrote no checkpoint and printed about 100 traceback lines per rank. Now the ranks checkpoint
+    at the next agreed step, the record says preempted, one line per rank, exit 130, and the run resumes to the
+    uninterrupted result. A second Ctrl-C stops at once: a failed record saying why, the last checkpoint intact."""
+    def launch(run_id: str, **changes) -> subprocess.Popen:
+        args = [*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", run_id]
+        for name, value in changes.items():
+            args[args.index(f"--{name}") + 1] = value
+        f = open(tmp_path / f"{run_id}.log", "w")
+        return subprocess.Popen([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                start_new_session=True)  # its own process group, as a shell gives a job
+
+    run = tmp_path / "r"
+    launcher = launch("r")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    t0 = time.monotonic()
+    os.killpg(launcher.pid, signal.SIGINT)
+    rc = launcher.wait(timeout=120)
+    took = time.monotonic() - t0
+    record_fault("Ctrl-C (SIGINT to the process group), local launcher", 30, took, rc, summary(run)["status"])
+    log = (tmp_path / "r.log").read_text()
+    assert rc == 130 and took < 30, log[-3000:]
+    s = summary(run)
+    assert s["status"] == "preempted" and "SIGINT (Ctrl-C" in s["error"] and s["steps_done"] > 0, s
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+    assert len([x for x in log[log.index("launcher: got SIGINT"):].splitlines() if x.strip()]) <= 4, log[-1500:]
+    resume_matches(run, tmp_path, reference)
+
+    # a second Ctrl-C before the agreed step (long epochs, checks 1000 steps apart): at once, the record says why
+    run2 = tmp_path / "r2"
+    launcher = launch("r2", train_samples=8192, sync_check_steps=1000)
+    wait_for(lambda: epochs_done(run2) >= 1, what="the first epoch of r2")
+    kept = (run2 / "checkpoint.pt").read_bytes()
+    os.killpg(launcher.pid, signal.SIGINT)
+    time.sleep(0.3)  # two at once would be one pending signal
+    t0 = time.monotonic()
+    os.killpg(launcher.pid, signal.SIGINT)
+    rc = launcher.wait(timeout=60)
+    took = time.monotonic() - t0
+    record_fault("Ctrl-C twice, local launcher", 10, took, rc, summary(run2)["status"])
+    log = (tmp_path / "r2.log").read_text()
+    s = summary(run2)
+    assert rc == 130 and took < 10, (rc, log[-3000:])
+    assert s["status"] == "failed" and "interrupted twice (Ctrl-C)" in s["error"], s
+    assert "Traceback" not in log and (run2 / "checkpoint.pt").read_bytes() == kept
 
 
 def test_launcher_terminated_checkpoints_and_leaves_no_orphans(tmp_path, reference):
@@ -583,11 +633,15 @@ def test_a_stop_point_is_absolute(tmp_path):
     assert p.returncode == 0 and summary(run)["steps_done"] == 8 and summary(run)["status"] == "stopped"
 
 
-def _cut(path: Path, keep: int | None = None) -> None:
-    """Cut a file mid-write: keep its first bytes, ending inside a row."""
+def _cut(path: Path) -> None:
+    """Cut a file mid-write, inside its last row: a CSV keeps that row's first field only (a cut inside the last
+    value alone would leave a well-formed file), a JSON file loses its end."""
     data = path.read_bytes()
-    keep = keep if keep is not None else len(data) - max(3, min(40, len(data) // 5))
-    path.write_bytes(data[:keep])
+    if path.suffix == ".csv":
+        last = data.rstrip(b"\n").rfind(b"\n") + 1
+        path.write_bytes(data[:data.index(b",", last)])
+    else:
+        path.write_bytes(data[:len(data) - max(3, min(40, len(data) // 5))])
 
 
 def test_one_damaged_file_never_sinks_the_report(tmp_path):

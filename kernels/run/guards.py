@@ -1,7 +1,8 @@
 """Guards of a rank: stop signals, the hang watchdog, and the ranks' agreement to stop or fail.
 
-- StopSignals: USR1 (Slurm's warning before a time limit or preemption) and TERM (scancel, a time
-  limit) ask the run to stop; the ranks agree at the next check, checkpoint and record 'preempted'.
+- StopSignals: USR1 (Slurm's warning before a time limit or preemption), TERM (scancel, a time
+  limit) and INT (Ctrl-C) ask the run to stop; the ranks agree at the next check, checkpoint and record
+  'preempted' (a second Ctrl-C stops at once).
 - Watchdog: a rank that makes no progress for too long dumps its stacks and ends the process.
 - agree(): one small all-reduce in which every rank learns whether any was asked to stop or saw a
   non-finite loss.
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 EXIT_HUNG = 70
+INTERRUPTED = False  # this process got SIGINT (StopSignals): its stop exits with launch.EXIT_INTERRUPTED
 
 
 class Terminated(Exception):
@@ -41,6 +43,7 @@ class StopSignals:
         self.stop_file = os.environ.get("LAB_STOP_FILE")
         signal.signal(signal.SIGUSR1, self._on_usr1)
         signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_int)
         signal.signal(signal.SIGALRM, self._on_alarm)
 
     def _on_usr1(self, signum, frame):
@@ -50,6 +53,16 @@ class StopSignals:
         if self.request is None or "SIGTERM" not in self.request:
             self.request = "SIGTERM (a time limit, scancel, or the launcher stopping the ranks)"
             signal.alarm(self.grace)
+
+    def _on_int(self, signum, frame):
+        """Ctrl-C: the first asks for a checkpoint at the next agreed step, as TERM does; a second stops at once
+        (the last complete checkpoint stays; the record says failed, with this reason)."""
+        global INTERRUPTED
+        if INTERRUPTED:
+            raise Terminated("interrupted twice (Ctrl-C): stopped at once, without a new checkpoint")
+        INTERRUPTED = True
+        self.request = "SIGINT (Ctrl-C; a second one stops at once)"
+        signal.alarm(self.grace)
 
     def pending(self) -> str | None:
         if self.request is None and self.stop_file and os.path.exists(self.stop_file):
