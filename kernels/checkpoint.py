@@ -2,27 +2,49 @@
 
 Model, optimizer, GradScaler, LR scheduler, position (epoch, step in epoch,
 global step), every rank's RNG states, the config, and the record rows so far.
-Global rank 0 writes it atomically (serialise to memory, temp file, rename) with
-its sha256 beside it (checkpoint.pt.sha256), after keeping the previous one as
-checkpoint.prev.pt. Loading verifies the checksum; a damaged or truncated
-checkpoint falls back to the previous one (the run says so) and, when both are
-unusable, is a clear error naming the files and the fix.
+
+One checkpoint is one self-verifying file: it carries the sha256 of its own content
+(`content_sha256`, over every tensor's dtype, shape and bytes and every other value),
+computed before it is saved and recomputed after it is loaded, so damage anywhere in
+its bytes (a torn write, bit rot, an edit) is found whatever the file's zip CRCs or a
+checksum beside it say. Global rank 0 writes in an order that always leaves a complete
+checkpoint on disk, with at most two checkpoints' worth of space:
+
+  1. remove checkpoint.prev.pt (the oldest)   4. rename checkpoint.pt -> checkpoint.prev.pt
+  2. write checkpoint.next.pt, fsync           5. rename checkpoint.next.pt -> checkpoint.pt
+  3. (the new one is complete on disk)         6. fsync the directory
+
+Loading tries checkpoint.next.pt (complete only when a write was interrupted after
+step 3: the newest; the interrupted renames are then finished), checkpoint.pt, then
+checkpoint.prev.pt, and uses the first that verifies; the others' problems come back
+as notes. When none verifies it is a clear error naming the files and the fix.
+
+Fault injection (the fault suite): LAB_CHECKPOINT_FAULT=POINT[@N] kills the writing
+process with SIGKILL at POINT of its N-th write (default 1); POINTS lists them.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import pickle
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kernels.files import atomic_write_bytes
+from kernels.files import FILE_MODE, write_error
 
 FILENAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
+NEXT = "checkpoint.next.pt"
+DIGEST_KEY = "content_sha256"
+FAULT_ENV = "LAB_CHECKPOINT_FAULT"
+# Where an injected fault can kill the writer, in the order of the write.
+POINTS = ("start", "prev-removed", "next-half-written", "next-written", "rotated", "done")
+_writes = 0  # this process's checkpoint writes, for FAULT_ENV's @N
 
 
 def seed_everything(seed: int) -> None:
@@ -47,58 +69,176 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
+# ------------------------------------------------------------------ the content's checksum
+def _feed(h, obj) -> None:
+    """Hash `obj` as the checkpoint holds it: tensors and arrays by dtype, shape and bytes (no copy for a
+    contiguous CPU tensor), containers by type, length and order, scalars by their exact repr."""
+    if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:  # sparse (DCRNN's supports): its parts
+        h.update(f"S{obj.layout}{tuple(obj.shape)}".encode())
+        t = obj.detach().cpu()
+        parts = ((t.crow_indices(), t.col_indices(), t.values()) if t.layout == torch.sparse_csr else
+                 (t.ccol_indices(), t.row_indices(), t.values()) if t.layout == torch.sparse_csc else
+                 (t.coalesce().indices(), t.coalesce().values()) if t.layout == torch.sparse_coo else None)
+        if parts is None:
+            raise TypeError(f"checkpoint: cannot checksum a tensor of layout {t.layout}")
+        for part in parts:
+            _feed(h, part)
+    elif isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().data)
+    elif isinstance(obj, np.ndarray):
+        a = np.ascontiguousarray(obj)
+        h.update(f"A{a.dtype.str}{a.shape}".encode())
+        h.update(a.view(np.uint8).reshape(-1).data if a.size else b"")
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes, np.generic, torch.dtype, torch.device)):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    else:  # an optimizer's or plug-in's own object: its pickle (deterministic for plain objects)
+        h.update(f"P{type(obj).__qualname__}".encode())
+        h.update(pickle.dumps(obj, protocol=4))
+
+
+def content_digest(state: dict) -> str:
+    """sha256 over everything in a checkpoint's state except the digest itself."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in state.items() if k != DIGEST_KEY})
+    return h.hexdigest()
 
 
 def serialise(rng: list[dict], **payload) -> bytes:
-    """The checkpoint's bytes. rng: every rank's RNG state, by global rank (each resumes its own stream)."""
+    """The checkpoint's bytes, its content checksum inside. rng: every rank's RNG state, by global rank (each
+    resumes its own stream)."""
+    state = {**payload, "rng": rng}
+    state[DIGEST_KEY] = content_digest(state)
     buf = io.BytesIO()
-    torch.save({**payload, "rng": rng}, buf)
+    torch.save(state, buf)
     return buf.getvalue()
 
 
+# ------------------------------------------------------------------ writing
+def _fault(point: str) -> None:
+    want = os.environ.get(FAULT_ENV)
+    if want:
+        name, _, nth = want.partition("@")
+        if name == point and _writes == int(nth or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    view = memoryview(data)
+    half = len(data) // 2 if os.environ.get(FAULT_ENV, "").startswith("next-half-written") else 0
+    with open(path, "wb") as f:
+        os.fchmod(f.fileno(), FILE_MODE)
+        if half:  # the fault suite: a writer killed with half the file on disk
+            f.write(view[:half])
+            f.flush()
+            os.fsync(f.fileno())
+            _fault("next-half-written")
+        f.write(view[half:])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write(run_dir: Path, data: bytes) -> None:
-    """Keep the current checkpoint as the previous one, then write `data` and its checksum atomically."""
+    """Write `data` as the current checkpoint, keeping the one before as the previous (the module's order). A
+    failure (a full disk, a quota) is a RecordError naming the file; the checkpoint before stays whole."""
+    global _writes
+    _writes += 1
     run_dir = Path(run_dir)
-    cur, prev = run_dir / FILENAME, run_dir / PREVIOUS
+    cur, prev, nxt = run_dir / FILENAME, run_dir / PREVIOUS, run_dir / NEXT
+    _fault("start")
+    prev.unlink(missing_ok=True)
+    _fault("prev-removed")
+    try:
+        _write_file(nxt, data)
+    except OSError as e:
+        nxt.unlink(missing_ok=True)
+        raise write_error(nxt, len(data), e) from None
+    _fault("next-written")
     if cur.exists():
         os.replace(cur, prev)
-        if _sidecar(cur).exists():
-            os.replace(_sidecar(cur), _sidecar(prev))
-    atomic_write_bytes(cur, data)
-    atomic_write_bytes(_sidecar(cur), (hashlib.sha256(data).hexdigest() + "\n").encode())
+    _fault("rotated")
+    os.replace(nxt, cur)
+    for old in (cur, prev):  # checksums beside the files, from before the checksum moved inside: stale now
+        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+    _fsync_dir(run_dir)
+    _fault("done")
 
 
+# ------------------------------------------------------------------ reading
 def exists(run_dir: Path) -> bool:
-    return (Path(run_dir) / FILENAME).exists() or (Path(run_dir) / PREVIOUS).exists()
+    return any((Path(run_dir) / name).exists() for name in (FILENAME, PREVIOUS, NEXT))
 
 
-def _problem(path: Path) -> str | None:
-    side = _sidecar(path)
-    if not side.exists():
-        return None  # no checksum to compare (an interrupted save): torch.load decides
-    want = side.read_text().strip()
-    got = hashlib.sha256(path.read_bytes()).hexdigest()
-    return None if got == want else f"checksum mismatch (sha256 {got[:12]}..., {side.name} says {want[:12]}...)"
+def _read(path: Path) -> tuple[dict | None, str | None]:
+    """(state, None) when the file loads and its content matches its checksum, else (None, the problem)."""
+    try:
+        # weights_only=False: the checkpoint holds RNG states and plain dicts we wrote ourselves.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated, torn, or not a checkpoint at all
+        return None, f"cannot be loaded ({type(e).__name__}: {str(e)[:120]})"
+    if not isinstance(state, dict):
+        return None, f"holds a {type(state).__name__}, not a checkpoint"
+    want = state.get(DIGEST_KEY)
+    if want is None:
+        return _legacy(path, state)
+    got = content_digest(state)
+    if got != want:
+        return None, f"content checksum mismatch (sha256 {got[:12]}... of what it holds, it says {want[:12]}...)"
+    return state, None
+
+
+def _legacy(path: Path, state: dict) -> tuple[dict | None, str | None]:
+    """A checkpoint of an earlier version: its checksum is over its bytes, in a file beside it."""
+    side = path.with_name(path.name + ".sha256")
+    if side.exists():
+        want, got = side.read_text().strip(), hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != want:
+            return None, f"checksum mismatch (sha256 {got[:12]}..., {side.name} says {want[:12]}...)"
+    return state, None
 
 
 def load(run_dir: Path) -> tuple[dict, Path, list[str]]:
-    """(state, the file it came from, notes on files that were unusable). Raises ConfigError when none is."""
+    """(state, the file it came from, notes on the files passed over). Raises ConfigError when none verifies.
+    A complete checkpoint.next.pt (a write killed between its fsync and its renames) is the newest: its renames
+    are finished here, so it is loaded as checkpoint.pt."""
     from kernels.errors import ConfigError
 
     run_dir, notes = Path(run_dir), []
-    for name in (FILENAME, PREVIOUS):
-        path = run_dir / name
+    cur, prev, nxt = run_dir / FILENAME, run_dir / PREVIOUS, run_dir / NEXT
+    if nxt.exists():
+        state, problem = _read(nxt)
+        if state is not None:
+            if cur.exists():
+                os.replace(cur, prev)
+            os.replace(nxt, cur)
+            _fsync_dir(run_dir)
+            return state, cur, [f"a checkpoint write was interrupted after {NEXT} was complete; its renames are "
+                                f"finished now"]
+        notes.append(f"{nxt} is an interrupted write ({problem}); passed over")
+    for path in (cur, prev):
         if not path.exists():
             continue
-        problem = _problem(path)
-        if problem is None:
-            try:
-                # weights_only=False: the checkpoint holds RNG states and plain dicts we wrote ourselves.
-                return torch.load(path, map_location="cpu", weights_only=False), path, notes
-            except Exception as e:  # truncated or not a checkpoint at all
-                problem = f"cannot be loaded ({type(e).__name__}: {str(e)[:120]})"
+        state, problem = _read(path)
+        if state is not None:
+            return state, path, notes
         notes.append(f"{path} is unusable: {problem}")
     raise ConfigError(f"no usable checkpoint in {run_dir}: {'; '.join(notes) or 'none found'}. To start the run "
                       f"over, remove {run_dir} (or pass another run_id)")

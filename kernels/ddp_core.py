@@ -137,7 +137,7 @@ class Loop:
             return status
         except BaseException as e:
             if self.renv.is_rank0 and self.record.owned:
-                self._summarise("failed", error=f"{type(e).__name__}: {e}")
+                self.record.fail(e, lambda error: self._summarise("failed", error=error))
             raise  # the rank's main prints it (kernels/train.py)
         finally:
             self.watchdog.stopped = True

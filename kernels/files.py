@@ -4,9 +4,15 @@ The project root, the results home ($LAB_RESULTS, else <project>/results), and t
 atomic write every record, checkpoint and table goes through: temporary file, fsync,
 rename, with the mode the process umask allows (mkstemp alone gives 0600, which a
 group's shared project directory cannot read). A leaf: it imports nothing of the lab.
+
+A full disk: a run reserves RESERVE_BYTES in its directory at the start (.reserve,
+incompressible bytes, really allocated). When a write fails for want of space, the
+cause is written into that file in place (no new space needed), which frees the rest
+for the record's last summary; failure.txt keeps the cause until a summary says it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -55,12 +61,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except OSError as e:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
-        raise RecordError(e.errno, f"cannot write {path} ({len(data):,} bytes): {e.strerror or e}; free space "
-                                   f"there or choose another results_dir") from None
+        raise write_error(path, len(data), e) from None
     except BaseException:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
+    """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
+    err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; free space there or "
+                               f"choose another results_dir")
+    err.path = str(path)
+    return err
 
 
 def sizes(*nbytes: float) -> list[str]:
@@ -74,3 +87,79 @@ def sizes(*nbytes: float) -> list[str]:
             return out
     return out
 
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+RESERVE, FAILURE, RESERVE_BYTES = ".reserve", "failure.txt", 1 << 20
+_MARK = b"failed: "
+
+
+def _disk_full(exc: BaseException | None) -> OSError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def disk_full_at(exc: BaseException | None) -> str | None:
+    """The path a full disk (or a quota) refused, from `exc` or the exceptions behind it; None when no write
+    failed for want of space."""
+    full = _disk_full(exc)
+    return None if full is None else str(getattr(full, "path", None) or full.filename or "an unnamed file")
+
+
+def failure_text(exc: BaseException) -> str:
+    """What a record says of a failure: 'disk full at <path> (<the system's words>)' when it was that."""
+    full = _disk_full(exc)
+    if full is None:
+        return f"{type(exc).__name__}: {exc}"
+    return f"disk full at {disk_full_at(full)} ({os.strerror(full.errno)})"
+
+
+def reserve_space(run_dir: Path) -> None:
+    """Hold RESERVE_BYTES in the run directory for the record of a failure on a full disk (replaces a
+    failure.txt of an earlier attempt: its cause is known to the caller by then)."""
+    atomic_write_bytes(Path(run_dir) / RESERVE, os.urandom(RESERVE_BYTES))  # random: no file system compresses it
+    (Path(run_dir) / FAILURE).unlink(missing_ok=True)
+
+
+def record_failure(run_dir: Path, cause: str) -> bool:
+    """Write 'failed: <cause>' into the reserved space in place and free the rest, then name it failure.txt.
+    False when there was no reserve and no room for the marker either."""
+    res, mark = Path(run_dir) / RESERVE, Path(run_dir) / FAILURE
+    data = (_MARK + cause.encode() + b"\n")[:RESERVE_BYTES]
+    try:
+        if not res.exists():
+            atomic_write_bytes(mark, data)
+            return True
+        with open(res, "r+b") as f:
+            f.write(data)
+            f.truncate(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(res, mark)  # if even the name finds no room, .reserve holds the cause (failure_cause reads it)
+        return True
+    except OSError:
+        return False
+
+
+def failure_cause(run_dir: Path) -> str | None:
+    """The cause an attempt wrote into its reserved space before it ended, if one did."""
+    for name in (FAILURE, RESERVE):
+        try:
+            with open(Path(run_dir) / name, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if head.startswith(_MARK):
+            return head[len(_MARK):].decode(errors="replace").strip()
+    return None
+
+
+def clear_reserve(run_dir: Path) -> None:
+    """The run's record is final (its summary says how it ended): neither the reserve nor a marker is needed."""
+    for name in (RESERVE, FAILURE):
+        (Path(run_dir) / name).unlink(missing_ok=True)

@@ -4,7 +4,10 @@ A record is a directory results/runs/<run_id>/ holding:
     config.json   resolved parameters + provenance (git, versions, hosts, devices, Slurm ids)
     metrics.csv   one row per completed epoch; units in the column names
     summary.json  the run's outcome; `status` says whether it is complete
-    checkpoint.pt latest checkpoint (a run resumes from it)
+    checkpoint.pt latest checkpoint (a run resumes from it), its content's sha256 inside;
+                  checkpoint.prev.pt the one before (kernels/checkpoint.py)
+    failure.txt   only when a run failed and could not write its summary (a full disk): the
+                  cause, written into space reserved at the start (.reserve while it runs)
     monitor.csv   the resource monitor's samples, all nodes (monitor/<node>.csv while the run lasts)
     traces/, breakdown.csv, top_ops.csv, breakdown.png   profiled runs (profile_steps > 0)
     sacct.json    Slurm's accounting of the job(s) that ran it, stored when a job's notebook ends
@@ -26,6 +29,7 @@ import json
 import os
 from pathlib import Path
 
+from kernels import files
 from kernels.files import FILE_MODE, RecordError, atomic_write_bytes  # noqa: F401 (part of the record API)
 
 SCHEMA_VERSION = 2
@@ -295,7 +299,8 @@ def ensure_not_complete(run_dir: Path) -> None:
 
 def mark_failed(run_dir: Path, cause: str) -> bool:
     """Whoever sees a run die (its launcher, the batch script, the next attempt) marks a record left
-    'running' as failed with the cause. True when it changed the record."""
+    'running' as failed with the cause (the one the run wrote into its reserved space, when it could).
+    True when it changed the record."""
     p = Path(run_dir) / "summary.json"
     try:
         summary = read_json(p) if p.exists() else None
@@ -305,11 +310,16 @@ def mark_failed(run_dir: Path, cause: str) -> bool:
         return False
     from datetime import datetime, timezone
 
+    cause = files.failure_cause(run_dir) or cause
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     summary.update(status="failed", error=cause, finished_utc=now)
     if summary.get("attempts"):
         summary["attempts"][-1].update(status="failed", cause=cause, finished_utc=now)
-    write_json(p, summary)
+    try:
+        write_json(p, summary)
+    except RecordError:  # a full disk: failure.txt, if the run wrote it, still says why
+        return False
+    files.clear_reserve(run_dir)
     return True
 
 

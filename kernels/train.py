@@ -12,6 +12,7 @@ import signal
 import sys
 import traceback
 
+from kernels import files
 from kernels.config import resolve, table
 from kernels.errors import ConfigError
 from kernels.launch import EXIT_INTERRUPTED, leave, prepare, start
@@ -82,17 +83,25 @@ def main(argv: list[str] | None = None) -> int:
         is_rank = launcher == "none"
         rc = start(launcher, cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        if not getattr(e, "said_by_rank0", False):
+            print(f"error: {e}", file=sys.stderr, flush=True)
         rc = 2
     except guards.Terminated as e:  # a second Ctrl-C, or TERM with no step boundary in time: one line, not a traceback
         if not is_rank:
             raise
         print(f"stopped: {e}", file=sys.stderr, flush=True)
         rc = EXIT_INTERRUPTED if guards.INTERRUPTED else 1
-    except BaseException:
+    except BaseException as e:
         if not is_rank:
             raise
-        traceback.print_exc()
+        if files.disk_full_at(e):  # the record says so too (kernels/files.py): one line, not a traceback
+            print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
+                  file=sys.stderr, flush=True)
+        elif guards.peer_left(e):  # the rank that left says why; this one's traceback would only bury it
+            print(f"failed: another rank left during a collective ({guards.peer_left(e)}); its output says why",
+                  file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
         rc = 1
     else:
         from kernels.dist import rank_env

@@ -261,6 +261,24 @@ def test_diffusion_matches_dense_matrix_powers():
         assert not torch.allclose(orig[3], mm(b, x))
 
 
+def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
+    """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint's content checksum covers
+    their indices and values (a CSR tensor has no flat bytes; the write failed at the first epoch's end), and a
+    changed value is found."""
+    from kernels import checkpoint
+
+    ids, adj = small_graph(6)
+    g = Graph([m.astype(np.float32) for m in dual_supports(adj)], None, "sparse")
+    held = dict(g.named_buffers())  # what a checkpoint's rank_buffers hold
+    assert {v.layout for v in held.values()} == {torch.sparse_csr}
+    checkpoint.write(tmp_path, checkpoint.serialise([checkpoint.rng_state()], rank_buffers=[held], epoch=1))
+    state, path, notes = checkpoint.load(tmp_path)
+    assert path.name == "checkpoint.pt" and not notes and state["epoch"] == 1
+    assert all(torch.equal(state["rank_buffers"][0][k].to_dense(), v.to_dense()) for k, v in held.items())
+    state["rank_buffers"][0]["support0"].values()[0] += 1.0
+    assert checkpoint.content_digest(state) != state[checkpoint.DIGEST_KEY]
+
+
 def test_the_default_is_the_released_codes_recursion():
     """Every published METR-LA / PEMS-BAY accuracy comes from the released code's arithmetic: the default
     diffusion_form is that recursion, in the parameters, the model and the graph alike (the recursion itself is

@@ -68,7 +68,7 @@ def epochs_done(run_dir: Path) -> int:
     """Epochs finished AND checkpointed: metrics.csv gets its row before the checkpoint is written, so a
     fault injected on the row alone may land before there is anything to resume from."""
     p = run_dir / "metrics.csv"
-    if not (run_dir / "checkpoint.pt.sha256").exists():  # written last, after the checkpoint itself
+    if not (run_dir / "checkpoint.pt").exists():  # appears by a rename once the checkpoint is whole
         return 0
     return max(0, len(p.read_text().splitlines()) - 1) if p.exists() else 0
 
@@ -275,28 +275,118 @@ def test_a_second_run_on_the_same_directory_fails_fast_naming_the_first(tmp_path
     assert not (run / ".lock").exists()
 
 
-def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+def _damage_tensor_bytes(path: Path) -> None:
+    """Flip bytes inside the largest tensor of a checkpoint, leaving its zip whole: torch.load alone loads it."""
+    import struct
+    import zipfile
+
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack("<HH", data[entry.header_offset + 26:entry.header_offset + 30])
+    first = entry.header_offset + 30 + name_len + extra_len
+    for i in range(first, first + entry.file_size, max(1, entry.file_size // 8)):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    torch.load(path, map_location="cpu", weights_only=False)  # still a loadable file: only its content is wrong
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+    """A checkpoint carries the checksum of its own content: tensor bytes damaged inside an intact zip (which
+    torch.load accepts, and a checksum rewritten beside it would have blessed) are found, and the run resumes
+    from the previous checkpoint to the same end. When neither verifies it is a clear error naming both."""
     import shutil
 
     run = tmp_path / "r"
     p = lab(*BASE, *EPOCHS, "--gpus", "2", "--stop_after_steps", "24", "--results_dir", tmp_path, "--run_id", "r")
     assert p.returncode == 0 and summary(run)["status"] == "stopped", p.stdout + p.stderr
     shutil.copytree(run, tmp_path / "r2")
-    for name in ("checkpoint.pt", "checkpoint.prev.pt"):  # both damaged: a clear error, nothing overwritten
-        (tmp_path / "r2" / name).write_bytes(b"not a checkpoint")
+    ck = tmp_path / "r2" / "checkpoint.pt"  # both unusable: cut short, and damaged inside
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    _damage_tensor_bytes(tmp_path / "r2" / "checkpoint.prev.pt")
     p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r2")
     out = p.stdout + p.stderr  # the ranks' messages come through the launcher's output
-    assert p.returncode == 2 and "no usable checkpoint" in out and "checkpoint.prev.pt" in out, out
+    assert p.returncode == 2 and "no usable checkpoint" in out and "checkpoint.pt is unusable: cannot be loaded" in out
+    assert "checkpoint.prev.pt is unusable: content checksum mismatch" in out, out
     assert summary(tmp_path / "r2")["status"] == "stopped"
-    ck = run / "checkpoint.pt"
-    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    _damage_tensor_bytes(run / "checkpoint.pt")
     t0 = time.monotonic()
     p = again(tmp_path)
-    record_fault("truncated checkpoint.pt (falls back to checkpoint.prev.pt)", 120, time.monotonic() - t0,
+    record_fault("checkpoint.pt damaged inside (falls back to checkpoint.prev.pt)", 120, time.monotonic() - t0,
                  p.returncode, summary(run)["status"])
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "checkpoint.pt is unusable: checksum mismatch" in p.stdout and "from the previous checkpoint" in p.stdout
+    assert "checkpoint.pt is unusable: content checksum mismatch" in p.stdout
+    assert "resuming from the previous checkpoint, checkpoint.prev.pt" in p.stdout
     assert_same_result(run, reference)
+
+
+def _state(step: int) -> bytes:
+    from kernels import checkpoint as ckpt
+
+    return ckpt.serialise([{"torch": torch.get_rng_state()}], global_step=step, model={"w": torch.full((1000,), step)})
+
+
+def _kill_the_writer_at(point: str, run: Path) -> None:
+    """Write the next checkpoint (step 2) in a forked writer that the injection point kills with SIGKILL."""
+    from kernels import checkpoint as ckpt
+
+    data = _state(2)
+    pid = os.fork()
+    if pid == 0:  # the writer: it dies at the point, or reports that it did not
+        try:
+            os.environ[ckpt.FAULT_ENV] = f"{point}@{ckpt._writes + 1}"
+            ckpt.write(run, data)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (point, status)
+
+
+@pytest.mark.parametrize("point", ["start", "prev-removed", "next-half-written", "next-written", "rotated", "done"])
+def test_a_writer_killed_anywhere_in_the_checkpoint_write_leaves_one_that_verifies(tmp_path, point):
+    """checkpoint.pt and checkpoint.prev.pt were renamed one after the other, their checksums beside them after
+    that: a crash between left a good checkpoint with another's checksum, and resume refused it. Now the file
+    carries its checksum, and the writer is killed (SIGKILL) at each point of the write in turn: resume takes
+    the newest checkpoint that is whole (the new one from the moment it is fsynced), and the write after works."""
+    from kernels import checkpoint as ckpt
+
+    assert ckpt.POINTS == ("start", "prev-removed", "next-half-written", "next-written", "rotated", "done")
+    run = tmp_path / "r"
+    run.mkdir()
+    ckpt.write(run, _state(0))
+    ckpt.write(run, _state(1))
+    _kill_the_writer_at(point, run)
+    t0 = time.monotonic()
+    state, used, notes = ckpt.load(run)
+    took = time.monotonic() - t0
+    newest = 2 if ckpt.POINTS.index(point) >= ckpt.POINTS.index("next-written") else 1
+    assert state["global_step"] == newest and used.name == "checkpoint.pt", (point, used, notes)
+    record_fault(f"checkpoint writer killed (SIGKILL) at '{point}'", 5, took, 128 + 9,
+                 f"loads {'the new checkpoint' if newest == 2 else 'the one before the write'}")
+    assert bool(notes) == (point in ("next-half-written", "next-written", "rotated")), notes
+    assert float(state["model"]["w"][0]) == newest
+    ckpt.write(run, _state(3))  # the next write after the crash
+    assert {f.name for f in run.iterdir()} == {"checkpoint.pt", "checkpoint.prev.pt"}
+    assert [ckpt.load(run)[0]["global_step"], torch.load(run / "checkpoint.prev.pt")["global_step"]] == [3, newest]
+
+
+def test_rank0_killed_mid_checkpoint_resumes_from_the_newest_whole_one(tmp_path, reference):
+    """The real run: rank 0 is killed in the second checkpoint's write between its two renames (only
+    checkpoint.prev.pt and checkpoint.next.pt on disk); the next attempt resumes from the new one and ends
+    identical to an uninterrupted run."""
+    run = tmp_path / "r"
+    t0 = time.monotonic()
+    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r",
+            env={"LAB_CHECKPOINT_FAULT": "rotated@2"})
+    took = time.monotonic() - t0
+    assert p.returncode == 128 + 9, p.stdout + p.stderr
+    assert {f.name for f in run.glob("checkpoint*")} == {"checkpoint.prev.pt", "checkpoint.next.pt"}
+    status, rc = summary(run)["status"], p.returncode
+    out = resume_matches(run, tmp_path, reference).stdout
+    assert "a checkpoint write was interrupted after checkpoint.next.pt was complete" in out
+    assert "resuming r from epoch 3 step 0" in out, out
+    record_fault("rank 0 killed between a checkpoint's renames", 60, took, rc,
+                 f"{status}; resumed from the new checkpoint to the same end")
 
 
 def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
@@ -373,32 +463,117 @@ def test_non_finite_loss_stops_the_run(tmp_path):
     assert re.search(r"NonFiniteLoss: the training loss became non-finite by global step \d+", s["error"]), s["error"]
 
 
-def test_full_file_system(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+def _tmpfs(where: Path, size: str) -> Path:
+    where.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                       text=True)
     if p.returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but a tmpfs cannot be mounted: {p.stderr}")
         pytest.skip(f"mounting a small tmpfs needs root: {p.stderr.strip()}")
-    try:
-        t0 = time.monotonic()
-        p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", mnt / "runs", "--run_id", "r")
-        record_fault("results_dir on a full file system (4 MiB tmpfs)", 20, time.monotonic() - t0, p.returncode,
-                     "no record")
-        assert p.returncode == 2 and str(mnt) in p.stderr, p.stderr
-        # the two sizes in one unit, precise enough to show why, and what takes the space
-        has, needs = re.search(r"has ([\d,]+) KiB free, this run needs about ([\d,]+) KiB: two checkpoints",
-                               p.stderr).groups()
-        assert int(has.replace(",", "")) < int(needs.replace(",", "")) and "for the record" in p.stderr
-        assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
-        from kernels.records import RecordError, atomic_write_bytes
+    return where
 
-        with pytest.raises(RecordError, match=rf"cannot write {re.escape(str(mnt))}/big.*No space left"):
-            atomic_write_bytes(mnt / "big", b"\0" * (8 << 20))
-        assert not list(mnt.glob(".big*"))  # no temporary file left either
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of its own, small enough to fill: 20 MiB of tmpfs (unmounted after the test)."""
+    mnt = _tmpfs(tmp_path / "small", "20m")
+    yield mnt
+    subprocess.run(["umount", str(mnt)])
+
+
+def fill(path: Path) -> None:
+    """Write zeros into `path` until the file system has no room left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            os.write(fd, bytes(1 << 16))
+    except OSError as e:
+        assert e.errno == 28, e
     finally:
-        subprocess.run(["umount", str(mnt)])
+        os.close(fd)
+
+
+def test_full_file_system(small_disk):
+    mnt = small_disk
+    fill(mnt / "fill")
+    t0 = time.monotonic()
+    p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", mnt / "runs", "--run_id", "r")
+    record_fault("results_dir on a full file system (20 MiB tmpfs, full)", 20, time.monotonic() - t0, p.returncode,
+                 "no record")
+    assert p.returncode == 2 and str(mnt) in p.stderr, p.stderr
+    # the two sizes in one unit, precise enough to show why, and what takes the space
+    has, needs = re.search(r"has ([\d,]+) KiB free, this run needs about ([\d,]+) KiB: two checkpoints",
+                           p.stderr).groups()
+    assert int(has.replace(",", "")) < int(needs.replace(",", "")) and "for the record" in p.stderr
+    assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
+    from kernels.records import RecordError, atomic_write_bytes
+
+    with pytest.raises(RecordError, match=rf"cannot write {re.escape(str(mnt))}/big.*No space left"):
+        atomic_write_bytes(mnt / "big", b"\0" * (8 << 20))
+    assert not list(mnt.glob(".big*"))  # no temporary file left either
+
+
+def test_a_disk_that_fills_mid_run_fails_the_run_saying_so(small_disk, tmp_path, reference):
+    """A disk that filled mid-run left the record 'running' with a traceback, and the next attempt blamed a kill,
+    memory or a node. The run now ends 'failed: disk full at <path>' in one line, the record says so (written in
+    space reserved at the start), a retry on the still-full disk is refused naming that cause, and once there is
+    room the run resumes to the same end as an uninterrupted one."""
+    run = small_disk / "runs" / "r"
+    args = [*BASE, *EPOCHS, "--gpus", "2", "--results_dir", small_disk / "runs", "--run_id", "r"]
+    launcher = start(*args, log=tmp_path / "log")
+    wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
+    ranks = ranks_of(launcher)
+    for r in ranks:
+        r.suspend()
+    fill(small_disk / "fill")
+    t0 = time.monotonic()
+    for r in ranks:
+        r.resume()
+    rc = launcher.wait(timeout=120)
+    took = time.monotonic() - t0
+    record_fault("the disk fills mid-run (20 MiB tmpfs)", 30, took, rc, summary(run)["status"])
+    log, s = (tmp_path / "log").read_text(), summary(run)
+    assert rc == 1 and s["status"] == "failed" and s["error"].startswith(f"disk full at {run}/"), (log, s)
+    assert s["error"].endswith("(No space left on device)") and s["attempts"][-1]["cause"] == s["error"]
+    assert f"failed: disk full at {run}/" in log and "Traceback" not in log, log
+    assert "[rank 1] failed: another rank left during a collective (Connection closed by peer" in log
+    assert not (run / ".reserve").exists() and not (run / "failure.txt").exists()  # the summary says it
+    p = lab(*args)
+    out = p.stdout + p.stderr  # the ranks' output comes through the launcher's
+    assert p.returncode == 2 and out.count("error:") == 1, out  # rank 0 says it, not every rank
+    assert f"(the previous attempt failed: disk full at {run}/" in out, out
+    (small_disk / "fill").unlink()
+    p = lab(*args)
+    assert p.returncode == 0 and f"note: the previous attempt of r failed: disk full at {run}/" in p.stdout
+    assert_same_result(run, reference)
+
+
+def test_when_even_the_summary_cannot_be_written_the_reserved_space_says_why(small_disk):
+    """The last line of defence on a full disk: the cause written in place into the reserved space needs no
+    new room, the launcher's mark and the next attempt read it there."""
+    from kernels import files, records
+
+    d = small_disk / "runs" / "r"
+    d.mkdir(parents=True)
+    records.write_json(d / "summary.json", {"status": "running", "attempts": [{"status": "running"}]})
+    files.reserve_space(d)
+    fill(small_disk / "fill")
+    try:
+        records.write_json(d / "x.json", {"x": "y" * 4096})
+        raise AssertionError("the disk is not full")
+    except records.RecordError as e:
+        cause = files.failure_text(e)
+    assert cause == f"disk full at {d}/x.json (No space left on device)"
+    assert files.record_failure(d, cause) and files.failure_cause(d) == cause
+    fill(small_disk / "fill")  # the reserve's freed space taken too: no summary can be written
+    assert not records.mark_failed(d, "a rank exited with status 1") and files.failure_cause(d) == cause
+    assert records.read_json(d / "summary.json")["status"] == "running"
+    (small_disk / "fill").unlink()
+    assert records.mark_failed(d, "a rank exited with status 1")
+    s = records.read_json(d / "summary.json")
+    assert s["status"] == "failed" and s["error"] == cause == s["attempts"][-1]["cause"]
+    assert files.failure_cause(d) is None and not list(d.glob(".reserve")) and not (d / "failure.txt").exists()
 
 
 # ------------------------------------------------------------------ the real Slurm

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from kernels.files import atomic_write_bytes
 from kernels.sysinfo import cpu_set
 
 MAX_HZ = 5.0
@@ -152,8 +153,15 @@ class Monitor(threading.Thread):
         self.cpus = cpus  # the cores they may run on
         self.stop_event = threading.Event()
         self.samples = 0
+        self.error: str | None = None
 
     def run(self) -> None:
+        try:
+            self._sample()
+        except OSError as e:  # a full disk ends the sampling, not the run (the run's own writes report it)
+            self.error = f"{type(e).__name__}: {e}"
+
+    def _sample(self) -> None:
         import psutil
 
         nvml, gpus = _gpu_handles(os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -217,7 +225,7 @@ def merge(run_dir: Path) -> Path | None:
         return None
     df = pd.concat(frames).sort_values(["unix_s", "node"])
     out = Path(run_dir) / "monitor.csv"
-    df.to_csv(out, index=False)
+    atomic_write_bytes(out, df.to_csv(index=False).encode())  # whole or not at all, and no space kept on failure
     return out
 
 

@@ -31,6 +31,14 @@ class NonFiniteLoss(Exception):
     """The training loss became NaN or infinite."""
 
 
+def peer_left(exc: BaseException) -> str | None:
+    """gloo's words when another rank left during a collective (that rank's own output says why), else None."""
+    import re
+
+    m = re.search(r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?", str(exc)) if isinstance(exc, RuntimeError) else None
+    return m.group(0) if m else None
+
+
 class StopSignals:
     """USR1 and TERM ask the run to stop; the ranks agree at the next check (every sync_check_steps steps),
     checkpoint, and record 'preempted'. TERM also arms an alarm: if no boundary comes within term_grace_s

@@ -69,18 +69,22 @@ def config_changes(cfg, old: dict) -> list[dict]:
     return changes
 
 
-def check_free_space(model, run_dir: Path) -> None:
-    """Before anything is written: room for two checkpoints (current and previous) of this model with
-    up to two optimizer moments per parameter, and the record."""
+def check_free_space(model, run_dir: Path, previous_failure: str | None = None) -> None:
+    """Before anything is written: room for two checkpoints (current and previous) of this model with up to two
+    optimizer moments per parameter, less what the run's checkpoints already hold (a resume), and the record."""
     tensors = [*model.parameters(), *model.buffers()]
     checkpoint = 3 * sum(t.numel() * t.element_size() for t in tensors)
-    need = 2 * checkpoint + RECORD_ROOM
+    held = sum(f.stat().st_size for f in Path(run_dir).glob("checkpoint*.pt")) if Path(run_dir).exists() else 0
+    need = max(0, 2 * checkpoint - held) + RECORD_ROOM
     probe, free = sysinfo.free_space(run_dir)
     if free < need:
-        has, needs, each, room = files.sizes(free, need, checkpoint, RECORD_ROOM)
-        raise ConfigError(f"parameter 'results_dir': {probe} has {has} free, this run needs about {needs}: two "
-                          f"checkpoints (current and previous) of {each} each (weights and two optimizer moments) "
-                          f"and {room} for the record; free space there or pass results_dir=<a directory with room>")
+        has, needs, each, room, there = files.sizes(free, need, checkpoint, RECORD_ROOM, held)
+        why = f" (the previous attempt failed: {previous_failure})" if previous_failure else ""
+        on_disk = f"; {there} of them on disk already" if held else ""
+        raise ConfigError(f"parameter 'results_dir': {probe} has {has} free, this run needs about {needs}{why}: two "
+                          f"checkpoints (current and previous) of {each} each (weights and two optimizer moments"
+                          f"{on_disk}) and {room} for the record; free space there or pass results_dir=<a directory "
+                          f"with room>")
 
 
 class RunRecord:
@@ -123,7 +127,9 @@ class RunRecord:
                 decision = {"error": f"{type(e).__name__}: {e}"}
         decision = broadcast_object(decision)
         if "error" in decision:
-            raise ConfigError(decision["error"])
+            err = ConfigError(decision["error"])
+            err.said_by_rank0 = not self.is_rank0  # one message, not one per rank (kernels/train.py)
+            raise err
         self.run_id = decision["run_id"]
         self.run_dir = self.cfg.results_root / self.run_id
         self.changes, self.notes = decision["changes"], decision["notes"]
@@ -141,24 +147,28 @@ class RunRecord:
         run_dir = cfg.results_root / run_id
         records.ensure_not_complete(run_dir)
         resume = ckpt.exists(run_dir)
-        if not resume:
-            check_free_space(model, run_dir)
+        marked = files.failure_cause(run_dir)  # what an attempt that could not finish its summary wrote
+        old = records.read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
+        failed = old.get("error") if old.get("status") == "failed" else marked if old.get("status") == "running" else None
+        check_free_space(model, run_dir, failed)
         fresh = not run_dir.exists()
         self.lock = records.RunLock(run_dir)
         self.lock.acquire()
         decision = {"run_id": run_id, "resume": resume, "changes": [], "notes": [], "attempts": []}
         state = None
         try:
-            old = records.read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
             decision["attempts"] = list(old.get("attempts") or [])
-            if old.get("status") == "running":  # its lock was stale: that attempt died without a word
-                cause = "ended without recording why (killed, out of memory, or a node failure)"
+            if old.get("status") == "running":  # its lock was stale: that attempt died without a summary
+                cause = marked or "ended without recording why (killed, out of memory, or a node failure)"
                 if decision["attempts"]:
-                    decision["attempts"][-1].update(status="died", cause=cause)
-                self.log(f"note: the previous attempt of {run_id} {cause}")
+                    decision["attempts"][-1].update(status="failed" if marked else "died", cause=cause)
+                self.log(f"note: the previous attempt of {run_id} {'failed: ' if marked else ''}{cause}")
+            elif failed:
+                self.log(f"note: the previous attempt of {run_id} failed: {failed}")
             if resume:
                 state, used, notes = ckpt.load(run_dir)
-                decision["notes"] = notes
+                decision["notes"] = notes + ([f"resuming from the previous checkpoint, {used.name}"]
+                                             if used.name == ckpt.PREVIOUS else [])
                 decision["changes"] = config_changes(cfg, state["config"])
                 if len(state["rng"]) != self.world:
                     raise ConfigError(f"the checkpoint in {run_dir} was written by {len(state['rng'])} ranks, this "
@@ -173,7 +183,7 @@ class RunRecord:
     def resumed(self, state: dict) -> None:
         self.attempts[-1]["resumed_from_step"] = state["global_step"]
         for note in self.notes:
-            self.log(f"warning: {note}; resumed from the previous checkpoint")
+            self.log(f"warning: {note}")
         for c in self.changes:
             self.log(f"warning: {c['parameter']} changed from {c['checkpoint']!r} to {c['now']!r} "
                      f"(allow_config_change); recorded in config.json")
@@ -186,6 +196,7 @@ class RunRecord:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.owned = True
+        files.reserve_space(self.run_dir)  # for the record of a failure on a full disk (fail())
         ranks = self.ranks
         records.write_json(self.run_dir / "config.json", {
             "schema_version": records.SCHEMA_VERSION, "run_id": self.run_id, "params": self.cfg.to_dict(),
@@ -234,7 +245,21 @@ class RunRecord:
                                  steps_done=st["global_step"])
         summary["attempts"] = self.attempts
         records.write_json(self.run_dir / "summary.json", summary)
+        if status != "running":
+            files.clear_reserve(self.run_dir)  # the summary says how the run ended
         return summary
+
+    def fail(self, exc: BaseException, summarise) -> None:
+        """Rank 0: the record of a failure (summarise(error) writes the summary). On a full disk the cause goes
+        into the space reserved at the start first, which frees room for the summary; when even that cannot be
+        written, failure.txt tells the launcher and the next attempt why."""
+        error = files.failure_text(exc)
+        files.record_failure(self.run_dir, error)
+        try:
+            summarise(error)
+        except OSError as e:
+            self.log(f"error: the summary of {self.run_id} could not be written ({e}); {files.FAILURE} there says why "
+                     f"the run failed")
 
     def _throughput(self, t: dict, rows: list[dict]) -> dict:
         """The headline figures over all timed steps of the run (slowest rank per step), and the FLOP facts."""
