@@ -357,12 +357,15 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         cmd = sbatch_command(study, nodes, tasks, len(pts), list_file)
         print(shlex.join(cmd), file=out)
         print(f"  array tasks 0..{len(pts) - 1} = points {', '.join(str(p.index) for p in pts)}", file=out)
-        if dry_run:
-            continue
+        # the files the line names exist even on a dry run, so a printed line runs when copied
         (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
         list_file.parent.mkdir(parents=True, exist_ok=True)
         lines = [str(write_point(study, p)) for p in pts]
         list_file.write_text("\n".join(lines) + "\n")
+        if dry_run:
+            print(f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
+                  f"from {PROJECT_ROOT}", file=out)
+            continue
         job = run_sbatch(cmd, f"the array for {nodes}x{tasks}")
         print(f"  submitted job array {job}", file=out, flush=True)
         subs.append({"array_job_id": job, "nodes": nodes, "tasks_per_node": tasks,
@@ -480,7 +483,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
     ap.add_argument("study", type=Path)
-    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands and write the parameter files they name; submit nothing")
     ap.add_argument("--json", action="store_true", help="status as JSON")
     ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
     ap.add_argument("--points", default="",

@@ -116,15 +116,24 @@ def sbatch_command(sweep: dict) -> list[str]:
     return cmd + ["slurm/sweep_task.sbatch", str(out / "commands.txt"), str(out)]
 
 
+def _write_commands(sweep: dict, out: Path) -> None:
+    (out / "commands.txt").write_text("\n".join(sweep["commands"]) + "\n")
+    (out / "grid.json").write_text(json.dumps(sweep["combos"], indent=2) + "\n")
+
+
 def submit(sweep: dict, dry_run: bool = False) -> str | None:
     cmd = sbatch_command(sweep)
     print(shlex.join(cmd))
     for i, line in enumerate(sweep["commands"]):
         print(f"  {i}: {line}")
-    if dry_run:
-        return None
     out = outdir(sweep)
     out.mkdir(parents=True, exist_ok=True)
+    if dry_run:  # the files the line names exist, so it runs when copied (after the setup, if any)
+        _write_commands(sweep, out)
+        setup = (f"; its setup has not run: run `{sweep['setup']}` in {out} first, or submit without --dry-run"
+                 if sweep.get("setup") else "")
+        print(f"wrote {out / 'commands.txt'}: the line runs as printed from {PROJECT_ROOT}{setup}")
+        return None
     if sweep.get("setup"):  # (sweeps built in code, such as bigMNIST's build array, have none)
         print(f"setup: {sweep['setup']}", flush=True)
         p = subprocess.run(sweep["setup"], shell=True, cwd=out, capture_output=True, text=True)
@@ -132,8 +141,7 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
         if p.returncode != 0:
             raise ConfigError(f"the sweep's setup failed (exit {p.returncode}), nothing submitted: "
                               f"{(p.stderr or p.stdout).strip()[-600:]}")
-    (out / "commands.txt").write_text("\n".join(sweep["commands"]) + "\n")
-    (out / "grid.json").write_text(json.dumps(sweep["combos"], indent=2) + "\n")
+    _write_commands(sweep, out)
     job = run_sbatch(cmd, "the sweep")
     print(f"submitted job array {job}")
     return job

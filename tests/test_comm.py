@@ -238,6 +238,28 @@ def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
     assert predict.scaling_mode(one, run)[0] == "strong"
 
 
+def test_predict_without_a_fit_for_a_placement_says_which_record_is_missing():
+    """`lab comm predict --run R --gpus 1,2,4` with commbench records from one node only: 4 ranks at 2 per node
+    span two nodes, and the error names the missing inter-node fit and the command that measures it (it died
+    with `ValueError: no inter-node all_reduce fit` deep in the step model)."""
+    from kernels.errors import ConfigError
+
+    run = {"device": "CPU", "param_bytes": [4096], "bucket_cap_mb": 25.0, "t1_s": 0.1, "p90_s": 0.11,
+           "data_s": 0.0, "batch": 64}
+    fit = {"alpha_s": 1e-5, "busbw_Bps": 1e9}
+    intra_only = {("gloo", "all_reduce", "fp32", "intra-node", "h"): fit}
+    with pytest.raises(ConfigError) as e:
+        predict.predict(run, [1, 2, 4], 2, intra_only, "gloo", "strong", 2, system="h")
+    msg = str(e.value)
+    assert "--gpus 4" in msg and "no inter-node all_reduce fit" in msg and "sbatch --nodes=2" in msg
+    assert "\n" not in msg and "--gpus_per_node 4" in msg
+    assert len(predict.predict(run, [1, 2, 4], 4, intra_only, "gloo", "strong", 2, system="h")) == 3
+    inter_only = {("gloo", "all_reduce", "fp32", "inter-node", "h"): fit}
+    with pytest.raises(ConfigError, match="no intra-node all_reduce fit.*lab comm bench --backend gloo"):
+        predict.predict(run, [2], 2, inter_only, "gloo", "strong", 2, system="h")
+    assert len(predict.predict(run, [1, 2, 4], 1, inter_only, "gloo", "strong", 2, system="h")) == 3
+
+
 def test_buckets_follow_ddp_first_bucket_then_cap():
     mib = 1024 * 1024
     params = [4 * mib] * 10 + [mib // 4] * 4  # backward meets the small ones first

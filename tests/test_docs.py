@@ -95,8 +95,8 @@ COMMANDS: dict[str, str] = {
     "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's squeue (test_study.py on the local Slurm)",
     "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster (test_study.py on the local Slurm)",
     "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster (test_study.py on the local Slurm)",
-    "lab sweep submit sweeps/mpi_hello.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the local one)",
-    "lab sweep collect sweeps/mpi_hello.yaml": "skip: collects the outputs of the submission above",
+    "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the local one)",
+    "lab sweep collect sweeps/product_grid.yaml": "skip: collects the outputs of the submission above",
     "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system":
         "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
     "lab sysinfo --merge results/system/*.json": "skip: needs the per-node files of the srun line above",

@@ -108,7 +108,14 @@ def test_dry_run_prints_one_array_per_geometry(tmp_path):
     assert "--array=0-2 --job-name=strong_resnet18 --nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in lines[-1] \
         or any("--nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in ln for ln in lines)
     assert all("LAB_STUDY_ID=strong_resnet18" in ln and "--partition=acc" in ln for ln in lines)
-    assert not (tmp_path / "studies").exists()
+    # a printed line runs when copied: the parameter list it names, and each point file in it, exist
+    lists = [re.search(r"LAB_ARRAY_PARAMS=([^,\s]+)", ln).group(1) for ln in lines]
+    for ln, lst in zip(lines, lists):
+        files = Path(lst).read_text().split()
+        assert len(files) == int(re.search(r"--array=0-(\d+)", ln).group(1)) + 1
+        assert all("run_id: strong_resnet18-p" in Path(f).read_text() for f in files)
+    assert (tmp_path / "logs").is_dir() and "the line runs as printed" in p.stdout
+    assert not (tmp_path / "studies" / "strong_resnet18" / "submissions.json").exists()
 
 
 def test_moving_a_study_changes_only_the_cluster_profile(tmp_path):
@@ -282,11 +289,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
 def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
-    spec = tmp_path / "sw.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "sw", "cluster": "local", "sbatch": {"nodes": 1, "ntasks_per_node": 1, "time": "00:05:00"},
-        "command": "python3 -c 'import sys; print(int(sys.argv[1]) * int(sys.argv[2]))' {n} {m}",
-        "grid": {"n": [1, 2], "m": [10, 100]}}))
+    spec = ROOT / "sweeps" / "product_grid.yaml"  # as shipped; its outputs go under LAB_RESULTS
     p = cli("kernels.sweep", "submit", spec, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
@@ -334,3 +337,9 @@ def test_sweep_setup_failure_submits_nothing(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump({"name": "bad", "command": "echo {n}", "grid": {"n": [1]}, "parse": "\\d+"}))
     p = cli("kernels.sweep", "submit", path, "--dry-run")
     assert p.returncode == 2 and "key 'parse' needs named groups" in p.stderr, p.stderr
+    path.write_text(yaml.safe_dump({"name": "dry", "cluster": "local", "setup": "make prog", "command": "./prog {n}",
+                                    "grid": {"n": [1, 2]}}))
+    p = cli("kernels.sweep", "submit", path, "--dry-run")  # the printed line names files that then exist
+    listed = re.search(r"slurm/sweep_task.sbatch (\S+)", p.stdout).group(1)
+    assert p.returncode == 0 and Path(listed).read_text().split("\n")[:2] == ["./prog 1", "./prog 2"], p.stdout
+    assert "its setup has not run: run `make prog`" in p.stdout

@@ -298,6 +298,7 @@ def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: s
         have = sorted({f"{k[0]} on {k[4] or '?'}" for k in fitted if k[1] == "all_reduce"})
         raise ConfigError(f"--system {system!r} --backend {backend}: no all_reduce fit; the commbench records have "
                           f"{', '.join(have) or 'none'}. Run commbench there first, or pick one of those")
+    _placements_fitted(ranks, per_node, intra, inter, backend, system)
     bks = buckets(run["param_bytes"], run["bucket_cap_mb"])
     out = []
     for n in ranks:
@@ -314,6 +315,25 @@ def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: s
         p["mode"], p["cpu_share"], p["overlap"] = mode, share, not busy
         out.append(p)
     return out
+
+
+def _placements_fitted(ranks: list[int], per_node: int, intra, inter, backend: str, system: str) -> None:
+    """Refuse, in one line, a rank count whose placement has no all_reduce fit: name the missing commbench
+    record and the command that makes it (the step model would otherwise fail deep inside)."""
+    where = f"on system {system or '?'} with backend {backend}"
+    multi = [n for n in ranks if n > per_node]
+    if multi and inter is None:
+        raise ConfigError(f"--gpus {multi[0]} with --gpus_per_node {per_node} spans nodes, but the commbench "
+                          f"records {where} have no inter-node all_reduce fit. Measure one on two nodes "
+                          f"(`sbatch --nodes=2 --ntasks-per-node=1 slurm/papermill_run.sbatch "
+                          f"notebooks/03_commbench.ipynb -p backend {backend} -p gpus 2`), or predict within one "
+                          f"node: --gpus_per_node {max(ranks)}")
+    inside = [n for n in ranks if 1 < n <= per_node]  # across nodes the intra-node fit is optional (hierarchical)
+    if inside and intra is None:
+        raise ConfigError(f"--gpus {inside[0]} fits in one node (--gpus_per_node {per_node}), but the commbench "
+                          f"records {where} have no intra-node all_reduce fit. Measure one in one node "
+                          f"(`lab comm bench --backend {backend} --gpus 2 --ops all_reduce`), or give "
+                          f"--gpus_per_node 1")
 
 
 # ------------------------------------------------------------------ predicted vs measured
