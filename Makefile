@@ -5,14 +5,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup horovod test test-quick reliability bench bench-gpu demo notebooks paper lab clean-venv records-doc help
+.PHONY: setup lock-cuda horovod test test-quick reliability bench bench-gpu demo notebooks paper lab clean-venv records-doc help
 
 help:
 	@echo "make demo    run notebooks/01_train via papermill, 1 and 2 processes, and 02_profile on 2, embedded digits (no network, no GPU)"
 	@echo "make notebooks  regenerate the parameters cell and the .ipynb twins of notebooks/*.py"
 	@echo "make paper   analyse the records, then build the paper, the EuroHPC proposal and the slides"
 	@echo "make lab     JupyterLab on this repository (notebooks/*.py open as notebooks)"
-	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0)"
+	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0); CUDA=1 [TORCH_INDEX=URL] on a GPU cluster"
+	@echo "make lock-cuda  constraints-cuda.txt: the CUDA runtime packages pip resolves for torch (TORCH_INDEX=URL for another CUDA)"
 	@echo "make horovod build Horovod 0.28.1 into .venv (patched for C++17; ~3 min; engine=horovod)"
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
@@ -23,15 +24,32 @@ help:
 
 setup: $(STAMP)
 
+# CUDA=1: a GPU cluster's setup, also under constraints-cuda.txt (the CUDA runtime torch brings),
+# checked after the install. TORCH_INDEX: a PyTorch wheel index for another CUDA than PyPI's
+# (e.g. https://download.pytorch.org/whl/cu126 for a driver older than CUDA 13); lock it first
+# with `make lock-cuda TORCH_INDEX=...`. kernels/lock.py says more.
+CUDA ?=
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
+TORCH_LOCK := -c constraints.txt $(if $(CUDA),-c constraints-cuda.txt)
+
 # torch first, alone, so the rest cannot drag in a different torch build;
 # then everything else under the lock. pip fails rather than resolve another torch.
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt constraints-cuda.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade -c constraints.txt "torch==2.13.0" numpy
-	$(BIN)/python -m pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install -q --upgrade $(TORCH_LOCK) $(TORCH_FROM) "torch==2.13.0" numpy
+	$(BIN)/python -m pip install -q -r requirements.txt $(TORCH_LOCK)
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
-	$(BIN)/python -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
+	$(BIN)/python -c "import torch, numpy; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'numpy', numpy.__version__)"
+	$(if $(CUDA),$(BIN)/python -m kernels.lock verify constraints-cuda.txt)
 	touch $(STAMP)
+
+# What pip would install for torch==2.13.0 on a GPU machine (nothing is installed), as constraints-cuda.txt.
+lock-cuda: setup
+	$(BIN)/python -m pip install --dry-run --quiet --ignore-installed -c constraints.txt $(TORCH_FROM) \
+		--report $(VENV)/cuda-report.json "torch==2.13.0"
+	$(BIN)/python -m kernels.lock cuda $(VENV)/cuda-report.json --index "$(TORCH_INDEX)" > $(VENV)/constraints-cuda.txt
+	mv $(VENV)/constraints-cuda.txt constraints-cuda.txt
 
 # Horovod 0.28.1 from the PyPI sdist (sha256-checked) with C++17 in the three places torch >= 2.1
 # needs it (kernels/engines/horovod.py says which and why); Gloo and MPI here, NCCL where CUDA is.

@@ -257,6 +257,41 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
         check({**cell, **given}, set(cell) | set(given))
 
 
+# Papermill's and the kernel's lines that say nothing about the run: cell markers, the kernel's
+# "running over TCP without encryption" (a kernel on this node, spoken to over loopback), and the
+# paths papermill echoes that the runner prints itself.
+NOISE = re.compile(r"^(Executing|Ending) Cell \d+-*\s*$|Kernel is running over TCP without encryption"
+                   r"|^Executing notebook with kernel: |^(Input|Output) Notebook: "
+                   r"|^<Figure size \d+x\d+ with \d+ Axes>\s*$")  # a figure's text form: the figure is in the HTML
+
+
+def _papermill(cmd: list[str], env: dict) -> int:
+    """Run papermill, passing its stdout and stderr on line by line as they come, without NOISE."""
+    import threading
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            errors="replace")
+
+    def forward(src, dst):
+        for line in src:
+            if not NOISE.search(line):
+                dst.write(line)
+                dst.flush()
+
+    threads = [threading.Thread(target=forward, args=(proc.stdout, sys.stdout), daemon=True),
+               threading.Thread(target=forward, args=(proc.stderr, sys.stderr), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        rc = proc.wait()
+    except BaseException:  # Ctrl-C or a signal that raises: papermill gets it too (same process group)
+        proc.wait()
+        raise
+    for t in threads:
+        t.join()
+    return rc
+
+
 def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "",
         staging: Path | None = None) -> int:
     """Execute `notebook` with Papermill; file the executed copy and HTML with the run record.
@@ -288,8 +323,8 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(staged), "--log-output", "--no-progress-bar",
            "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
     print("notebook: " + " ".join(cmd), flush=True)
-    rc = subprocess.run(cmd, env={**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
-                                  "LAB_NOTEBOOK": notebook.stem}).returncode
+    rc = _papermill(cmd, {**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
+                          "LAB_NOTEBOOK": notebook.stem})
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
     handoff_file.unlink(missing_ok=True)
     if not staged.exists():

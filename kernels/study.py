@@ -78,10 +78,10 @@ def _check_keys(d: dict, allowed: dict, where: str) -> None:
             raise ConfigError(f"{where}: unknown key '{k}'{hint} Allowed: {', '.join(allowed)}")
 
 
-def load_cluster(ref: str) -> dict:
+def load_cluster(ref: str, what: str = "study key 'cluster'") -> dict:
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
     if not path.is_file():
-        raise ConfigError(f"study key 'cluster': no cluster profile {path}; "
+        raise ConfigError(f"{what}: no cluster profile {path}; "
                           f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
     prof = yamlfile.read(path, "cluster profile")
     _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")

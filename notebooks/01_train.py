@@ -130,6 +130,7 @@ synthetic_shape = 'metr-la'     # shape of the synthetic traffic set: metr-la (3
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
 import pandas as pd
 
+from kernels.notebook_tables import pairs, table
 from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
 from kernels.records import read_run
 from kernels.workloads import get_workload
@@ -137,7 +138,8 @@ from kernels.workloads import get_workload
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
 print(f"global batch {cfg.batch} = {cfg.gpus} rank(s) x {cfg.per_rank_batch} per rank"
       f" ({cfg.micro_batches} micro-batch(es) each); precision {cfg.precision}; pipeline {cfg.pipeline}")
-pd.Series(cfg.to_dict(), name="value").to_frame()
+# the whole table here; the job log gets the same values as name=value lines
+table(pd.Series(cfg.to_dict(), name="value").to_frame(), log=pairs(cfg.to_dict()))
 
 # %% [markdown]
 # ## Launch the ranks
@@ -166,10 +168,10 @@ contention = summary.get("contention") or {}
 if contention.get("contended"):  # the analysis sets this point aside until it is re-run on quiet cores
     print("CONTENDED: this run shared its cores or GPUs with foreign work:\n  " + "\n  ".join(contention["evidence"]))
 facts["contended"] = {True: "yes", False: "no", None: "not measured"}[contention.get("contended")]
-pd.concat([pd.Series({k: summary.get(k) for k in keys}), pd.Series(facts)]).to_frame("value")
+table(pd.concat([pd.Series({k: summary.get(k) for k in keys}), pd.Series(facts)]).to_frame("value"))
 
 # %%
-metrics
+table(metrics)
 
 # %%
 import matplotlib.pyplot as plt

@@ -128,6 +128,7 @@ synthetic_shape = 'metr-la'     # shape of the synthetic traffic set: metr-la (3
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
 import pandas as pd
 
+from kernels.notebook_tables import readable, table
 from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
 from kernels.params import ConfigError
 from kernels.records import read_run
@@ -155,8 +156,8 @@ summary = record["summary"]
 assert summary["status"] == "complete", f"run ended with status {summary['status']}: {summary.get('error')}"
 verdict = summary["bottleneck"]
 print(f"bottleneck: {verdict['verdict']} ({verdict['reason']})")
-pd.Series({**verdict["evidence"], **{f"threshold {k}": v for k, v in verdict["thresholds"].items()}},
-          name="value").to_frame()
+table(pd.Series({**verdict["evidence"], **{f"threshold {k}": v for k, v in verdict["thresholds"].items()}},
+                name="value").to_frame())
 
 # %% [markdown]
 # ## Breakdown by operator category
@@ -169,11 +170,11 @@ profile = summary["profile"] or {}
 if profile.get("status") != "complete":
     raise RuntimeError(f"no breakdown: {profile.get('status', 'the run was not profiled')}")
 bd = pd.read_csv(run_dir / "breakdown.csv")
-table = bd.pivot(index="category", columns="rank", values="ms_per_step")
-table["share (all)"] = bd[bd["rank"] == "all"].set_index("category")["share"]
+by_category = bd.pivot(index="category", columns="rank", values="ms_per_step")
+by_category["share (all)"] = bd[bd["rank"] == "all"].set_index("category")["share"]
 print(f"{profile['steps']} profiled step(s), {profile['profiled_ms_per_step']:.1f} ms per step, "
       f"{profile['timeline']} timeline; {profile['comm_crosscheck']}")
-table.sort_values("share (all)", ascending=False).round(3)
+table(by_category.sort_values("share (all)", ascending=False).round(3))
 
 # %%
 from IPython.display import display
@@ -187,7 +188,7 @@ show_png(run_dir / "breakdown.png", required=True)
 
 # %%
 ops = pd.read_csv(run_dir / "top_ops.csv")
-ops[ops["rank"] == "all"].drop(columns="rank").head(15).reset_index(drop=True)
+table(ops[ops["rank"] == "all"].drop(columns="rank").head(15).reset_index(drop=True))
 
 # %% [markdown]
 # ## Resource monitor
@@ -197,7 +198,9 @@ ops[ops["rank"] == "all"].drop(columns="rank").head(15).reset_index(drop=True)
 import matplotlib.pyplot as plt
 
 mon = pd.read_csv(run_dir / "monitor.csv") if (run_dir / "monitor.csv").exists() else None
-print(pd.Series(summary["monitor"] or {}, name="monitor").to_string())
+# only what was measured: a CPU node has no GPU rows (blank there, not NaN)
+measured = {k: readable(v) for k, v in (summary["monitor"] or {}).items() if readable(v) != ""}
+print("monitor:", "  ".join(f"{k} {v}" for k, v in measured.items()) or "no samples")
 contention = summary.get("contention") or {}
 print("contended:", {True: "yes", False: "no", None: "not measured"}[contention.get("contended")],
       *(["--"] + contention["evidence"] if contention.get("evidence") else []))
@@ -226,5 +229,5 @@ if mon is not None and len(mon):
 # %%
 print("HTA:", profile["hta"]["status"])
 for name in profile["hta"].get("files", []):
-    display(pd.read_csv(run_dir / "hta" / name).head(8))
+    display(table(pd.read_csv(run_dir / "hta" / name).head(8)))
 print("traces:", *profile["traces"], sep="\n  ")

@@ -6,9 +6,12 @@ Used by the tests (session fixture `slurm` in conftest.py) and by hand:
     python tests/slurm_cluster.py stop  [DIR]
 
 Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Each node
-has 2 CPUs and 2 placeholder GPUs (GRES with files that are not devices), so
-`#SBATCH --gpus-per-node=2` is accepted and SLURM_GPUS_ON_NODE is set, while the
-ranks themselves run on the CPU with gloo.
+has placeholder GPUs (GRES with files that are not devices), so `#SBATCH
+--gpus-per-node=2` is accepted and SLURM_GPUS_ON_NODE is set, while the ranks
+themselves run on the CPU with gloo. Two partitions share the nodes:
+`debug` (the default) lets jobs use 2 CPUs of a node, as many as this machine
+has cores; `quad` is shaped like a EuroHPC booster partition (4 GPUs and 32
+cores a node), so the README's 4-GPU-node command runs here as written.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ import time
 from pathlib import Path
 
 NODES = ("n1", "n2")
-CPUS = 2
-GPUS = 2
+CPUS = 2          # CPUs a node gives jobs of the default partition (the machine's cores)
+QUAD_CPUS = 32    # what each node declares, for the 'quad' partition (slurmd believes the config)
+GPUS = 4          # placeholder GPUs per node
 
 
 def available() -> str | None:
@@ -81,9 +85,11 @@ SlurmctldPidFile={base}/slurmctld.pid
 SlurmdPidFile={base}/slurmd-%n.pid
 SlurmctldLogFile={base}/log/slurmctld.log
 SlurmdLogFile={base}/log/slurmd-%n.log
-NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={n1_port} CPUs={CPUS} Gres=gpu:{GPUS} State=UNKNOWN
-NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={n2_port} CPUs={CPUS} Gres=gpu:{GPUS} State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+SlurmdParameters=config_overrides
+NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={n1_port} CPUs={QUAD_CPUS} Gres=gpu:{GPUS} State=UNKNOWN
+NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={n2_port} CPUs={QUAD_CPUS} Gres=gpu:{GPUS} State=UNKNOWN
+PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE MaxCPUsPerNode={CPUS} State=UP
+PartitionName=quad Nodes=n[1-2] MaxTime=INFINITE State=UP
 """
     (base / "slurm.conf").write_text(conf)
     gres = "AutoDetect=off\n" + "".join(
@@ -114,7 +120,7 @@ def start(base: Path, timeout: float = 60) -> dict:
     while time.time() < deadline:
         p = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True)
         state = p.stdout.strip()
-        lines = [ln.split() for ln in state.splitlines()]
+        lines = {tuple(ln.split()) for ln in state.splitlines()}  # a node is listed once per partition
         if len(lines) == len(NODES) and all(s == "idle" for _, s in lines):
             return {"SLURM_CONF": str(conf)}
         time.sleep(0.5)

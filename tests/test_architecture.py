@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("launch", ("kernels.launch", "kernels.train")),
     ("comm", ("kernels.comm", "kernels.comm.*")),
     ("orchestrate", ("kernels.notebooks", "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
-                     "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args")),
+                     "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args", "kernels.lock",
+                     "kernels.notebook_tables")),
     ("report", ("kernels.report", "kernels.report.*")),
 ]
 

@@ -81,6 +81,19 @@ COMMANDS: dict[str, str] = {
     # --- Slurm jobs
     "sbatch slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8":
         "skip: needs 8 GPUs; the same script runs on the local two-node Slurm in test_slurm.py",
+    "make setup CUDA=1": "skip: installs about 3 GB of CUDA wheels on a GPU cluster; test_lock.py checks the lock "
+                         "it installs under and the verify step that ends it",
+    "make lock-cuda TORCH_INDEX=https://download.pytorch.org/whl/cu126":
+        "skip: asks download.pytorch.org, which this machine cannot reach (PyPI's resolution is in tests/data)",
+    "make setup CUDA=1 TORCH_INDEX=https://download.pytorch.org/whl/cu126":
+        "skip: installs PyTorch's CUDA 12.6 wheels from download.pytorch.org on a GPU cluster",
+    "sbatch slurm/jupyter.sbatch": "skip: a server until scancel; test_slurm.py starts it on the local Slurm and "
+                                   "reaches it as the ssh tunnel would",
+    "sbatch --ntasks-per-node=4 --gpus-per-node=4 --time=04:00:00 slurm/jupyter.sbatch":
+        "skip: the same script with a bigger allocation than the local Slurm's",
+    "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
+    "-p gpus 8": "skip: submits to the cluster; test_slurm.py runs it as written, with the SBATCH_* line before it, "
+                 "on the local Slurm's 4-GPU-node partition (CPU ranks)",
     "sbatch --gpus-per-node=0 --ntasks-per-node=4 --cpus-per-task=8 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
     "-p gpus 4 -p dataset synthetic -p precision fp32":
         "skip: needs a CPU node with 4 x 8 cores; the local Slurm has 2 cores per node (test_slurm.py runs the script "

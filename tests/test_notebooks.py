@@ -94,6 +94,13 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     assert not nb["metadata"]["papermill"]["exception"]
     assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
     assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
+    # the log without noise: no cell markers, no kernel transport warning, no cut or wrapped tables, no
+    # scientific notation or NaN; every parameter as name=value; the whole tables in the notebook
+    log = p.stdout + p.stderr
+    for noise in ("Executing Cell", "Ending Cell", "without encryption", "rows x", "<Figure size", "NaN", "e+0"):
+        assert noise not in log, (noise, log[-3000:])
+    assert "lr_warmup_epochs=" in log and "train_flops_per_sample" in log
+    assert "lr_warmup_epochs" in html and "...</td>" not in html
 
 
 @pytest.mark.parametrize("args,needle", [

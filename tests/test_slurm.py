@@ -91,6 +91,71 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     assert row["state"] == "COMPLETED" and row["nodes"] == 2 and row["elapsed_s"] >= 1, row
 
 
+def test_the_readme_four_gpu_node_form_runs_as_written(slurm, tmp_path, monkeypatch):
+    """The README's lines for 4-GPU nodes, run as written on the local `quad` partition (4 placeholder GPUs a
+    node, CPU ranks): the account, partition and QoS reach sbatch through its SBATCH_* variables, the geometry
+    comes from the sbatch line, and 8 ranks on 2 nodes train. Only the partition's value is the local one; the
+    notebook gets the tiny parameters after the line's own."""
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    export, line = re.search(r"\n {4}(export SBATCH_ACCOUNT=.*?)\s+#.*\n {4}(sbatch --nodes=2 .*-p gpus 8)\n",
+                             readme).groups()
+    env = dict(kv.split("=", 1) for kv in shlex.split(export)[1:])
+    assert set(env) == {"SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_QOS"}
+    env["SBATCH_PARTITION"] = "quad"
+    for k, v in {**env, "OMP_NUM_THREADS": "1"}.items():  # 1 thread a rank: 8 ranks share this machine's 2 cores
+        monkeypatch.setenv(k, v)
+    res = tmp_path / "runs"
+    words = shlex.split(line)
+    at = words.index("slurm/papermill_run.sbatch")  # the job log goes to tmp_path: an option before the script
+    job, rc, log = sbatch(slurm, tmp_path, [], TINY_P + ["-p", "results_dir", res],
+                          cmd=words[:at] + [f"--output={tmp_path}/job-%j.out"] + words[at:])
+    assert rc == 0, log
+    info = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
+                          capture_output=True, text=True).stdout
+    # the QoS cannot be seen here: a Slurm without an accounting database drops it (QOS=(null))
+    assert "Partition=quad" in info and "Account=ehpc123" in info, info
+    cfg = json.loads((res / f"resnet18-digits-g8-j{job}" / "config.json").read_text())
+    per_node = {}
+    for r in cfg["ranks"]:
+        per_node.setdefault(r["node"], []).append(r["local_rank"])
+    assert {n: sorted(v) for n, v in per_node.items()} == {"n1": [0, 1, 2, 3], "n2": [0, 1, 2, 3]}
+    assert json.loads((res / f"resnet18-digits-g8-j{job}" / "summary.json").read_text())["status"] == "complete"
+
+
+def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks(slurm, tmp_path):
+    """`sbatch slurm/jupyter.sbatch` as the README writes it (on the local 4-GPU-node partition): the job log
+    gives the ssh tunnel and the tokened URL; a request as the tunnel delivers it (to the node's port, Host
+    127.0.0.1) reaches JupyterLab, which opens notebooks/01_train.py as a notebook; scancel ends it."""
+    import urllib.request
+
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "SBATCH_PARTITION": "quad"}
+    p = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/jl-%j.out", "slurm/jupyter.sbatch"], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    job, log = p.stdout.strip(), tmp_path / f"jl-{p.stdout.strip()}.out"
+    try:
+        deadline, text = time.monotonic() + 120, ""
+        while not re.search(r"token=[0-9a-f]{16}", text) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            text = log.read_text(errors="replace") if log.exists() else ""
+        tunnel = re.search(r"on your laptop:  ssh -N -L (\d+):(\S+):(\d+) \S+@\S+", text)
+        assert tunnel and tunnel.group(1) == tunnel.group(3), text
+        port, node = tunnel.group(1), tunnel.group(2)
+        token = re.search(r"token=([0-9a-f]+)", text).group(1)
+        req = urllib.request.Request(f"http://{node}:{port}/api/contents/notebooks/01_train.py?token={token}&content=0",
+                                     headers={"Host": f"127.0.0.1:{port}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["type"] == "notebook"  # jupytext: the .py source opens as a notebook
+    finally:
+        subprocess.run(["scancel", job], env=env)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} still there after scancel"
+        time.sleep(0.5)
+
+
 def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_verdict(slurm, tmp_path):
     """The issue's acceptance run: 02_profile through the batch script, 4 ranks on the two emulated nodes."""
     res = tmp_path / "runs"
@@ -167,6 +232,17 @@ def test_submit_helper_dry_run_and_bad_geometry():
     assert p.returncode == 2 and "use gpus=4 or 8" in p.stderr
     p = run("--gpus", "4", "--gpus-per-node", "0", "--ranks-per-node", "2")
     assert "--nodes=2 --ntasks-per-node=2 --gpus-per-node=0 " in p.stdout
+    # a cluster profile supplies what is not given; what is given wins
+    p = run("--gpus", "8", "--cluster", "marenostrum5-acc", "--account", "ehpc123", "--time", "00:30:00")
+    assert p.returncode == 0 and p.stdout.startswith(
+        "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --partition=acc --account=ehpc123 --qos=acc_ehpc "
+        "--time=00:30:00 --cpus-per-task=20 slurm/papermill_run.sbatch"), p.stdout + p.stderr
+    p = run("--gpus", "8", "--cluster", "leonardo-booster")
+    assert "--partition=boost_usr_prod" in p.stdout and "has no account" in p.stderr
+    p = run("--gpus", "8")
+    assert p.returncode == 2 and "--gpus-per-node" in p.stderr and "--cluster NAME" in p.stderr
+    p = run("--gpus", "8", "--cluster", "nowhere")
+    assert p.returncode == 2 and "no cluster profile" in p.stderr and "leonardo-booster" in p.stderr
 
 
 def test_dcrnn_graph_split_across_two_nodes_through_01_train(slurm, tmp_path):
