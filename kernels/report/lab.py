@@ -39,8 +39,14 @@ def contents_text() -> tuple[str, str]:
     from kernels.data import DATASETS
     from kernels.workloads import WORKLOADS, get_workload
 
+    def title(w, d: str) -> str:  # one synthetic generator per kind of input: say which this workload gets
+        if d != "synthetic":
+            return DATASETS[d].title
+        traffic = any("traffic" in DATASETS[x].title.lower() for x in w.datasets if x != "synthetic")
+        return "synthetic traffic series" if traffic else "synthetic images"
+
     wls = [get_workload(name) for name in WORKLOADS]
-    items = [f"{tex_escape(w.title)} (data: {', '.join(tex_escape(DATASETS[d].title) for d in w.datasets)})"
+    items = [f"{tex_escape(w.title)} (data: {', '.join(tex_escape(title(w, d)) for d in w.datasets)})"
              for w in wls]
     work = "; ".join(items[:-1]) + ("; and " if len(items) > 1 else "") + items[-1]
     n = len(wls)
@@ -78,6 +84,31 @@ def validation_text(ctx: Context) -> tuple[str, str]:
                  f"bf16) is part of the same code but has not been measured yet; its first records are milestone M1.")
         short = "validated with CPU processes on one machine, not yet on GPUs"
     return level + "\n", short
+
+
+def timing_words(ctx: Context) -> tuple[str, str, str]:
+    """(the Measurements paragraph's first sentence, the slides' timer phrase, the slides' rank box) for the
+    hardware and precisions of the selected records: no CUDA or bf16 words for runs that had neither."""
+    runs = ctx.runs
+    devices = [str(d) for d in runs["device"]] if not runs.empty else []
+    on_cpu = any(d.startswith("CPU") for d in devices)
+    on_gpu = any(not d.startswith("CPU") for d in devices)
+    gpu_way = "CUDA events that are read once per epoch, so timing adds no synchronisation"
+    if on_gpu and not on_cpu:
+        sentence = f"Each step records three {gpu_way} (start, batch ready, step done)."
+    elif on_gpu:
+        sentence = (f"Each step records three marks (start, batch ready, step done): on the GPU runs {gpu_way}; on "
+                    f"the CPU runs the host clock, exact where the work is synchronous.")
+    else:
+        sentence = ("Each step records three marks (start, batch ready, step done). "
+                    + ("The runs here are on CPUs, where the work is synchronous and the host clock times it exactly; "
+                       if on_cpu else "On CPUs the host clock times them exactly, as the work is synchronous; ")
+                    + f"on a GPU the same marks are {gpu_way}.")
+    timers = "CUDA-event step timers" if on_gpu and not on_cpu else "step timers (CUDA events on GPUs)"
+    precisions = " / ".join(sorted(runs["precision"].dropna().unique())) if not runs.empty else ""
+    ranks = ("one rank per GPU" if on_gpu else "one rank per CPU process" if on_cpu else "one rank per GPU")
+    box = f"{ranks}\\\\DDP" + (f" + {tex_escape(precisions)}" if precisions else "")
+    return sentence + "\n", timers, box
 
 
 def selection_text(ctx: Context) -> str:
@@ -120,6 +151,10 @@ def section(ctx: Context) -> None:
     validation, short = validation_text(ctx)
     ctx.put("validation_text.tex", validation)
     ctx.put("selection_text.tex", selection_text(ctx))
+    timing, timers, box = timing_words(ctx)
+    ctx.put("timing_text.tex", timing)
+    ctx.macro("labTimers", timers)
+    ctx.macro("labRanksBox", box)
     ctx.put("data_notes.tex", data_notes(ctx, mix))
     ctx.macro("labRecords", len(runs))
     ctx.macro("labValidationShort", short)

@@ -11,7 +11,7 @@ from kernels.data import DATASETS
 from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
 from kernels.report.scaling import clean, main_series, set_aside_note
-from kernels.report.tex import booktabs, gap_note, num, pct, tex_escape
+from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 from kernels.params import default
 
 NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": ("Epoch (s)", ".3g"),
@@ -36,9 +36,67 @@ def requested(total: float, plan: dict) -> int:
     return int(math.ceil(total * (1 + float(plan["margin"])) / unit) * unit)
 
 
+def _norm(text: str) -> str:
+    return "".join(ch for ch in str(text).lower() if ch.isalnum())
+
+
+def proposed_runs(runs: pd.DataFrame, plan: dict, system: dict) -> tuple[pd.DataFrame, str]:
+    """The runs a request may be priced from: the proposed workload and data set (paper/plan.yaml: workloads,
+    e.g. "ResNet-18 on CIFAR-10") on the target system's GPU model. The rest prices nothing: CPU epochs of a
+    small data set say nothing about GPU hours. Returns (those runs, why none qualifies; empty when some do)."""
+    if runs.empty:
+        return runs, "no complete run records"
+    wanted = [_norm(w) for w in plan.get("workloads") or []]
+    of_workload = runs[[any(_norm(w) in x and _norm(d) in x for x in wanted)
+                        for w, d in zip(runs["workload"], runs["dataset"])]]
+    target = device_class(system["gpu"])
+    on_target = of_workload[[target is not None and device_class(d) == target for d in of_workload["device"]]]
+    if not on_target.empty:
+        return on_target, ""
+    ran = listing(sorted({f"{w} on {d}" for w, d in zip(runs["workload"], runs["dataset"])}))
+    if of_workload.empty:
+        return on_target, (f"the selected records ran {tex_escape(ran)}, not the proposed "
+                           f"{tex_escape(listing(plan.get('workloads') or []))}")
+    hw = listing(sorted(set(of_workload["device"])))
+    return on_target, (f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
+                       f"{tex_escape(hw)}, not on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}")
+
+
+def to_be_measured(ctx: Context, why: str) -> None:
+    """The request when no record may price it: the planned points with 'to be measured', the pilot that
+    measures them, and no total."""
+    plan, system = ctx.plan, ctx.system
+    gpn = int(system.get("gpus_per_node") or 4)
+    points = pd.DataFrame({"gpus": [int(n) for n in plan["gpus"]]})
+    points["nodes"] = [-(-n // gpn) for n in points["gpus"]]
+    points["node_hours"] = "to be measured"
+    cols = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", "s")}
+    ctx.put("nodehours_table.tex", booktabs(points, cols, size="\\small"))
+    ctx.put("nodehours_slide.tex", booktabs(points, cols))
+    ctx.put("io_request_text.tex", io_study_hours(ctx, in_total=False)[1])
+    pilot = f"1 to {gpn} GPUs (one node)"
+    ctx.put("request_text.tex",
+            f"The node-hours are to be measured: {why}. No total is computed from them. A pilot on "
+            f"{tex_escape(system['name'])} (milestone M1: {pilot}, {tex_escape(listing(plan.get('workloads') or []))}) "
+            f"measures the time per epoch $T(N)$, and the request is computed from it by the formula above; the "
+            f"larger GPU counts are predicted from the pilot's 1-GPU record by the step model until they are "
+            f"measured.\n")
+    ctx.put("slide_request.tex", f"\\item Node-hours: to be measured by a pilot on {tex_escape(system['name'])} "
+                                 f"({pilot}, milestone M1)\n\\item {why[0].upper() + why[1:]}\n")
+    ctx.macro("labNodeHours", "to be measured")
+    ctx.macro("labNodeHoursRequest", "to be measured")
+    ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
+
+
 def section(ctx: Context) -> None:
     runs, plan, system = quiet(ctx.runs), ctx.plan, ctx.system
+    runs, why = proposed_runs(runs, plan, system)
+    if why:
+        to_be_measured(ctx, why)
+        return
     scal = ctx.results.get("scaling", pd.DataFrame())
+    if not scal.empty:  # the series of the runs that may price the request only
+        scal = scal[scal["dataset"].isin(set(runs["dataset"]))]
     if not scal.empty and (~scal["dataset"].isin(STREAMED)).any():
         scal = scal[~scal["dataset"].isin(STREAMED)]  # the I/O study is costed on its own (io_study_hours)
     aside = set_aside_note(scal, in_paper=False)
@@ -62,7 +120,7 @@ def section(ctx: Context) -> None:
         ctx.put("slide_request.tex", "\\item " + tex_escape("No measured time per epoch yet: no request.") + "\n")
         ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
         return
-    predicted, pred_note = predicted_epochs(ctx, scal, main, epoch_by_n)
+    predicted, pred_note = predicted_epochs(ctx, runs, main, epoch_by_n)
     table, total = analysis.node_hours(plan, epoch_by_n, predicted)
     io_hours, io_note = io_study_hours(ctx)
     total += io_hours
@@ -71,40 +129,31 @@ def section(ctx: Context) -> None:
     ctx.put("nodehours_table.tex", booktabs(table, NODEHOURS_COLUMNS, size="\\small"))
     ctx.put("nodehours_slide.tex", booktabs(table, SLIDE_COLUMNS))
     hw = ", ".join(sorted(runs["device"].unique()))
-    same = {device_class(d) for d in runs["device"]} == {device_class(system["gpu"])} != {None}
     text = (f"The times per epoch come from {basis}, measured on {tex_escape(hw)} "
-            f"({len(runs)} record{'s' if len(runs) > 1 else ''}). The computed total is "
-            f"\\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} for "
-            f"reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
-            f"\\textbf{{{num(ask)} node-hours}}. ")
-    if not same:
-        text += (f"These times were not measured on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}: "
-                 f"they show how the request is computed, not what the study will cost there. The request is "
-                 f"recomputed from the first records on the target system (milestone M1) before the scaling runs "
-                 f"start, and the figure above is replaced by that result.")
-    else:
-        text += ("They were measured on the target system's GPU model; points without a measurement "
-                 + ("are predicted as described above" if predicted else
-                    "use the assumed efficiency (no 1-rank record with gradient sizes is selected)") + " and are replaced by measurements as the study proceeds.")
+            f"({len(runs)} record{'s' if len(runs) > 1 else ''}), the target system's GPU model. The computed total "
+            f"is \\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} "
+            f"for reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
+            f"\\textbf{{{num(ask)} node-hours}}. Points without a measurement "
+            + ("are predicted as described above" if predicted else
+               "use the assumed efficiency (no 1-rank record with gradient sizes is selected)")
+            + " and are replaced by measurements as the study proceeds.")
     ctx.put("request_text.tex", pred_note + text + (" " + aside if aside else "") + "\n")
     ctx.put("slide_request.tex",
             f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
             f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
-            f"{tex_escape(system['name'])}\n"
-            + ("" if same else "\\item Not yet measured on the target GPU: recomputed at milestone M1\n"))
+            f"{tex_escape(system['name'])}\n")
     ctx.macro("labNodeHours", num(total, 4))
     ctx.macro("labNodeHoursRequest", num(ask))
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
 
 
-def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:
+def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:
     """Time per epoch at the planned GPU counts without a measurement, from the step predictor
     (kernels/comm/predict.py): a 1-rank record with gradient sizes, strong scaling at its global batch on the
     target system's GPUs, with the all-reduce fits of commbench records labelled with the system's key, else
     the system's published link bandwidths. ({}, gap note) when there is no such record."""
     from kernels.comm import predict
 
-    runs = quiet(ctx.runs)
     if runs.empty or "grad_param_bytes" not in runs:
         return {}, ""
     base = runs[(runs["gpus"] == 1) & runs["grad_param_bytes"].notna() & ~runs["dataset"].isin(STREAMED)]
@@ -156,16 +205,19 @@ def predicted_epochs(ctx: Context, scal: pd.DataFrame, main: pd.DataFrame, epoch
     return out, note
 
 
-def io_study_hours(ctx: Context) -> tuple[float, str]:
+def io_study_hours(ctx: Context, in_total: bool = True) -> tuple[float, str]:
     """Node-hours of the plan's I/O study (its own gpus, epochs, runs and repeats) from the selected
-    bigMNIST records' time per epoch; 0 and a framed gap while none is selected."""
+    bigMNIST records' time per epoch on the target system's GPU model; 0 and a sentence saying it is to be
+    measured while there is none. in_total: whether the main study's total exists to include it in."""
     io = ctx.plan.get("io_study")
     if not io:
         return 0.0, ""
     runs = ctx.runs[ctx.runs["dataset"].isin(STREAMED)] if not ctx.runs.empty else ctx.runs
+    target = device_class(ctx.system["gpu"])
+    runs = runs[[target is not None and device_class(d) == target for d in runs["device"]]] if not runs.empty else runs
     if runs.empty:
-        return 0.0, gap_note("the planned I/O study (paper/plan.yaml: io_study) is not in the total yet: no bigMNIST "
-                             "record is selected to measure its time per epoch")
+        return 0.0, (f"The planned I/O study (paper/plan.yaml: io\\_study) is to be measured as well: no bigMNIST "
+                     f"record on the {tex_escape(ctx.system['gpu'])} is selected to measure its time per epoch.\n")
     # a record's set may be a small build: scale its time per sample to the planned set's size
     per_sample = runs.assign(t=runs["epoch_s"] / (runs["steps_per_epoch"] * runs["batch"]))
     epoch_by_n = (per_sample.groupby("gpus")["t"].median() * float(io["samples"])).to_dict()
@@ -175,5 +227,6 @@ def io_study_hours(ctx: Context) -> tuple[float, str]:
     return hours, (f"The I/O study (MNIST and bigMNIST on {', '.join(str(g) for g in io['gpus'])} GPUs, "
                    f"{io['epochs']} epochs of {num(io['samples'])} samples, {io['runs_per_point']} runs per point, "
                    f"{io['repeats']} repeats) adds {num(hours, 3)} node-hours, from the time per sample of "
-                   f"{len(runs)} selected bigMNIST record{'s' if len(runs) > 1 else ''} scaled to that size; it is "
-                   f"included in the total.\n")
+                   f"{len(runs)} selected bigMNIST record{'s' if len(runs) > 1 else ''} scaled to that size; "
+                   + ("it is included in the total.\n" if in_total else
+                      "it joins the total when the main study's time per epoch is measured.\n"))
