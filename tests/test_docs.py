@@ -277,7 +277,16 @@ def test_documented_commands_run_as_written(tmp_path):
     rerun = (tables / "rerun_table.tex").read_text()
     assert "contended" in rerun and one["run_id"] in rerun and "lab run notebooks/01\\_train.ipynb" in rerun, rerun
     assert "not measured" in (tables / "criteria_table.tex").read_text()
-    from test_paper import pages
+    from test_paper import pages, pdf_text
+
+    # the demo's documents: no framed gaps or empty floats in the paper (one list of what is not measured), no
+    # placeholder, no GPU wording for CPU runs; the proposal prices nothing from CPU runs of the digits set
+    paper = " ".join(pdf_text(tmp_path / "pdf" / "paper.pdf", layout=False).split())
+    assert "Gap:" not in paper and "Not yet measured" in paper and "n/a" not in paper, paper[-2000:]
+    assert "three CUDA events" not in paper and "The runs here are on CPUs" in paper
+    proposal = " ".join(pdf_text(tmp_path / "pdf" / "proposal.pdf", layout=False).split())
+    assert "The node-hours are to be measured" in proposal and "we request" not in proposal
+    assert "bf16" not in pdf_text(tmp_path / "pdf" / "pitch.pdf").split("Approach")[1].split("Results")[0]
 
     full = tmp_path / "pdf" / "paper.pdf"
     full_pages = pages(full)

@@ -175,7 +175,11 @@ def test_no_records_at_all_gives_marked_gaps_not_tracebacks(tmp_path):
     tables = tmp_path / "out" / "tables"
     for name in ("scaling_table.tex", "fig_throughput.tex", "setup.tex", "results_text.tex",
                  "optim_section.tex", "profiling_text.tex"):
-        assert "Gap:" in (tables / name).read_text(), name
+        assert "\\gap{" in (tables / name).read_text(), name
+    listed = (tables / "not_measured.tex").read_text()  # the paper's one list: each section once, with the command
+    assert listed.count("\\item") == 6 and "run the I/O study (studies/io\\_mnist.yaml" in listed
+    assert "No records with I/O figures are selected;" not in listed  # the shorter repeat of a longer gap: left out
+    assert "has:io_table" not in (tables / "has.tex").read_text() and "has:criteria_table" in (tables / "has.tex").read_text()
     for name in ("nodehours_table.tex", "request_text.tex", "slide_request.tex"):  # a request with no total
         assert "to be measured" in (tables / name).read_text(), name
     for f in tables.glob("*.tex"):  # no number that is not there, anywhere
@@ -352,7 +356,11 @@ def test_make_paper_with_no_records_still_builds_and_says_so(tmp_path):
     (res / "runs").mkdir(parents=True)
     make_paper(res, "SYSTEM=leonardo-booster")
     paper = pdf_text(res / "pdf" / "paper.pdf")
-    assert "Gap:" in paper and "no measurements yet" in paper and "n/a" not in paper
+    # no framed gaps and no empty floats: one list of what is not yet measured, each with what measures it
+    flat = " ".join(paper.split())
+    assert "Gap:" not in paper and "Not yet measured" in flat and "run the I/O study" in flat
+    assert "no measurements yet" in paper and "n/a" not in paper
+    assert "compare MNIST held in memory" not in flat  # the I/O section collapsed into its line of the list
     assert "Leonardo Booster" in pdf_text(res / "pdf" / "proposal.pdf")
 
 

@@ -7,7 +7,9 @@ Everything the paper, the proposal and the slides show comes from here:
 One module per section (lab contents and validation, scaling, I/O, DCRNN, communication, profiling,
 the resource request); each reads the selected records from a Context and writes
 its files and macros. A sentence is generated only when its numbers exist;
-missing data gives a framed "Gap:" note, never "n/a" in prose. Files are
+missing data gives a \\gap{...} note, never "n/a" in prose: the paper lists every gap once
+under "Not yet measured" and typesets a float only when its file holds measurements
+(has.tex); the proposal and the slides frame a gap where it stands. Files are
 rewritten only when their content changes, so documents rebuild only when an
 input really changed.
 """
@@ -20,10 +22,14 @@ import pandas as pd
 from kernels import analysis
 from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling, workplan
 from kernels.report.context import Context
-from kernels.report.tex import booktabs, macros_file, tex_escape, write_if_changed
+from kernels.report.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
+                                write_if_changed)
 
 # criteria and request use the scaling results, request the I/O ones too: keep them last
 SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request, workplan)
+SECTION_TITLES = {"lab": "Setup", "scaling": "Scaling and optimisations", "io": "Input and output",
+                  "dcrnn": "DCRNN", "comm": "Communication", "profiling": "Profiling", "criteria": "Targets",
+                  "request": "Resource request", "workplan": "Work plan"}
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
@@ -111,7 +117,12 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
     plan_macros(ctx)
     _ = ctx.comm_records  # read first: an unreadable commbench record joins the problems the lab section lists
     for section in SECTIONS:
+        ctx.section = SECTION_TITLES[section.__name__.rsplit(".", 1)[-1]]
         section.section(ctx)
+    ctx.section = ""
+    ctx.put("not_measured.tex", not_measured_list({k: v for k, v in ctx.gaps.items() if k}))
+    ctx.written["has.tex"] = write_if_changed(ctx.tables / "has.tex", presence_file(ctx.texts))
+    ctx.results.update(not_measured={k: v for k, v in ctx.gaps.items() if k and v})
     ctx.written["numbers.tex"] = write_if_changed(ctx.tables / "numbers.tex", macros_file(ctx.macros))
     # every record not used, and why: outside the selection, or not complete (failed, unreadable, ...)
     unused = pd.concat([excluded.assign(reason="outside the selection"), ctx.problems], ignore_index=True)

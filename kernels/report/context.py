@@ -21,6 +21,9 @@ class Context:
     comm_dir: Path | None = None  # commbench records (results/comm beside results/runs)
     macros: dict[str, str] = field(default_factory=dict)
     written: dict[str, bool] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)   # what each generated .tex file holds (gaps, presence)
+    section: str = ""                                     # the section writing now (its gaps are listed under it)
+    gaps: dict[str, list[str]] = field(default_factory=dict)  # section -> the gap texts of the files it wrote
     results: dict = field(default_factory=dict)   # data frames for the notebook
 
     @property
@@ -51,7 +54,11 @@ class Context:
 
     def put(self, name: str, text: str) -> None:
         """A generated .tex file under tables/ (rewritten only when it changes)."""
+        from kernels.report.tex import gaps_in
+
         self.written[name] = write_if_changed(self.tables / name, text)
+        self.texts[name] = text
+        self.gaps.setdefault(self.section, []).extend(gaps_in(text))
 
     def macro(self, name: str, value) -> None:
         if name in self.macros:

@@ -7,7 +7,7 @@ the hardware and node counts found in the selected records.
 from __future__ import annotations
 
 from kernels.report.context import Context
-from kernels.report.tex import gap_note, listing, tex_escape
+from kernels.report.tex import gap_note, listing, note_box, tex_escape
 
 
 def _vals(runs, col) -> str:
@@ -136,7 +136,7 @@ def data_notes(ctx: Context, mix: dict) -> str:
     if mix:
         notes.append("Records differ in " + "; ".join(f"{k}: {', '.join(v)}" for k, v in mix.items()) +
                      ": numbers from different software or hardware are not directly comparable.")
-    return "".join(gap_note(n) for n in notes)
+    return "".join(note_box(n) for n in notes)
 
 
 def section(ctx: Context) -> None:

@@ -27,9 +27,57 @@ def tex_escape(s) -> str:
     return s
 
 
+GAP = "\\gap{"
+
+
 def gap_note(text: str) -> str:
-    """A framed note that marks missing data in a document (never a number that is not there)."""
-    return "\\noindent\\fbox{\\parbox{0.95\\linewidth}{\\small\\textbf{Gap:} " + tex_escape(text) + "}}\n"
+    """`\\gap{text}`: missing data, never a number that is not there. Each document defines \\gap: the paper
+    prints nothing in place and lists every gap once under "Not yet measured" (not_measured.tex); the proposal
+    and the slides frame it where it stands."""
+    return GAP + tex_escape(text) + "}\n"
+
+
+def note_box(text: str) -> str:
+    """A framed note about the records themselves (left out, mixed versions): shown where it stands."""
+    return "\\noindent\\fbox{\\parbox{0.95\\linewidth}{\\small\\textbf{Note:} " + tex_escape(text) + "}}\n"
+
+
+def gaps_in(text: str) -> list[str]:
+    """The texts of the \\gap{...} notes in a generated file (escaped LaTeX; gap texts hold no braces but
+    escaped ones)."""
+    out, i = [], text.find(GAP)
+    while i >= 0:
+        j, depth = i + len(GAP), 1
+        while j < len(text) and depth:
+            if text[j] == "\\":
+                j += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        out.append(text[i + len(GAP):j - 1])
+        i = text.find(GAP, j)
+    return out
+
+
+def presence_file(files: dict[str, str]) -> str:
+    """`\\has{stem}` is true in the documents for each generated file that holds something and no gap: a
+    float or a paragraph around it is typeset only then (the paper's \\ifhas)."""
+    lines = ["% generated: the generated files that hold measurements (\\ifhas{stem}{...} in the documents)"]
+    lines += [f"\\expandafter\\def\\csname has:{Path(name).stem}\\endcsname{{}}"
+              for name, text in sorted(files.items()) if text.strip() and GAP not in text]
+    return "\n".join(lines) + "\n"
+
+
+def not_measured_list(gaps: dict[str, list[str]]) -> str:
+    """One line per section (title -> its gap texts in order): each gap once, and one that only repeats the
+    start of a longer one (the longer names the command that measures it) left out."""
+    lines = []
+    for title, texts in gaps.items():
+        uniq = list(dict.fromkeys(t.strip().rstrip(".") for t in texts if t.strip()))
+        kept = [t for t in uniq if not any(o != t and o.startswith(t) for o in uniq)]
+        if kept:
+            lines.append(f"\\item \\textbf{{{title}}}: " + "; ".join(kept) + ".\n")
+    return "\\begin{itemize}\n" + "".join(lines) + "\\end{itemize}\n" if lines else ""
 
 
 def missing(v) -> bool:
