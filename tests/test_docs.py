@@ -282,7 +282,7 @@ def test_documented_commands_run_as_written(tmp_path):
     # the demo's documents: no framed gaps or empty floats in the paper (one list of what is not measured), no
     # placeholder, no GPU wording for CPU runs; the proposal prices nothing from CPU runs of the digits set
     paper = " ".join(pdf_text(tmp_path / "pdf" / "paper.pdf", layout=False).split())
-    assert "Gap:" not in paper and "Not yet measured" in paper and "n/a" not in paper, paper[-2000:]
+    assert "Gap:" not in paper and "What this version has no records for" in paper and "n/a" not in paper, paper[-2000:]
     assert "three CUDA events" not in paper and "The runs here are on CPUs" in paper
     proposal = " ".join(pdf_text(tmp_path / "pdf" / "proposal.pdf", layout=False).split())
     assert "The node-hours are to be measured" in proposal and "we request" not in proposal
