@@ -320,13 +320,13 @@ def optimisations_together(runs: pd.DataFrame) -> pd.DataFrame:
 
 def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
                predicted: dict[int, tuple[float, str]] | None = None) -> tuple[pd.DataFrame, float]:
-    """Node-hours of a planned study from measured time per epoch.
+    """Node-hours of the planned runs (plan["points"]: gpus and epochs of every run of the study files) from
+    the measured time per epoch.
 
-    For each planned N: T(N) = measured time per epoch at N when measured, else the
-    step predictor's T(N) where `predicted` has it ({N: (seconds, source)}), else
-    T(N0) * N0 / (N * E_assumed) from the largest measured N0 < N, or, below
-    every measured N, the upper bound T(N0) * N0 / N from the smallest one. Node-hours per point =
-    nodes(N) * epochs * T(N) / 3600 * runs_per_point * repeats; the total adds
+    For each planned N: T(N) = measured time per epoch at N when measured, else the step predictor's T(N)
+    where `predicted` has it ({N: (seconds, source)}), else T(N0) * N0 / (N * E_assumed) from the largest
+    measured N0 < N, or, below every measured N, the upper bound T(N0) * N0 / N from the smallest one.
+    Node-hours at N = nodes(N) * T(N) / 3600 * the sum of the epochs of the runs at N; the total adds
     profiling_overhead (a fraction) on top.
     """
     gpn = int(plan["gpus_per_node"])
@@ -335,7 +335,7 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
     if not measured:
         raise ValueError("no measured time per epoch: no complete run records to base the request on")
     rows = []
-    for n in plan["gpus"]:
+    for n, runs in plan["points"].groupby("gpus"):
         n = int(n)
         if n in measured:
             t, source = measured[n], "measured"
@@ -348,8 +348,9 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
             n0 = min(measured)
             t, source = measured[n0] * n0 / n, f"from N={n0}, upper bound"
         nodes = math.ceil(n / gpn)
-        hours = nodes * plan["epochs"] * t / 3600 * plan["runs_per_point"] * plan["repeats"]
-        rows.append({"gpus": n, "nodes": nodes, "epoch_s": t, "source": source, "node_hours": hours})
+        hours = nodes * t / 3600 * int(runs["epochs"].sum())
+        rows.append({"gpus": n, "nodes": nodes, "runs": len(runs), "epochs": int(runs["epochs"].sum()),
+                     "epoch_s": t, "source": source, "node_hours": hours})
     table = pd.DataFrame(rows)
     total = table["node_hours"].sum() * (1 + float(plan["profiling_overhead"]))
     return table, total

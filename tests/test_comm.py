@@ -394,8 +394,10 @@ def test_straggler_factor_and_published_fits():
 def test_node_hours_prefer_a_prediction_to_the_assumed_efficiency():
     from kernels.analysis import node_hours
 
-    plan = {"gpus": [1, 2, 4, 8], "gpus_per_node": 4, "assumed_efficiency": 0.5, "epochs": 1, "runs_per_point": 1,
-            "repeats": 1, "profiling_overhead": 0.0}
+    import pandas as pd
+
+    plan = {"points": pd.DataFrame({"gpus": [1, 2, 4, 8], "epochs": [1, 1, 1, 1]}), "gpus_per_node": 4,
+            "assumed_efficiency": 0.5, "profiling_overhead": 0.0}
     table, _ = node_hours(plan, {1: 3600.0}, {4: (1200.0, "predicted (fitted)")})
     src = dict(zip(table["gpus"], table["source"]))
     assert src == {1: "measured", 2: "from N=1 at E=0.5", 4: "predicted (fitted)", 8: "from N=1 at E=0.5"}

@@ -122,14 +122,21 @@ def test_node_hours_equal_the_computation(study, tmp_path):
     res = report.build(study, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)
     gpn = SYSTEMS[PLAN["system"]]["gpus_per_node"]
     epoch = {1: 100 * 512 / 1000.0, 2: 100 * 512 / 1900.0, 4: 100 * 512 / 3200.0, 8: 100 * 512 / 5600.0}
+    # the planned runs, read from the study files here without the lab's code: (gpus, epochs) of every run
+    runs = []
+    for ref in PLAN["studies"]:
+        spec = yaml.safe_load((ROOT / ref).read_text())
+        combos = math.prod(len(v) for v in (spec.get("sweep") or {}).values())
+        runs += [(n, spec["fixed"].get("epochs", 1)) for n in spec["gpus"] for _ in range(combos * spec["repeats"])]
+    assert len(runs) == 7 * 3 + 7 * 3 + 12 * 2  # strong and weak to 64 GPUs, 3 repeats; the sweep at 8 GPUs
     total = 0.0
-    for n in PLAN["gpus"]:
+    for n, epochs in runs:
         if n in epoch:
             t = epoch[n]
         else:
             n0 = max(m for m in epoch if m < n)
             t = epoch[n0] * n0 / (n * PLAN["assumed_efficiency"])
-        total += math.ceil(n / gpn) * PLAN["epochs"] * t / 3600 * PLAN["runs_per_point"] * PLAN["repeats"]
+        total += math.ceil(n / gpn) * epochs * t / 3600
     total *= 1 + PLAN["profiling_overhead"]
     assert math.isclose(res["node_hours_total"], total, rel_tol=1e-12)
     assert r"\newcommand{\labNodeHours}{%s}" % num(total, 4) in (tmp_path / "out" / "tables" / "numbers.tex").read_text()
@@ -154,7 +161,7 @@ def test_no_node_hours_from_records_of_another_gpu_or_workload(study, tmp_path, 
     request = " ".join((tables / "request_text.tex").read_text().split())
     assert request.startswith("The node-hours are to be measured:") and why in request, request
     assert "pilot on" in request and "we request" not in request
-    assert (tables / "nodehours_table.tex").read_text().count("to be measured") == len(PLAN["gpus"])
+    assert (tables / "nodehours_table.tex").read_text().count("to be measured") == 7  # 1 to 64 GPUs, as the studies
     assert "to be measured" in (tables / "slide_request.tex").read_text()
     assert r"\newcommand{\labNodeHours}{to be measured}" in (tables / "numbers.tex").read_text()
 
@@ -384,6 +391,12 @@ def test_bad_plan_is_one_clear_error(tmp_path):
         report.check_plan({**PLAN, "work_plan": late}, SYSTEMS)
     with pytest.raises(ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got months, package"):
         report.check_plan({**PLAN, "work_plan": [{"package": "Port", "months": [1, 1]}]}, SYSTEMS)
+    # the plan costs study files: one that is not there, or an old-style plan without them, is named
+    with pytest.raises(ConfigError, match="key 'studies': study file .*studies/nowhere.yaml not found"):
+        report.check_plan({**PLAN, "studies": ["studies/nowhere.yaml"]}, SYSTEMS)
+    old_style = {**{k: v for k, v in PLAN.items() if k != "studies"}, "gpus": [1, 2], "epochs": 30}
+    with pytest.raises(ConfigError, match="unknown key 'gpus'"):
+        report.check_plan(old_style, SYSTEMS)
 
 
 def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch_script(tmp_path):
@@ -394,7 +407,12 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
     from kernels.report.tex import tex_escape
 
     (tmp_path / "runs").mkdir()
-    plan = {**PLAN, "gpus": [1, 8, 40], "io_study": {**PLAN["io_study"], "samples": 3_000_000},
+    study_file = tmp_path / "wp.yaml"  # the planned study: 1, 8 and 40 GPUs
+    study_file.write_text(yaml.safe_dump({"name": "wp", "cluster": "marenostrum5-acc", "mode": "strong",
+                                          "gpus": [1, 8, 40], "repeats": 1,
+                                          "fixed": {"workload": "resnet18", "dataset": "synthetic", "batch": 480,
+                                                    "epochs": 1}}))
+    plan = {**PLAN, "studies": [str(study_file)], "io_study": {**PLAN["io_study"], "samples": 3_000_000},
             "work_plan": [{"package": "Port", "work": "validation on {system}", "months": [1, 2], "milestone": "first"},
                           {"package": "Scale", "work": "bucket x batch to {max_gpus} GPUs", "months": [2, 7],
                            "milestone": "figures"}]}
@@ -456,7 +474,12 @@ def test_io_analysis_reproduces_hand_computed_numbers(tmp_path):
     s["io"] = _io([(a100, 0.01, None)], "device-resident", None, None, 3.0)
     records.write_json(runs / "m1" / "summary.json", s)
 
+    from kernels.report import figures
+
+    figures.SAVED.clear()
     res = report.build(runs, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
+    assert {"io_samples", "io_bandwidth", "io_wait", "io_ranks"} <= set(figures.SAVED)
+    assert_printed_at_7_pt(figures.SAVED)  # the I/O panels too, at the half width the paper gives them
     t = res["io"].set_index(["dataset", "gpus"])
     one = t.loc[("bigmnist", 1)]
     assert one["repeats"] == 2 and one["samples_per_s"] == 1000.0  # median of 900 and 1100
@@ -544,3 +567,48 @@ def test_criteria_are_judged_from_the_records(study, tmp_path):
     res = report.build(study, tmp_path / "out2", PLAN, SYSTEMS, SELECT_T)
     c = res["criteria"].set_index("key")
     assert c.loc["strong_e8", "status"] == "not measured" and "set aside" in c.loc["strong_e8", "evidence"]
+
+
+def test_a_profile_tables_shares_add_up_to_the_whole_step():
+    """The paper's profile table lists every category of the breakdown, so each record's column sums to
+    100 % (within rounding); it left out memory copies and other operators, and a column summed to 95.3 %."""
+    import pandas as pd
+
+    from kernels.profiling.breakdown import CATEGORIES
+    from kernels.report import profiling
+
+    shares = dict(zip(CATEGORIES, [0.40, 0.12, 0.08, 0.05, 0.01, 0.03, 0.09, 0.025, 0.015, 0.02, 0.16]))
+    assert sum(shares.values()) == pytest.approx(1.0)
+    prof = pd.DataFrame([{"workload": "resnet18", "dataset": "digits", "precision": "fp32", "gpus": 2,
+                          "started_utc": "2026-01-01", "bottleneck": "compute",
+                          "profile": {"timeline": "host", "profiled_ms_per_step": 130.0, "share": shares}}])
+    table = profiling.profile_table(profiling.profile_rows(prof))
+    cells = [float(x) for x in re.findall(r"([\d.]+)\\,\\%", table)]
+    assert len(cells) == len(CATEGORIES) and sum(cells) == pytest.approx(100.0, abs=0.5)
+    assert "memory copy" in table and "other ops" in table
+
+
+# the width each figure is printed at in paper/paper.tex (inches): a column figure at \linewidth of the
+# 3.5 in column, the accuracy figure* at the 7.16 in text width, the I/O panels at 0.48 and the DCRNN panel at
+# 0.75 of it
+PRINTED_IN = {"throughput": 3.5, "efficiency": 3.5, "epoch_time": 3.5, "gains": 3.5, "predictor": 3.5,
+              "profile_breakdown": 3.5, "accuracy": 7.16, "io_samples": 3.44, "io_bandwidth": 3.44, "io_wait": 3.44,
+              "io_ranks": 3.44, "dcrnn_scaling": 5.37}
+
+
+def test_every_figure_prints_its_text_at_7_pt_or_more(study, tmp_path):
+    """Legends were about 4 pt on paper: each figure's smallest text, scaled to the width the paper prints the
+    figure at, is at least 7 pt."""
+    from kernels.report import figures
+
+    figures.SAVED.clear()
+    report.build(study, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
+    assert {"throughput", "efficiency", "accuracy", "gains"} <= set(figures.SAVED)
+    assert_printed_at_7_pt(figures.SAVED)
+
+
+def assert_printed_at_7_pt(saved: dict) -> None:
+    for name, (pt, width) in saved.items():
+        assert name in PRINTED_IN, f"figure {name}: add the width paper.tex prints it at to PRINTED_IN"
+        printed = pt * PRINTED_IN[name] / width
+        assert printed >= 6.95, f"{name}: smallest text {pt} pt in a {width:.2f} in figure prints at {printed:.1f} pt"

@@ -22,6 +22,7 @@ import pandas as pd
 from kernels import analysis
 from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling, workplan
 from kernels.report.context import Context
+from kernels.report.planned import describe, planned_points
 from kernels.report.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
                                 write_if_changed)
 
@@ -33,8 +34,7 @@ SECTION_TITLES = {"lab": "Setup", "scaling": "Scaling and optimisations", "io": 
 PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
              "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
-             "gpus": "ranks per study point", "epochs": "epochs per training run",
-             "runs_per_point": "runs per point (strong, weak, sensitivity)", "repeats": "repeats of every run",
+             "studies": "the study files whose runs the request costs (studies/*.yaml)",
              "profiling_overhead": "extra share for profiled and failed runs",
              "assumed_efficiency": "efficiency assumed where a point is not measured yet",
              "margin": "share added to the computed node-hours in the request",
@@ -71,7 +71,18 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> Non
                               f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}")
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
+    planned_points(plan, where)  # every study file loads
     workplan.check(plan, where)
+
+
+def with_points(plan: dict, systems: dict) -> dict:
+    """The plan with what the sections read from its study files: every run (points), the GPU counts, the
+    scaling studies' repeats; and the target's GPUs per node."""
+    points = planned_points(plan)
+    scaling = points[points["mode"].isin(("strong", "weak"))]
+    return {**plan, "points": points, "gpus": sorted(int(n) for n in points["gpus"].unique()),
+            "repeats": int((scaling if not scaling.empty else points)["repeat"].max()) + 1,
+            "gpus_per_node": systems[plan["system"]]["gpus_per_node"]}
 
 
 def plan_macros(ctx: Context) -> None:
@@ -85,11 +96,12 @@ def plan_macros(ctx: Context) -> None:
     m("labSystemGpusPerNode", str(system["gpus_per_node"]))
     m("labSystemNetwork", tex_escape(system["network"]))
     m("labPlanWorkloads", tex_escape(" and ".join(plan["workloads"])))
-    m("labPlanEpochs", str(plan["epochs"]))
     m("labPlanRepeats", str(plan["repeats"]))
-    m("labPlanRuns", str(plan["runs_per_point"]))
+    m("labPlanRuns", str(len(plan["points"])))
+    m("labPlanStudies", str(plan["points"]["study"].nunique()))
     m("labPlanMaxGpus", str(max(plan["gpus"])))
     m("labPlanGpus", ", ".join(str(g) for g in plan["gpus"]))
+    ctx.put("study_plan.tex", describe(plan["points"]) + "\n")
     m("labPlanOverhead", f"{100 * plan['profiling_overhead']:.0f}")
     m("labPlanEff", f"{100 * plan['assumed_efficiency']:.0f}")
     m("labPlanEffFrac", f"{plan['assumed_efficiency']:.2f}")
@@ -111,7 +123,7 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
     check_plan(plan, systems)
     select = plan.get("select") if select is None else select
     runs, problems, excluded = analysis.load_runs(runs_dir, select)
-    plan = {**plan, "select": select, "gpus_per_node": systems[plan["system"]]["gpus_per_node"]}
+    plan = {**with_points(plan, systems), "select": select}
     ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out),
                   comm_dir=Path(runs_dir).parent / "comm")
     plan_macros(ctx)

@@ -87,7 +87,7 @@ def predictor_figure(ctx: Context, v: pd.DataFrame) -> bool:
     if multi.empty:
         return False
     style()
-    fig, ax = plt.subplots(figsize=(3.4, 2.5))
+    fig, ax = plt.subplots(figsize=(3.5, 2.6))
     for name, g in v.groupby("series", sort=True):
         g = g.sort_values("gpus")
         line = ax.plot(g["gpus"], g["measured_step_ms"], marker="o", label=f"measured: {name}")[0]
@@ -96,14 +96,14 @@ def predictor_figure(ctx: Context, v: pd.DataFrame) -> bool:
         ax.plot(g["gpus"], g["predicted_step_ms"], marker="x", linestyle="--", color=line.get_color(),
                 label="predicted")
         for _, r in g[g["gpus"] > 1].iterrows():
-            ax.annotate(f"{100 * r['error']:+.0f}%", (r["gpus"], r["predicted_step_ms"]), fontsize=5,
+            ax.annotate(f"{100 * r['error']:+.0f}%", (r["gpus"], r["predicted_step_ms"]),
                         textcoords="offset points", xytext=(4, -8))
     rank_axis(ax, v["gpus"])
     ax.set_ylabel("step time (ms)")
     ax.set_ylim(bottom=0)
     systems = ", ".join(sorted(v["system"].unique()))
-    ax.set_title(f"Step predictor against measurement ({systems}; band: min-max of repeats)", fontsize=6)
-    ax.legend(fontsize=4.5)
+    ax.set_title(f"Step predictor against measurement ({systems}; band: min-max of repeats)")
+    ax.legend()
     save_figure(fig, ctx.out, "predictor")
     return True
 

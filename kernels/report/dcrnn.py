@@ -59,7 +59,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> bool:
         return False
     style()
     ranks = sorted(multi["gpus"].unique())
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.0, 2.8), gridspec_kw={"wspace": 0.35})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(5.3, 2.6), gridspec_kw={"wspace": 0.35})
     for name, g in multi.groupby("series", sort=True):
         g = g.sort_values("gpus")
         ax.plot(g["gpus"], g["samples_per_s"], marker="o", label=name)
@@ -69,8 +69,8 @@ def figures(ctx: Context, t: pd.DataFrame) -> bool:
     bx.set_ylabel("strong-scaling efficiency (%)")
     bx.set_ylim(bottom=0)
     rank_axis(ax, ranks)
-    ax.set_title("DCRNN: throughput", fontsize=6)
-    ax.legend(fontsize=5)
+    ax.set_title("DCRNN: throughput")
+    ax.legend()
     finish_rank_plot(fig, bx, ranks, f"DCRNN: efficiency (dotted: the 80 % criterion)\n"
                                      f"{hardware_line(ctx.runs[ctx.runs['workload'] == 'dcrnn'])}", ctx.out,
                      "dcrnn_scaling")

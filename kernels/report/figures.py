@@ -10,14 +10,29 @@ import pandas as pd
 from kernels.report.tex import write_if_changed
 
 
+# Every text of a figure at its size when drawn; figures are drawn at about the width they are printed
+# (a 3.5 in column, 3.4 in in a half-page panel), so 8 pt here prints at 7 pt or more (tests/test_paper.py
+# checks each saved figure against the width the paper prints it at).
+FONT_PT = {"font.size": 8.5, "axes.titlesize": 8.5, "axes.labelsize": 8.5, "xtick.labelsize": 8,
+           "ytick.labelsize": 8, "legend.fontsize": 8, "legend.title_fontsize": 8, "figure.titlesize": 8.5}
+SAVED: dict[str, tuple[float, float]] = {}  # name -> (smallest font in pt, width in inches as saved)
+
+
 def style():
     import matplotlib
 
     matplotlib.use("Agg")
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="paper")
+    sns.set_theme(style="whitegrid", context="paper", rc=FONT_PT)
     matplotlib.rcParams["pdf.fonttype"] = 42  # TrueType glyphs, not Type 3 bitmaps, in the PDFs
+
+
+def _smallest_font(fig) -> float:
+    from matplotlib.text import Text
+
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) if sizes else float("inf")
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
@@ -27,6 +42,9 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
 
     from kernels.alttext import png_metadata
 
+    fig.canvas.draw()  # the tight box, as savefig will crop it
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    SAVED[name] = (_smallest_font(fig), box.width + 2 * 0.1)  # savefig's tight crop pads 0.1 in a side
     paths = []
     for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}),
                     ("png", {"dpi": 160, "metadata": png_metadata(fig)})):
@@ -89,10 +107,24 @@ def hardware_line(runs: pd.DataFrame) -> str:
     return f"{devs}; torch {', '.join(sorted(runs['torch'].unique()))}"
 
 
+def wrapped(text: str, width: int = 48) -> str:
+    """Text wrapped to lines that fit a 3.5 in figure at the figures' font size."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(str(text), width, break_on_hyphens=False)) or str(text)
+
+
+def legend(ax, width: int = 44, **kw) -> None:
+    """A legend whose long labels (series names) wrap instead of widening the figure past its printed width."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [wrapped(t, width) for t in labels], **kw)
+
+
 def finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
     rank_axis(ax, ranks)
-    ax.set_title(title, fontsize=6)
-    ax.legend(fontsize=5)
+    ax.set_title(wrapped(title))
+    legend(ax)
     save_figure(fig, out, name)
     return name
 

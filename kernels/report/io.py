@@ -34,7 +34,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
     style()
     ranks = sorted(t["gpus"].unique())
     hw = hardware_line(io_runs(ctx))
-    fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    fig, ax = plt.subplots(figsize=(3.4, 2.5))
     for name, g in _series(t):
         ax.plot(g["gpus"], g["samples_per_s"], marker="o", label=name)
     log_value_axis(ax, t["samples_per_s"].dropna(), "samples/s")
@@ -42,7 +42,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
     made.add("io_samples")
     streamed = t[t["read_mb_s"].notna()]
     if not streamed.empty:
-        fig, ax = plt.subplots(figsize=(5.0, 3.2))
+        fig, ax = plt.subplots(figsize=(3.4, 2.5))
         for name, g in _series(streamed):
             ax.plot(g["gpus"], g["read_mb_s"], marker="o", label=f"{name}: delivered")
             if g["storage_mb_s"].notna().any():
@@ -50,7 +50,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
         log_value_axis(ax, pd.concat([streamed["read_mb_s"], streamed["storage_mb_s"]]).dropna(), "MB/s")
         finish_rank_plot(fig, ax, ranks, f"Aggregate read bandwidth\n{hw}", ctx.out, "io_bandwidth")
         made.add("io_bandwidth")
-    fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    fig, ax = plt.subplots(figsize=(3.4, 2.5))
     for name, g in _series(t):
         ax.plot(g["gpus"], 100 * g["wait_max"], marker="o", label=name)
     ax.set_ylabel("data wait, slowest rank (%)")
@@ -62,7 +62,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
     big = runs.sort_values(["gpus", "run_id"]).iloc[-1] if not runs.empty else None
     if big is not None and big["gpus"] > 1 and big["io_ranks"]:
         per = pd.DataFrame(big["io_ranks"])
-        fig, ax = plt.subplots(figsize=(5.0, 2.8))
+        fig, ax = plt.subplots(figsize=(3.4, 2.3))
         devs = sorted(per["device_name"].unique())
         for dev in devs:
             p = per[per["device_name"] == dev]
@@ -70,8 +70,8 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
         ax.set_xticks(sorted(per["rank"]))
         ax.set_xlabel("rank")
         ax.set_ylabel("data wait (%)")
-        ax.set_title(f"Per-rank data wait, {big['run_id']}", fontsize=8)
-        ax.legend(fontsize=6)
+        ax.set_title(f"Per-rank data wait, {big['run_id']}")
+        ax.legend()
         save_figure(fig, ctx.out, "io_ranks")
         plt.close(fig)
         made.add("io_ranks")

@@ -15,8 +15,9 @@ from kernels.report.context import Context
 from kernels.report.figures import figure_snippet, save_figure, style
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
-SHOWN = ("convolution", "gemm/linear", "normalisation", "elementwise/activation", "optimizer", "communication",
-         "data pipeline", "idle")
+# every category of the breakdown, so that a record's shares add up to its whole step (memory copies and other
+# operators were left out, and a table summed to 95 %)
+SHOWN = CATEGORIES
 # one row per profiled record (the notebook's frame; the paper shows it transposed: profile_table)
 PROFILE_COLUMNS = ("run", "gpus", "timeline", "ms_per_step", *SHOWN, "verdict")
 BOTTLENECK_COLUMNS = {"series": ("Series", "s"), "gpus": ("N", "d"), "runs": ("Runs", "d"),
@@ -112,17 +113,16 @@ def figure(ctx: Context, prof: pd.DataFrame) -> bool:
               for _, r in rows.iterrows()]
     used = [c for c in CATEGORIES if any(r["profile"]["share"][c] > 0.001 for _, r in rows.iterrows())]
     colors = dict(zip(CATEGORIES, plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]))
-    fig, ax = plt.subplots(figsize=(3.4, 0.45 + 0.2 * len(rows)))
+    fig, ax = plt.subplots(figsize=(3.5, 0.9 + 0.25 * len(rows)))
     left = [0.0] * len(rows)
     for c in used:
         vals = [100 * r["profile"]["share"][c] for _, r in rows.iterrows()]
         ax.barh(labels, vals, left=left, color=colors[c], label=c, height=0.7)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the profiled step (%)", fontsize=6)
-    ax.tick_params(labelsize=5)
+    ax.set_xlabel("share of the profiled step (%)")
     ax.invert_yaxis()
-    ax.legend(fontsize=4.5, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.5 - 0.1 / len(rows)), frameon=False,
+    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.5 - 0.1 / len(rows)), frameon=False,
               handlelength=1, columnspacing=0.8)
     save_figure(fig, ctx.out, "profile_breakdown")
     return True

@@ -14,8 +14,9 @@ from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 from kernels.params import default
 
-NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "epoch_s": ("Epoch (s)", ".3g"),
-                     "source": ("Time per epoch", "s"), "node_hours": ("Node-hours", ",.3g")}
+NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),
+                     "epoch_s": ("Epoch (s)", ".3g"), "source": ("Time per epoch", "s"),
+                     "node_hours": ("Node-hours", ",.3g")}
 # data sets streamed from storage (bigMNIST): their runs belong to the I/O study
 STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)
 SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
@@ -67,10 +68,11 @@ def to_be_measured(ctx: Context, why: str) -> None:
     measures them, and no total."""
     plan, system = ctx.plan, ctx.system
     gpn = int(system.get("gpus_per_node") or 4)
-    points = pd.DataFrame({"gpus": [int(n) for n in plan["gpus"]]})
-    points["nodes"] = [-(-n // gpn) for n in points["gpus"]]
+    points = plan["points"].groupby("gpus").agg(runs=("epochs", "size"), epochs=("epochs", "sum")).reset_index()
+    points["nodes"] = [-(-int(n) // gpn) for n in points["gpus"]]
     points["node_hours"] = "to be measured"
-    cols = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", "s")}
+    cols = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),
+            "node_hours": ("Node-hours", "s")}
     ctx.put("nodehours_table.tex", booktabs(points, cols, size="\\small"))
     ctx.put("nodehours_slide.tex", booktabs(points, cols))
     ctx.put("io_request_text.tex", io_study_hours(ctx, in_total=False)[1])
@@ -221,8 +223,9 @@ def io_study_hours(ctx: Context, in_total: bool = True) -> tuple[float, str]:
     # a record's set may be a small build: scale its time per sample to the planned set's size
     per_sample = runs.assign(t=runs["epoch_s"] / (runs["steps_per_epoch"] * runs["batch"]))
     epoch_by_n = (per_sample.groupby("gpus")["t"].median() * float(io["samples"])).to_dict()
-    sub = {**ctx.plan, **{k: v for k, v in io.items() if k != "samples"}}
-    table, hours = analysis.node_hours(sub, epoch_by_n)
+    points = pd.DataFrame([{"gpus": int(n), "epochs": int(io["epochs"])} for n in io["gpus"]
+                           for _ in range(int(io["runs_per_point"]) * int(io["repeats"]))])
+    table, hours = analysis.node_hours({**ctx.plan, "points": points}, epoch_by_n)
     ctx.put("io_nodehours_table.tex", booktabs(table, NODEHOURS_COLUMNS, size="\\small"))
     return hours, (f"The I/O study (MNIST and bigMNIST on {', '.join(str(g) for g in io['gpus'])} GPUs, "
                    f"{io['epochs']} epochs of {num(io['samples'])} samples, {io['runs_per_point']} runs per point, "

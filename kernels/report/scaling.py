@@ -14,7 +14,7 @@ from kernels import analysis, trust
 from kernels.analysis import main_series
 from kernels.report.context import Context
 from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
-                                    style)
+                                    style, wrapped)
 from kernels.report.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
 
 TARGET_E8 = 0.70       # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
@@ -81,7 +81,7 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
     runs, out, made = ctx.runs, ctx.out, set()
     if not scal.empty:
         hw = hardware_line(runs)
-        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        fig, ax = plt.subplots(figsize=(3.5, 2.6))
         ys = []
         for (mode, series), s in scal.groupby(["mode", "series"]):
             ax.plot(s["gpus"], s["samples_per_s"], marker="o", label=f"{mode}: {series}")
@@ -96,7 +96,7 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
         log_value_axis(ax, ys, "throughput (samples/s, median)")
         made.add(finish_rank_plot(fig, ax, scal["gpus"], hw, out, "throughput"))
 
-        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        fig, ax = plt.subplots(figsize=(3.5, 2.6))
         for (mode, series), s in scal.groupby(["mode", "series"]):
             ax.plot(s["gpus"], 100 * s["efficiency"], marker="o", label=f"{mode}: {series}")
         aside = scal[~scal["clean"]]
@@ -109,7 +109,7 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
         ax.set(ylabel="scaling efficiency (%)", ylim=(0, 110))
         made.add(finish_rank_plot(fig, ax, set(scal["gpus"]) | {8}, hw, out, "efficiency"))
 
-        fig, ax = plt.subplots(figsize=(4.2, 3.1))
+        fig, ax = plt.subplots(figsize=(3.5, 2.6))
         for (mode, series), s in scal.groupby(["mode", "series"]):
             ax.plot(s["gpus"], s["epoch_s"], marker="o", label=f"{mode}: {series}")
         log_value_axis(ax, scal["epoch_s"], "time per epoch (s)")
@@ -117,34 +117,34 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
 
     with_acc = runs[runs["final_eval_acc"].notna()] if not runs.empty else runs
     if not with_acc.empty:
-        fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.2, 2.8))
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.0, 2.6))
         for (gpus, batch), grp in with_acc.groupby(["gpus", "batch"]):
             m = pd.DataFrame(grp.iloc[0]["metrics"])
             if "eval_acc" in m:
                 ax.plot(m["epoch"], 100 * m["eval_acc"], marker="o", label=f"N={gpus}, B={batch}")
         ax.set(xlabel="epoch", ylabel="eval accuracy (%)", title="accuracy per configuration")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=6)
+        ax.legend()
         strong = scal[(scal["mode"] == "strong") & scal["acc_gap_points"].notna()] if not scal.empty else scal
         if not strong.empty:
             bx.bar(range(len(strong)), strong["acc_gap_points"], color="tab:blue")
             bx.set_xticks(range(len(strong)), [f"{r.gpus}" for r in strong.itertuples()])
             bx.axhline(-TARGET_ACC_GAP, ls="--", color="tab:red", lw=1, label=f"±{TARGET_ACC_GAP:g} points target")
             bx.axhline(TARGET_ACC_GAP, ls="--", color="tab:red", lw=1)
-            bx.legend(fontsize=6)
+            bx.legend()
         bx.set(xlabel="ranks", ylabel="accuracy gap to baseline (points)", title="final-accuracy gap")
-        fig.suptitle(hardware_line(runs), fontsize=6)
+        fig.suptitle(wrapped(hardware_line(runs), 90))
         save_figure(fig, out, "accuracy")
         made.add("accuracy")
 
     if not gains.empty:
-        fig, ax = plt.subplots(figsize=(4.2, 2.6))
-        labels = [f"{r.factor}: {r.before}→{r.after} (N={r.gpus})" for r in gains.itertuples()]
+        fig, ax = plt.subplots(figsize=(3.1, 2.4))
+        labels = [wrapped(f"{r.factor}: {r.before}→{r.after} (N={r.gpus})", 18) for r in gains.itertuples()]
         ax.barh(range(len(gains)), gains["speedup"], color="tab:green")
-        ax.set_yticks(range(len(gains)), labels, fontsize=6)
+        ax.set_yticks(range(len(gains)), labels)
         ax.axvline(1.0, color="grey", lw=1)
         ax.set(xlabel="speedup (throughput after / before)")
-        ax.set_title(hardware_line(runs), fontsize=6)
+        ax.set_title(wrapped(hardware_line(runs), 36))
         save_figure(fig, out, "gains")
         made.add("gains")
     return made

@@ -58,7 +58,9 @@ class StopSignals:
         self.request = self.request or "SIGUSR1 (the scheduler's warning before the time limit or a preemption)"
 
     def _on_term(self, signum, frame):
-        if self.request is None or "SIGTERM" not in self.request:
+        # TERM overrides a USR1 warning (and arms the deadline), but not a Ctrl-C: after Ctrl-C to a process
+        # group the launcher's TERM reaches the ranks too, and the record must name what the user did
+        if self.request is None or not self.request.startswith(("SIGTERM", "SIGINT")):
             self.request = "SIGTERM (a time limit, scancel, or the launcher stopping the ranks)"
             signal.alarm(self.grace)
 
