@@ -44,7 +44,8 @@ PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of 
              "support": "what the proposal asks of the centre besides node-hours (support needed)"}
 
 
-def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> None:
+def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.DataFrame:
+    """Refuse a bad plan in one line; return its planned runs (the study files, read once)."""
     from kernels.errors import ConfigError
     from kernels.params import unknown_name_error
 
@@ -71,14 +72,14 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> Non
                               f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}")
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
-    planned_points(plan, where)  # every study file loads
+    points = planned_points(plan, where)  # every study file loads
     workplan.check(plan, where)
+    return points
 
 
-def with_points(plan: dict, systems: dict) -> dict:
+def with_points(plan: dict, systems: dict, points: pd.DataFrame) -> dict:
     """The plan with what the sections read from its study files: every run (points), the GPU counts, the
     scaling studies' repeats; and the target's GPUs per node."""
-    points = planned_points(plan)
     scaling = points[points["mode"].isin(("strong", "weak"))]
     return {**plan, "points": points, "gpus": sorted(int(n) for n in points["gpus"].unique()),
             "repeats": int((scaling if not scaling.empty else points)["repeat"].max()) + 1,
@@ -120,10 +121,10 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
 
     select: which records (labels/studies); None takes the plan's `select`.
     """
-    check_plan(plan, systems)
+    points = check_plan(plan, systems)
     select = plan.get("select") if select is None else select
     runs, problems, excluded = analysis.load_runs(runs_dir, select)
-    plan = {**with_points(plan, systems), "select": select}
+    plan = {**with_points(plan, systems, points), "select": select}
     ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out),
                   comm_dir=Path(runs_dir).parent / "comm")
     plan_macros(ctx)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels.report.tex import write_if_changed
+from kernels.report.tex import gaps_in, write_if_changed
 
 
 @dataclass
@@ -54,8 +54,6 @@ class Context:
 
     def put(self, name: str, text: str) -> None:
         """A generated .tex file under tables/ (rewritten only when it changes)."""
-        from kernels.report.tex import gaps_in
-
         self.written[name] = write_if_changed(self.tables / name, text)
         self.texts[name] = text
         self.gaps.setdefault(self.section, []).extend(gaps_in(text))

@@ -42,8 +42,7 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
 
     from kernels.alttext import png_metadata
 
-    fig.canvas.draw()  # the tight box, as savefig will crop it
-    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    box = fig.get_tightbbox(fig.canvas.get_renderer())  # the box savefig crops to (laid out, not drawn)
     SAVED[name] = (_smallest_font(fig), box.width + 2 * 0.1)  # savefig's tight crop pads 0.1 in a side
     paths = []
     for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}),

@@ -90,9 +90,8 @@ def timing_words(ctx: Context) -> tuple[str, str, str]:
     """(the Measurements paragraph's first sentence, the slides' timer phrase, the slides' rank box) for the
     hardware and precisions of the selected records: no CUDA or bf16 words for runs that had neither."""
     runs = ctx.runs
-    devices = [str(d) for d in runs["device"]] if not runs.empty else []
-    on_cpu = any(d.startswith("CPU") for d in devices)
-    on_gpu = any(not d.startswith("CPU") for d in devices)
+    on_gpu = ctx.on_gpu
+    on_cpu = not runs.empty and bool(runs["device"].str.startswith("CPU").any())
     gpu_way = "CUDA events that are read once per epoch, so timing adds no synchronisation"
     if on_gpu and not on_cpu:
         sentence = f"Each step records three {gpu_way} (start, batch ready, step done)."

@@ -31,6 +31,12 @@ def device_class(name: str) -> str | None:
     return None
 
 
+def on_target(runs: pd.DataFrame, system: dict) -> pd.DataFrame:
+    """The runs measured on the target system's GPU model (none when its model is not in the peak table)."""
+    target = device_class(system["gpu"])
+    return runs[[target is not None and device_class(d) == target for d in runs["device"]]] if not runs.empty else runs
+
+
 def requested(total: float, plan: dict) -> int:
     """The plan's margin on top of the computed total, rounded up to the plan's unit."""
     unit = int(plan["round_to"])
@@ -50,16 +56,15 @@ def proposed_runs(runs: pd.DataFrame, plan: dict, system: dict) -> tuple[pd.Data
     wanted = [_norm(w) for w in plan.get("workloads") or []]
     of_workload = runs[[any(_norm(w) in x and _norm(d) in x for x in wanted)
                         for w, d in zip(runs["workload"], runs["dataset"])]]
-    target = device_class(system["gpu"])
-    on_target = of_workload[[target is not None and device_class(d) == target for d in of_workload["device"]]]
-    if not on_target.empty:
-        return on_target, ""
+    measured = on_target(of_workload, system)
+    if not measured.empty:
+        return measured, ""
     ran = listing(sorted({f"{w} on {d}" for w, d in zip(runs["workload"], runs["dataset"])}))
     if of_workload.empty:
-        return on_target, (f"the selected records ran {tex_escape(ran)}, not the proposed "
+        return measured, (f"the selected records ran {tex_escape(ran)}, not the proposed "
                            f"{tex_escape(listing(plan.get('workloads') or []))}")
     hw = listing(sorted(set(of_workload["device"])))
-    return on_target, (f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
+    return measured, (f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
                        f"{tex_escape(hw)}, not on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}")
 
 
@@ -215,8 +220,7 @@ def io_study_hours(ctx: Context, in_total: bool = True) -> tuple[float, str]:
     if not io:
         return 0.0, ""
     runs = ctx.runs[ctx.runs["dataset"].isin(STREAMED)] if not ctx.runs.empty else ctx.runs
-    target = device_class(ctx.system["gpu"])
-    runs = runs[[target is not None and device_class(d) == target for d in runs["device"]]] if not runs.empty else runs
+    runs = on_target(runs, ctx.system)
     if runs.empty:
         return 0.0, (f"The planned I/O study (paper/plan.yaml: io\\_study) is to be measured as well: no bigMNIST "
                      f"record on the {tex_escape(ctx.system['gpu'])} is selected to measure its time per epoch.\n")
