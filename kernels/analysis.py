@@ -131,6 +131,7 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
         "bottleneck": (summ.get("bottleneck") or {}).get("verdict"),
         "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
         "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
+        "comm_source": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_source"),
         "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
         "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
         "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),

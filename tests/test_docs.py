@@ -284,6 +284,14 @@ def test_documented_commands_run_as_written(tmp_path):
     paper = " ".join(pdf_text(tmp_path / "pdf" / "paper.pdf", layout=False).split())
     assert "Gap:" not in paper and "What this version has no records for" in paper and "n/a" not in paper, paper[-2000:]
     assert "three CUDA events" not in paper and "The runs here are on CPUs" in paper
+    # every number's host is Table I's: a device the paper names anywhere but in the list of what is not measured
+    # (where a benchmark made elsewhere is named, unquoted) is the hardware of the selected records
+    hardware = re.search(r"Hardware & (.*?) \\\\", (tables / "setup.tex").read_text()).group(1)
+    device = re.compile(r"CPU \((?:[^()]|\([^()]*\))*\)|NVIDIA [A-Z]\w*(?: [\w-]+)*")
+    unquoted = set(device.findall((tables / "not_measured.tex").read_text()))
+    assert set(device.findall(paper)) <= set(device.findall(hardware)) | unquoted, (set(device.findall(paper)), hardware)
+    # one name per definition: the trace's collectives are never "communication" with a bare number
+    assert not re.search(r"(?<!exposed )communication [\d.]+ ?%", paper) and "collectives (trace)" in paper, paper
     proposal = " ".join(pdf_text(tmp_path / "pdf" / "proposal.pdf", layout=False).split())
     assert "The node-hours are to be measured" in proposal and "we request" not in proposal
     assert "bf16" not in pdf_text(tmp_path / "pdf" / "pitch.pdf").split("Approach")[1].split("Results")[0]

@@ -15,7 +15,7 @@ import yaml
 
 from kernels import records, report
 from kernels.config import resolve
-from kernels.report.tex import num
+from kernels.report.tex import GAP, num
 from kernels.workloads import Metric
 
 from conftest import ROOT
@@ -592,8 +592,12 @@ def test_a_profile_tables_shares_add_up_to_the_whole_step():
 # 3.5 in column, the accuracy figure* at the 7.16 in text width, the I/O panels at 0.48 and the DCRNN panel at
 # 0.75 of it
 PRINTED_IN = {"throughput": 3.5, "efficiency": 3.5, "epoch_time": 3.5, "gains": 3.5, "predictor": 3.5,
-              "profile_breakdown": 3.5, "accuracy": 7.16, "io_samples": 3.44, "io_bandwidth": 3.44, "io_wait": 3.44,
-              "io_ranks": 3.44, "dcrnn_scaling": 5.37}
+              "profile_breakdown": 3.5, "accuracy": 7.16, "io_samples": 3.5, "io_bandwidth": 3.5, "io_wait": 3.5,
+              "io_ranks": 3.5, "dcrnn_scaling": 5.37}
+# the pitch's figures: the width slides/pitch.tex shows them at (0.74 of the 398 pt text width of a 160 mm 16:9
+# Beamer slide), and how much larger a projected slide is than that page: a 13.33 in wide 16:9 slide
+SLIDE_PRINTED_IN = {"slide_scaling": 0.74 * 398.34 / 72.27}
+PROJECTED = 13.333 / (160 / 25.4)
 
 
 def test_every_figure_prints_its_text_at_7_pt_or_more(study, tmp_path):
@@ -603,12 +607,70 @@ def test_every_figure_prints_its_text_at_7_pt_or_more(study, tmp_path):
 
     figures.SAVED.clear()
     report.build(study, tmp_path / "out", PLAN, SYSTEMS, select=SELECT_T)
-    assert {"throughput", "efficiency", "accuracy", "gains"} <= set(figures.SAVED)
+    assert {"throughput", "efficiency", "accuracy", "gains", "slide_scaling"} <= set(figures.SAVED)
     assert_printed_at_7_pt(figures.SAVED)
 
 
 def assert_printed_at_7_pt(saved: dict) -> None:
+    """Paper figures at 7 pt or more printed; slide figures at 14 pt or more on a projected 13.33 in slide."""
     for name, (pt, width) in saved.items():
+        if name in SLIDE_PRINTED_IN:
+            projected = pt * SLIDE_PRINTED_IN[name] / width * PROJECTED
+            assert projected >= 14, f"slide figure {name}: smallest text projects at {projected:.1f} pt"
+            continue
         assert name in PRINTED_IN, f"figure {name}: add the width paper.tex prints it at to PRINTED_IN"
         printed = pt * PRINTED_IN[name] / width
         assert printed >= 6.95, f"{name}: smallest text {pt} pt in a {width:.2f} in figure prints at {printed:.1f} pt"
+
+
+@pytest.mark.parametrize("lo, hi, ticks", [(356.5, 609.5, [400, 500, 600]), (2.35, 3.91, [2.5, 3.0, 3.5]),
+                                           (1.0, 1.2, [1.0, 1.1, 1.2]), (90, 1100, [100, 200, 500, 1000])])
+def test_axis_ticks_are_round_numbers(lo, hi, ticks):
+    """A narrow log axis got ticks such as 410/470/530 or 510/550/600: ticks are multiples of one 1-2-5 step."""
+    from kernels.report.figures import nice_log_ticks
+
+    assert nice_log_ticks(lo, hi) == pytest.approx(ticks)
+
+
+def test_a_benchmark_is_quoted_only_on_the_hardware_of_the_records(study, tmp_path):
+    """Benchmarks enter the documents as records with their device and host: the DCRNN pipeline benchmark made on
+    another CPU is not quoted beside GPU records (the section names where it ran); one made on the records'
+    device is."""
+    import json
+
+    from kernels.report import benchmarks
+
+    committed = benchmarks.load("dcrnn")
+    assert committed and all(b["device"] != "NVIDIA H100 80GB HBM3" for b in committed)
+    out = tmp_path / "out"
+    report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
+    text = (out / "tables" / "dcrnn_bench.tex").read_text()
+    assert text.startswith(GAP)
+    assert committed[0]["device"].split(" (")[0] in text and "not on this build" in text, text
+    here = {**committed[0], "device": "NVIDIA H100 80GB HBM3", "host": "gpu-node-7"}
+    (out / "bench").mkdir()
+    (out / "bench" / "dcrnn-nvidia-h100.json").write_text(json.dumps(here))
+    report.build(study, out, PLAN, SYSTEMS, select=SELECT_T)
+    text = (out / "tables" / "dcrnn_bench.tex").read_text()
+    assert "on NVIDIA H100 80GB HBM3" in text and committed[0]["device"] not in text, text
+    setup = (out / "tables" / "setup.tex").read_text()
+    assert "Hardware & NVIDIA H100 80GB HBM3" in setup  # Table I names the hardware of every number
+
+
+# arguments that name files, labels and presence flags, where an underscore is part of a name, not text
+_NAMES = re.compile(r"\\(?:label|ref|input|includegraphics(?:\[[^\]]*\])?|ifhas|inappendix\{[^}]*\}|csname)\s*\{?[^}\\]*\}?"
+                    r"|\\csname [^\\]*\\endcsname|\$[^$]*\$")
+
+
+def test_text_taken_from_records_keeps_its_underscores(tmp_path):
+    """A label such as predictor_local printed as "predictor local" (LaTeX ate the underscore): every generated
+    file escapes the text it takes from records, so no bare underscore is left outside math and names."""
+    runs = tmp_path / "runs"
+    for n, x in {1: 500.0, 2: 900.0}.items():
+        write_record(runs, f"p_{n}", gpus=n, batch=64, x=x, label="predictor_local")
+    report.build(runs, tmp_path / "out", PLAN, SYSTEMS, select={"labels": ["predictor_local"]})
+    tables = tmp_path / "out" / "tables"
+    assert "predictor\\_local" in (tables / "selection_text.tex").read_text()
+    bare = {f.name: m for f in sorted(tables.glob("*.tex"))
+            for m in re.findall(r".{0,30}(?<!\\)_.{0,30}", _NAMES.sub("", f.read_text()))}
+    assert not bare, bare

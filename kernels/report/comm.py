@@ -26,15 +26,6 @@ ENGINE_COLUMNS = {"series": ("Configuration", "s"), "gpus": ("Ranks", "d"), "ddp
                   "horovod": ("Horovod (samples/s)", ",.4g"), "ratio": ("Horovod/DDP", ".2f")}
 
 
-def selected_comm(ctx: Context) -> list[dict]:
-    recs = ctx.comm_records
-    sel = ctx.plan.get("select") or {}
-    names = set(sel.get("labels") or []) | set(sel.get("studies") or [])
-    if not names:
-        return recs
-    return [r for r in recs if (r["config"].get("params") or {}).get("label") in names]
-
-
 def compare_rows(recs: list[dict]) -> pd.DataFrame:
     """Per record and collective: latency at the smallest size and bus bandwidth at the largest (fp32)."""
     from kernels.analysis import system_of
@@ -148,7 +139,7 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
 
 
 def section(ctx: Context) -> None:
-    recs = selected_comm(ctx)
+    recs = ctx.selected_comm
     fitted = predict.fits(recs, unresolved=True)  # the table lists every fit, marked; predictions use resolved ones
     fits = pd.DataFrame(predict.fit_table(fitted))
     v = predict.validation(ctx.runs, recs)

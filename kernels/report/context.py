@@ -44,6 +44,23 @@ class Context:
             self.problems = pd.concat([self.problems, pd.DataFrame(unreadable)], ignore_index=True)
         return recs
 
+    @cached_property
+    def selected_comm(self) -> list[dict]:
+        """The commbench records of the selection's labels and studies (every one when nothing is selected)."""
+        sel = self.plan.get("select") or {}
+        names = set(sel.get("labels") or []) | set(sel.get("studies") or [])
+        if not names:
+            return self.comm_records
+        return [r for r in self.comm_records if (r["config"].get("params") or {}).get("label") in names]
+
+    @cached_property
+    def hardware(self) -> set[str]:
+        """The devices of the selected run and commbench records: Table I's hardware, the only hardware whose
+        numbers the documents quote."""
+        devs = set(self.runs["device"].dropna()) if not self.runs.empty else set()
+        return devs | {r["device"] for rec in self.selected_comm for r in rec["config"].get("rank_list") or []
+                       if r.get("device")}
+
     @property
     def tables(self) -> Path:
         return self.out / "tables"

@@ -77,10 +77,21 @@ def nice_log_ticks(lo: float, hi: float) -> list[float]:
             t = m * 10.0 ** e
             if lo <= t <= hi:
                 ticks.append(t)
-    if len(ticks) < 2:  # a narrow range: three ticks spread inside it, rounded to two digits
-        ratio = (hi / lo) ** (1 / 4)
-        ticks = sorted({float(f"{lo * ratio ** k:.2g}") for k in (1, 2, 3)})
+    if len(ticks) < 2:  # a narrow range: round multiples of the coarsest 1-2-5 step that puts 3 or more inside
+        ticks = round_ticks(lo, hi)
     return ticks
+
+
+def round_ticks(lo: float, hi: float, least: int = 3) -> list[float]:
+    """Multiples of a 1-2-5 step inside [lo, hi] (400, 500, 600; 2.8, 3, 3.2), of the coarsest step that gives at
+    least `least` of them; never odd values such as 510 or 550 next to 600."""
+    for e in range(math.ceil(math.log10(hi - lo)), math.floor(math.log10(hi - lo)) - 3, -1):
+        for m in (5, 2, 1):
+            step = m * 10.0 ** e
+            ticks = [round(k * step, 12) for k in range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)]
+            if len(ticks) >= least:
+                return ticks
+    return [lo, hi]
 
 
 def log_value_axis(ax, values, label: str) -> None:

@@ -5,7 +5,9 @@ import pandas as pd
 
 from kernels import analysis
 from kernels.report.context import Context
-from kernels.report.figures import figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure, style
+from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
+                                    style, wrapped)
+from kernels.report.quantities import DATA_WAIT_SLOWEST
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 TABLE_COLUMNS = {"dataset": ("Data", "s"), "pipeline": ("Pipeline", "s"), "io_cache": ("Cache", "s"),
@@ -53,8 +55,8 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
     fig, ax = plt.subplots(figsize=(3.4, 2.5))
     for name, g in _series(t):
         ax.plot(g["gpus"], 100 * g["wait_max"], marker="o", label=name)
-    ax.set_ylabel("data wait, slowest rank (%)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("slowest rank's data wait (%)")
+    ax.set_ylim(0, 1.15 * max(100 * t["wait_max"].max(), 0.1))  # the highest point inside the frame
     finish_rank_plot(fig, ax, ranks, f"Share of the step waiting for data\n{hw}", ctx.out, "io_wait")
     made.add("io_wait")
     # the per-rank spread of the largest streamed run: the slowest rank bounds a DDP step
@@ -70,7 +72,7 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
         ax.set_xticks(sorted(per["rank"]))
         ax.set_xlabel("rank")
         ax.set_ylabel("data wait (%)")
-        ax.set_title(f"Per-rank data wait, {big['run_id']}")
+        ax.set_title(wrapped(f"Per-rank data wait, {big['run_id']}"))
         ax.legend()
         save_figure(fig, ctx.out, "io_ranks")
         plt.close(fig)
@@ -92,7 +94,7 @@ def io_text(t: pd.DataFrame) -> str:
         if hi["read_mb_s"] is not None and not pd.isna(hi["read_mb_s"]):
             s += f", reading {num(hi['read_mb_s'])}\\,MB/s in aggregate"
         if hi["wait_max"] is not None and not pd.isna(hi["wait_max"]):
-            s += f", with the slowest rank waiting for data {pct(hi['wait_max'], 1)} of its step"
+            s += f", with a {DATA_WAIT_SLOWEST} of {pct(hi['wait_max'], 1)}"
         parts.append(s)
     text = "In the selected records, " + listing(parts) + ". "
     ratio = t["read_ratio"].dropna()
@@ -102,7 +104,7 @@ def io_text(t: pd.DataFrame) -> str:
     mixed = t[t["devices"].str.contains(",")]  # a run's ranks on more than one device type
     if not mixed.empty:
         text += ("Some points mix device types (" + tex_escape(mixed["devices"].iloc[0]) + "): the slowest rank "
-                 "bounds every step, so \\inappendix{Fig.}{fig:io} shows the per-rank data wait. ")
+                 "bounds every step, so \\inappendix{Fig.}{fig:iowait} shows the per-rank data wait. ")
     return text + "\n"
 
 

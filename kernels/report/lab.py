@@ -19,7 +19,7 @@ def setup_table(ctx: Context) -> str:
     runs = ctx.runs
     if runs.empty:
         return gap_note("no complete run records: the setup is filled in from the first records.")
-    rows = [("Hardware", _vals(runs, "device")), ("Nodes (max)", str(int(runs["nodes"].max()))),
+    rows = [("Hardware", ", ".join(sorted(ctx.hardware))), ("Nodes (max)", str(int(runs["nodes"].max()))),
             ("Ranks", _vals(runs, "gpus")), ("Backend", _vals(runs, "backend")),
             ("PyTorch", _vals(runs, "torch")), ("CUDA / NCCL", f"{_vals(runs, 'cuda')} / {_vals(runs, 'nccl')}"),
             ("Python", _vals(runs, "python")), ("Model", _vals(runs, "model_variant")),

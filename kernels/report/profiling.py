@@ -10,9 +10,12 @@ from __future__ import annotations
 import pandas as pd
 
 from kernels.profiling.breakdown import CATEGORIES
-from kernels.profiling.verdict import COMM, DATA_WAIT, UTILISATION
+from kernels.profiling.verdict import COMM, UTILISATION
+from kernels.profiling.verdict import DATA_WAIT as DATA_WAIT_MAX
 from kernels.report.context import Context
 from kernels.report.figures import figure_snippet, save_figure, style
+from kernels.report import quantities
+from kernels.report.quantities import DATA_WAIT, EXPOSED_COMM, trace_name
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 # every category of the breakdown, so that a record's shares add up to its whole step (memory copies and other
@@ -21,8 +24,9 @@ SHOWN = CATEGORIES
 # one row per profiled record (the notebook's frame; the paper shows it transposed: profile_table)
 PROFILE_COLUMNS = ("run", "gpus", "timeline", "ms_per_step", *SHOWN, "verdict")
 BOTTLENECK_COLUMNS = {"series": ("Series", "s"), "gpus": ("N", "d"), "runs": ("Runs", "d"),
-                      "verdict": ("Verdict", "s"), "data_wait": ("Data \\%", ".1f"),
-                      "comm": ("Comm. \\%", ".1f"), "util": ("Util. \\%", ".0f"), "mfu": ("MFU \\%", ".1f")}
+                      "verdict": ("Verdict", "s"), "data_wait": ("Data wait \\%", ".1f"),
+                      "comm": ("Exp.\\ comm.\\ \\%", "raw"), "util": ("Util. \\%", ".0f"), "mfu": ("MFU \\%", ".1f")}
+TRACE_MARK = "$^{t}$"  # an exposed-communication cell taken from the trace (no probe resolved a value)
 
 
 def profiled(runs: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +68,7 @@ def profile_table(rows: pd.DataFrame) -> str:
     """The paper's profile table: one row per category, one column per profiled record (share of the step, %)."""
     shown = rows.tail(MAX_PROFILE_COLUMNS)
     cols = {"what": ("", "s")}
-    body = {"what": ["ms per step", *[c for c in SHOWN], "verdict"]}
+    body = {"what": ["ms per step", *[trace_name(c) for c in SHOWN], "verdict"]}
     for i, (_, r) in enumerate(shown.iterrows()):
         key = f"r{i}"
         cols[key] = (f"{tex_escape(r['run'])}, {r['gpus']}r", "raw")
@@ -87,9 +91,18 @@ def bottleneck_rows(runs: pd.DataFrame) -> pd.DataFrame:
         counts = g["bottleneck"].value_counts()
         verdict = " / ".join(f"{v}" + (f" ({n})" if len(counts) > 1 else "") for v, n in counts.items())
         rows.append({"series": name, "gpus": int(gpus), "runs": len(g), "verdict": verdict,
-                     "data_wait": _med(g["data_wait_frac"], 100), "comm": _med(g["comm_frac"], 100),
+                     "data_wait": _med(g["data_wait_frac"], 100), "comm": _comm_cell(g),
                      "util": _med(g["device_util"], 100), "mfu": _med(g["mfu"], 100)})
     return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS)).sort_values(["series", "gpus"])
+
+
+def _comm_cell(g: pd.DataFrame) -> str | None:
+    """The median exposed-communication share, marked when any record took it from the trace (no probe value)."""
+    med = _med(g["comm_frac"], 100)
+    if med is None:
+        return None
+    traced = g["comm_source"].fillna("").str.startswith("trace").any() if "comm_source" in g else False
+    return f"{med:.1f}" + (TRACE_MARK if traced else "")
 
 
 def _records(n: int) -> str:
@@ -117,7 +130,7 @@ def figure(ctx: Context, prof: pd.DataFrame) -> bool:
     left = [0.0] * len(rows)
     for c in used:
         vals = [100 * r["profile"]["share"][c] for _, r in rows.iterrows()]
-        ax.barh(labels, vals, left=left, color=colors[c], label=c, height=0.7)
+        ax.barh(labels, vals, left=left, color=colors[c], label=trace_name(c), height=0.7)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the profiled step (%)")
@@ -141,7 +154,7 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
             f"The profiler's breakdown of {tex_escape(_series(h))} on {int(h['gpus'])} rank"
             f"{'s' if h['gpus'] > 1 else ''} ({tex_escape(h['device'])}, {p['steps']} profiled steps per rank, "
             f"{p['timeline']} timeline, {num(p['profiled_ms_per_step'])}\\,ms per step) gives "
-            + listing([f"{tex_escape(c)} {pct(v, 1)}" for c, v in top])
+            + listing([f"{tex_escape(trace_name(c))} {pct(v, 1)}" for c, v in top])
             + f" of the step, and {pct(p['share']['idle'], 1)} outside any operator"
             + (f"; the top operator by self time is \\texttt{{{tex_escape(p['top_ops'][0]['name'])}}}"
                if p.get("top_ops") else "") + ". ")
@@ -153,19 +166,18 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
                      "by operator yet. ")
     wait = runs["data_wait_frac"].dropna()
     if len(wait):
-        parts.append(f"Waiting for input data takes {pct(wait.median(), 1)} of the step (median over {len(wait)} "
-                     f"record{'s' if len(wait) > 1 else ''}). ")
+        parts.append(f"The {DATA_WAIT} is {pct(wait.median(), 1)} of the step (median over {_records(len(wait))}). ")
     multi = runs[runs["gpus"] > 1]
     meas = multi[multi["exposed_comm_status"] == "measured"]["exposed_comm_ms"].dropna()
     below = int((multi["exposed_comm_status"] == "below noise").sum())
     if len(meas) or below:
         s = []
         if len(meas):
-            s.append(f"measures {num(meas.median())}\\,ms of exposed all-reduce time per step (median over "
-                     f"{len(meas)} multi-rank record{'s' if len(meas) > 1 else ''} where it resolved a value)")
+            s.append(f"is {num(meas.median())}\\,ms per step (median over {len(meas)} multi-rank "
+                     f"record{'s' if len(meas) > 1 else ''} where the probe resolved a value)")
         if below:
-            s.append(f"cannot tell the exposed time from zero in {below} record{'s' if below > 1 else ''}")
-        parts.append("The communication probe " + listing(s) + ". ")
+            s.append(f"cannot be told from zero in {_records(below)}")
+        parts.append(f"The {EXPOSED_COMM} " + listing(s) + ". ")
     cpu = runs["cpu_util_mean_pct"].dropna() if "cpu_util_mean_pct" in runs else pd.Series(dtype=float)
     gpu = runs["gpu_util_mean_pct"].dropna() if "gpu_util_mean_pct" in runs else pd.Series(dtype=float)
     if len(gpu):
@@ -177,7 +189,7 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
     if not bt.empty:
         counts = runs["bottleneck"].value_counts()
         parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}" for v, n in counts.items()])
-                     + f" (thresholds: data wait {pct(DATA_WAIT)}, communication {pct(COMM)}, utilisation "
+                     + f" (thresholds: {DATA_WAIT} {pct(DATA_WAIT_MAX)}, {EXPOSED_COMM} {pct(COMM)}, utilisation "
                        f"{pct(UTILISATION)}); \\inappendix{{Table}}{{tab:bottleneck}} lists them by rank count. ")
     mfu = runs["mfu"].dropna()
     if len(mfu):
@@ -199,15 +211,18 @@ def section(ctx: Context) -> None:
             else gap_note("no profiled record (profile_steps > 0) among the selected records"))
     shown = {k: v for k, v in BOTTLENECK_COLUMNS.items()  # evidence no record has (MFU on CPUs) is left out
              if v[1] == "s" or k in ("gpus", "runs") or bt[k].notna().any()}
-    ctx.put("bottleneck_table.tex", booktabs(bt, shown, size="\\scriptsize") if not bt.empty
+    spec = "@{}" + "".join("l" if k in ("series", "verdict") else "r" for k in shown) + "@{}"  # marked cells right
+    ctx.put("bottleneck_table.tex", booktabs(bt, shown, size="\\scriptsize", spec=spec) if not bt.empty
             else gap_note("no record carries a bottleneck verdict yet"))
     ctx.put("profiling_text.tex", profiling_text(ctx, prof, bt))
+    ctx.put("quantities_text.tex", quantities.text())
+    ctx.put("quantity_rows.tex", quantities.table_rows())
     h = headline(prof)
     share = (h["profile"]["share"] if h is not None else {})
     for name, cat in (("Conv", "convolution"), ("Gemm", "gemm/linear"), ("Norm", "normalisation"),
                       ("Comm", "communication"), ("Data", "data pipeline"), ("Idle", "idle")):
         ctx.macro(f"labProf{name}Pct", f"{100 * share[cat]:.1f}" if share else "--")
-    ctx.macro("labThrData", f"{100 * DATA_WAIT:.0f}")
+    ctx.macro("labThrData", f"{100 * DATA_WAIT_MAX:.0f}")
     ctx.macro("labThrComm", f"{100 * COMM:.0f}")
     ctx.macro("labThrUtil", f"{100 * UTILISATION:.0f}")
     ctx.macro("labProfRun", tex_escape(f"{_series(h)}, {int(h['gpus'])} ranks, {h['device']}") if h is not None
@@ -215,7 +230,7 @@ def section(ctx: Context) -> None:
     ctx.macro("labProfVerdict", tex_escape(h["bottleneck"]) if h is not None and h["bottleneck"] else "--")
     brief = (f"Profiled from the ranks' traces, a step of {tex_escape(h['workload'])} on {int(h['gpus'])} ranks "
              f"({tex_escape(h['device'])}) is \\labProfConvPct\\,\\% convolution, \\labProfNormPct\\,\\% "
-             f"normalisation and \\labProfCommPct\\,\\% communication: \\emph{{\\labProfVerdict}}-bound. Every "
+             f"normalisation and \\labProfCommPct\\,\\% {trace_name('communication')}: \\emph{{\\labProfVerdict}}-bound. Every "
              f"run records a resource monitor and a bottleneck verdict.\n"
              if h is not None else
              "Every run records a resource monitor and a bottleneck verdict (data, communication, compute, launch "

@@ -13,8 +13,8 @@ import pandas as pd
 from kernels import analysis, trust
 from kernels.analysis import main_series
 from kernels.report.context import Context
-from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
-                                    style, wrapped)
+from kernels.report.figures import (FONT_PT, figure_snippet, finish_rank_plot, hardware_line, log_value_axis,
+                                    rank_axis, save_figure, style, wrapped)
 from kernels.report.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
 
 TARGET_E8 = 0.70       # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
@@ -74,6 +74,44 @@ def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
                "the paper's table of results to re-run lists them with the commands that re-run them."))
 
 
+# The pitch's scaling figure, drawn at the width it is shown (0.74 of a 16:9 Beamer slide's text width) with 9 pt
+# text: 19 pt on the 13.33 in slide a projector shows, where the paper's column figures would print at 8.5 pt.
+SLIDE_FIGURE_IN = (4.08, 2.25)
+SLIDE_FONT_PT = 9
+
+
+def slide_figure(ctx: Context, scal: pd.DataFrame) -> str:
+    """Throughput and efficiency side by side for the pitch, with short labels (the series' workload, data and
+    batch) and no title: the slide's heading and bullets name the hardware."""
+    import matplotlib.pyplot as plt
+
+    sizes = {k: SLIDE_FONT_PT for k in FONT_PT}
+    with plt.rc_context(sizes):
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=SLIDE_FIGURE_IN, gridspec_kw={"wspace": 0.45})
+        ys = []
+        for (mode, series), s in scal.groupby(["mode", "series"]):
+            short = f"{mode}: {series.split(' precision=')[0]}"
+            line, = ax.plot(s["gpus"], s["samples_per_s"], marker="o", label=short)
+            ideal = s["samples_per_s"].iloc[0] * s["gpus"] / s["gpus"].iloc[0]
+            ax.plot(s["gpus"], ideal, ls="--", color="grey", lw=1)
+            bx.plot(s["gpus"], 100 * s["efficiency"], marker="o", color=line.get_color())
+            ys += list(s["samples_per_s"]) + list(ideal)
+        ax.plot([], [], ls="--", color="grey", label="ideal")
+        log_value_axis(ax, ys, "samples/s")
+        bx.axhline(100 * TARGET_E, ls="--", color="tab:red", lw=1, label=f"{100 * TARGET_E:.0f}% target")
+        bx.set(ylabel="efficiency (%)", ylim=(0, 110))
+        for a in (ax, bx):
+            rank_axis(a, scal["gpus"])
+            a.set_xlabel("ranks")
+        handles = ax.get_legend_handles_labels()[0] + bx.get_legend_handles_labels()[0]
+        labels = ax.get_legend_handles_labels()[1] + bx.get_legend_handles_labels()[1]
+        fig.subplots_adjust(bottom=0.45, top=0.97)
+        fig.legend(handles, [wrapped(t, 34) for t in labels], loc="lower center", ncol=2, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), handlelength=1.5, columnspacing=1.0)
+        save_figure(fig, ctx.out, "slide_scaling")
+    return "slide_scaling"
+
+
 def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
     import matplotlib.pyplot as plt
 
@@ -114,6 +152,8 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
             ax.plot(s["gpus"], s["epoch_s"], marker="o", label=f"{mode}: {series}")
         log_value_axis(ax, scal["epoch_s"], "time per epoch (s)")
         made.add(finish_rank_plot(fig, ax, scal["gpus"], hw, out, "epoch_time"))
+
+        made.add(slide_figure(ctx, scal))
 
     with_acc = runs[runs["final_eval_acc"].notna()] if not runs.empty else runs
     if not with_acc.empty:
@@ -262,6 +302,7 @@ def section(ctx: Context) -> None:
     made = figures(ctx, scal, gains)
     ctx.put("fig_throughput.tex", figure_snippet("throughput", "throughput" in made, NO_SERIES))
     ctx.put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in made, NO_SERIES))
+    ctx.put("fig_slide_scaling.tex", figure_snippet("slide_scaling", "slide_scaling" in made, NO_SERIES))
     ctx.put("fig_epoch_time.tex", figure_snippet("epoch_time", "epoch_time" in made, NO_SERIES))
     ctx.put("fig_accuracy.tex", figure_snippet("accuracy", "accuracy" in made, "no complete runs with evaluation yet"))
     ctx.put("scaling_table.tex", booktabs(scal, SCALING_COLUMNS, size="\\footnotesize") if not scal.empty
