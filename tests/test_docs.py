@@ -290,6 +290,11 @@ def test_documented_commands_run_as_written(tmp_path):
     device = re.compile(r"CPU \((?:[^()]|\([^()]*\))*\)|NVIDIA [A-Z]\w*(?: [\w-]+)*")
     unquoted = set(device.findall((tables / "not_measured.tex").read_text()))
     assert set(device.findall(paper)) <= set(device.findall(hardware)) | unquoted, (set(device.findall(paper)), hardware)
+    # no dash standing in for a number, and each profiled column of shares adds up to the whole step
+    assert not re.search(r"(?<![\w.])(–|--)\s*(%|ms\b|GB|samples|node)", paper), paper
+    columns = zip(*[[float(x) for x in re.findall(r"([\d.]+)\\,\\%", row)]
+                    for row in (tables / "profile_table.tex").read_text().splitlines() if "\\,\\%" in row])
+    assert all(abs(sum(c) - 100) <= 0.5 for c in columns)
     # one name per definition: the trace's collectives are never "communication" with a bare number
     assert not re.search(r"(?<!exposed )communication [\d.]+ ?%", paper) and "collectives (trace)" in paper, paper
     proposal = " ".join(pdf_text(tmp_path / "pdf" / "proposal.pdf", layout=False).split())
