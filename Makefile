@@ -71,6 +71,7 @@ reliability: setup
 	$(BIN)/python tests/reliability_table.py
 
 bench: setup
+	$(BIN)/python benchmarks/bench_notebook.py
 	$(BIN)/python benchmarks/bench_seed.py
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_io.py

@@ -86,6 +86,69 @@ def prepare_source(data: Path) -> str:
     return "mnist"
 
 
+def sequential_mb_s(paths: list[Path], threads: int, cold: bool, block: int) -> float:
+    """MB/s of a plain sequential read of every file in `block`-byte reads (dd-like) by `threads` threads, each
+    taking whole files in turn; cold: each file evicted from the page cache before it is read, as the cold stream
+    evicts its ranges (posix_fadvise DONTNEED), so the bytes come from storage."""
+    import threading
+
+    todo, lock, total = list(paths), threading.Lock(), [0]
+
+    def reader():
+        buf = bytearray(block)
+        mv = memoryview(buf)
+        while True:
+            with lock:
+                if not todo:
+                    return
+                path = todo.pop(0)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if cold:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                off = 0
+                while (n := os.preadv(fd, [mv], off)) > 0:
+                    off += n
+                if cold:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            with lock:
+                total[0] += off
+
+    workers = [threading.Thread(target=reader) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return total[0] / (time.perf_counter() - t0) / 1e6
+
+
+def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> list[str]:
+    """The physical limit beside the stream: sequential reads of the same shard files, warm and cold, one and
+    several threads (median of `repeats` passes after a warm-up), and the stream's delivered MB/s as a fraction of
+    the faster."""
+    per_sample = shards.data_bytes / shards.num_samples
+    threads = (1, max(2, min(4, os.cpu_count() or 1)))
+    lines = ["", f"The same {len(shards.paths)} shard files read sequentially in {read_mb:g} MiB reads (dd-like, no "
+                 f"decoding), median of {repeats} passes after a warm-up; the stream's MB/s is its samples/s times "
+                 f"{per_sample:,.0f} bytes per sample.", "",
+             "| cache | sequential, 1 thread (MB/s) | sequential, "
+             f"{threads[1]} threads (MB/s) | streamed (MB/s) | streamed / sequential |", "|---|---:|---:|---:|---:|"]
+    for cache in ("warm", "cold"):
+        seq = []
+        for t in threads:
+            passes = [sequential_mb_s(shards.paths, t, cache == "cold", int(read_mb * 2**20))
+                      for _ in range(repeats + 1)][1:]
+            seq.append(statistics.median(passes))
+        streamed = statistics.median(rates[cache]) * per_sample / 1e6
+        lines.append(f"| {cache} | {seq[0]:,.0f} | {seq[1]:,.0f} | {streamed:,.0f} | "
+                     f"**{100 * streamed / max(seq):.0f} %** |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def row(label: str, rates: list[float], note: str = "") -> str:
     med = statistics.median(rates)
     return f"| {label} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {note} |"
@@ -105,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample baseline")
     ap.add_argument("--loader-steps", type=int, default=200, help="batches per pass of the per-sample baseline")
     ap.add_argument("--window-mb", type=float, default=64.0)
+    ap.add_argument("--read-mb", type=float, default=8.0, help="MiB per read call, of the stream and the sequential "
+                                                                 "reads alike")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -143,7 +208,8 @@ def main(argv=None) -> int:
 
         t = ImageTransform(mean=(m["mean"],), std=(m["std"],))
         for cache in ("warm", "cold"):
-            s = StreamSource(shards, t, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb)
+            s = StreamSource(shards, t, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb,
+                             read_mb=args.read_mb)
             rates[cache] = timed_passes(lambda r: s.batches(r), device, args.repeats, steps_all)
             gb = s.counters["bytes_read"] / 1e9
             lines.append(row(f"streamed shards, {cache}", rates[cache],
@@ -159,6 +225,7 @@ def main(argv=None) -> int:
         lines.append(row(f"{src_name} resident on the device", rates["resident"], "whole epochs"))
         print(lines[-1], flush=True)
 
+        lines += disk_rows(shards, rates, args.repeats, args.read_mb)
         med = {k: statistics.median(v) for k, v in rates.items()}
         lines += ["", f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "
                       f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "

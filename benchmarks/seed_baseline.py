@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernels.data.embedded import make_synthetic  # noqa: E402
-from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD, ResNet18Cifar  # noqa: E402
+from kernels.workloads.convnets import ResNet18Cifar  # noqa: E402
+from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

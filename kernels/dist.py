@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from kernels.errors import ConfigError
+from kernels.ports import slurm_port
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,6 @@ def expand_hostlist(spec: str) -> list[str]:
     return hosts
 
 
-# Rendezvous ports come from 20000-31999: below Linux's default ephemeral range (32768-60999), from which the
-# kernel hands out outgoing connections' ports (NCCL's and gloo's among them), so a listener cannot collide.
-PORT_BASE, PORT_SPAN = 20000, 12000
-
-
-def slurm_port(job_id: str) -> int:
-    """Deterministic per job, so every rank agrees without talking."""
-    return PORT_BASE + int(job_id) % PORT_SPAN
-
-
 def rank_env(environ: dict | None = None) -> RankEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -90,20 +81,6 @@ def rank_env(environ: dict | None = None) -> RankEnv:
         return RankEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                        addr, port, "slurm")
     return RankEnv(0, 1, 0, "127.0.0.1", 0, "single")
-
-
-def free_port() -> int:
-    """A port that is free now, outside the ephemeral range (see PORT_BASE)."""
-    import random
-
-    for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on this machine")
 
 
 def gpu_index(local_rank: int, visible: int) -> int:

@@ -100,7 +100,7 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
     rank that does not leave in time, or is stopped (SIGSTOP), is killed. `command` and `run_dir`
     serve other rank programs (the communication benchmark): cfg then needs only `gpus` and `term_grace_s`.
     """
-    from kernels.dist import free_port
+    from kernels.ports import free_port
 
     stdout = stdout or sys.stdout
     port = free_port()
@@ -293,7 +293,7 @@ def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
 
 def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig]:
     """Validate against this machine and fix the run id, before anything starts."""
-    from kernels.run.record import make_run_id
+    from kernels.run.ids import make_run_id
 
     launcher = launcher or choose_launcher(cfg)
     if launcher == "srun":
@@ -312,7 +312,7 @@ def spawn_horovodrun(cfg: RunConfig, stdout=None) -> int:
     """engine=horovod on this machine: horovodrun starts the ranks (Gloo controller); the lab's process group
     meets at MASTER_ADDR/MASTER_PORT, which horovodrun passes on to every rank."""
     from kernels.engines.horovod import horovodrun_command
-    from kernels.dist import free_port
+    from kernels.ports import free_port
 
     stdout = stdout or sys.stdout
     extra = {**_thread_env(cfg, cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),

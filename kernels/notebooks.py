@@ -28,6 +28,7 @@ from pathlib import Path
 from kernels import records
 from kernels.errors import ConfigError
 from kernels.files import PROJECT_ROOT, results_home
+from kernels.notebook_html import HtmlRenderer
 from kernels.config import resolve, table
 from kernels.params import COMMON, RunConfig, unknown_name_error
 from kernels.sysinfo import job_tag
@@ -221,16 +222,6 @@ def parse_slurm_duration(text: str) -> int | None:
     return ((d * 24 + h) * 60 + mnt) * 60 + s
 
 
-HTML_TEMPLATE = Path(__file__).resolve().parent / "templates" / "lab_alt.html.j2"
-
-
-def render_html(notebook: Path) -> Path:
-    """The executed notebook as HTML: nbconvert's lab page, with each figure's alternative text (kernels/alttext)."""
-    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--log-level", "WARN",
-                    "--template-file", str(HTML_TEMPLATE), str(notebook)], check=True)
-    return notebook.with_suffix(".html")
-
-
 def _comm_parameters(namespace: dict, names: set) -> None:
     from kernels.comm import bench
 
@@ -320,9 +311,18 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
-    cmd = [sys.executable, "-m", "papermill", str(notebook), str(staged), "--log-output", "--no-progress-bar",
-           "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
+    cmd = [sys.executable, "-m", "kernels.papermill_cli", str(notebook), str(staged), "--log-output",
+           "--no-progress-bar", "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
     print("notebook: " + " ".join(cmd), flush=True)
+    html = HtmlRenderer()  # imports nbconvert while the kernel starts, renders when the notebook ends
+    try:
+        return _execute(cmd, notebook, staged, handoff_file, html)
+    finally:
+        html.close()
+
+
+def _execute(cmd: list[str], notebook: Path, staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
+    """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     rc = _papermill(cmd, {**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
                           "LAB_NOTEBOOK": notebook.stem})
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
@@ -334,7 +334,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     if run_dir is not None and run_dir.is_dir():
         final = run_dir / staged.name
         shutil.move(staged, final)  # replaces a previous one of the same name
-    html = render_html(final)
+    html = renderer.render(final)
     if run_dir is not None and "SLURM_JOB_ID" in os.environ and (run_dir / "config.json").is_file():
         from kernels import accounting  # the job's steps are done: Slurm's view of them goes into the record
 

@@ -288,7 +288,15 @@ def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
     )
 
 
+# what a GPU driver leaves on a node (NVIDIA; AMD's for ROCm builds of torch): without any of them torch sees no GPU
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
 def visible_gpus() -> int:
+    """The GPUs torch sees here. On a node without a GPU driver that is 0, known without importing torch: every
+    parameter check asks, and importing torch costs a parameter check (and a notebook run's runner) seconds."""
+    if not any(Path(p).exists() for p in GPU_DRIVER_NODES):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -23,7 +23,8 @@ KERNELS = ROOT / "kernels"
 # (fnmatch); the first that matches places a module.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
-              "kernels.flops", "kernels.alttext", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile")),
+              "kernels.flops", "kernels.alttext", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile",
+              "kernels.ports")),
     ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
     ("data", ("kernels.data", "kernels.data.*")),
     ("workloads", ("kernels.workloads", "kernels.workloads.*")),
@@ -34,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("comm", ("kernels.comm", "kernels.comm.*")),
     ("orchestrate", ("kernels.notebooks", "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
                      "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args", "kernels.lock",
-                     "kernels.notebook_tables")),
+                     "kernels.notebook_tables", "kernels.notebook_html", "kernels.papermill_cli")),
     ("report", ("kernels.report", "kernels.report.*")),
 ]
 

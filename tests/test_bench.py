@@ -95,3 +95,16 @@ def test_bench_gpu_refuses_without_a_gpu():
     assert p.returncode == 2 and "no NVIDIA GPU here" in p.stderr
     p = subprocess.run([sys.executable, "benchmarks/gpu_validation.py"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "no GPU visible" in p.stderr and "--device cpu --tiny" in p.stderr
+
+
+def test_bench_notebook_prints_the_overhead_and_where_it_goes(tmp_path):
+    """One pair: `lab train` and `lab run notebooks/01_train.ipynb` with the same run, the overhead and the
+    notebook's phases from Papermill's cell timestamps."""
+    p = subprocess.run([sys.executable, "benchmarks/bench_notebook.py", "--repeats", "1", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (table,) = tmp_path.glob("notebook-*.md")
+    text = table.read_text()
+    assert "| median |" in text and "overhead (s)" in text
+    for phase in ("kernel start", "cell: launch: the ranks", "cell: plots", "kernel stop, filing, HTML"):
+        assert phase in text, text

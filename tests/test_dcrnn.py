@@ -348,7 +348,7 @@ dist.destroy_process_group()
 def run_gp(tmp_path, root, world: int, form: str, mode: str) -> tuple[np.ndarray, float, dict, int]:
     """The model split over `world` ranks: (predictions of all nodes, the loss, the gradients as DDP averages
     them, halo nodes of rank 0)."""
-    from kernels.dist import free_port
+    from kernels.ports import free_port
 
     out = tmp_path / f"gp{world}-{form}-{mode}"
     out.mkdir()

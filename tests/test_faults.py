@@ -245,7 +245,7 @@ def test_unresolvable_master_addr_fails_fast(tmp_path):
 
 
 def test_nobody_serves_the_rendezvous(tmp_path):
-    from kernels.dist import free_port
+    from kernels.ports import free_port
 
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}

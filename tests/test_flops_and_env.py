@@ -5,7 +5,7 @@ import torch
 
 from kernels.dist import expand_hostlist, rank_env, slurm_port
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
-from kernels.workloads.resnet18_cifar import ResNet18Cifar
+from kernels.workloads.convnets import ResNet18Cifar
 
 
 def test_resnet18_cifar_forward_is_056_gmacs():

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from kernels.dist import PORT_BASE, PORT_SPAN, check_distinct_gpus, free_port, gpu_index, slurm_port
+from kernels.dist import check_distinct_gpus, gpu_index
+from kernels.ports import PORT_BASE, PORT_SPAN, free_port, slurm_port
 from kernels.flops import peak_tflops
 from kernels.params import ConfigError
 from kernels.config import resolve

@@ -101,6 +101,37 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
         assert noise not in log, (noise, log[-3000:])
     assert "lr_warmup_epochs=" in log and "train_flops_per_sample" in log
     assert "lr_warmup_epochs" in html and "...</td>" not in html
+    assert "HTML helper failed" not in log  # the page came from the helper that imported nbconvert early
+    # the helper's page is the page a fresh process renders
+    again = tmp_path / "again" / executed[0].name  # the same name: the page's title is the notebook's
+    again.parent.mkdir()
+    again.write_bytes(executed[0].read_bytes())
+    subprocess.run([sys.executable, "-m", "kernels.notebook_html", str(again)], check=True, cwd=ROOT)
+    assert again.with_suffix(".html").read_text() == html
+
+
+def test_the_runners_checks_do_not_import_torch():
+    """The runner checks the parameters and the launcher picks the run id and port before any rank starts;
+    none of it imports torch (seconds on a small machine, paid by every notebook run's runner and kernel)."""
+    code = ("import sys, tempfile; from pathlib import Path; from kernels import launch, notebooks; "
+            "from kernels.config import resolve; "
+            "notebooks.precheck(Path('notebooks/01_train.ipynb'), ['-p', 'gpus', '2', '-p', 'dataset', 'digits']); "
+            "[resolve({'workload': w}) for w in ('resnet18', 'cnn', 'dcrnn')]; "
+            "launch.prepare(resolve({'gpus': 2, 'dataset': 'digits', 'results_dir': tempfile.mkdtemp()}), 'local'); "
+            "from kernels.ports import free_port; free_port(); print(sorted(m for m in sys.modules if m == 'torch'))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
+    from kernels.notebook_html import HtmlRenderer
+
+    helper = HtmlRenderer()
+    helper.proc.stdin.close()  # the runner ended before any notebook existed
+    assert helper.proc.wait(timeout=60) == 0
+    helper = HtmlRenderer()
+    helper.close()  # or ends it
+    assert helper.proc.returncode is not None
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from kernels.errors import ConfigError
 
 
@@ -119,5 +117,7 @@ def load_image_dataset(name: str, root: Path, samples: int = 0, size: int = 32, 
         arrays = make_synthetic(n_train=n, n_test=min(10_000, max(n // 5, 1)), shape=(channels, size, size))
     else:
         raise ConfigError(f"parameter 'dataset': {name} is not an image data set")
+    import torch
+
     splits = [Split(torch.from_numpy(x), torch.from_numpy(y)) for x, y in (arrays["train"], arrays["test"])]
     return splits[0], splits[1], DATASETS[name].num_classes

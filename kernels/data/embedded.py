@@ -18,8 +18,6 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from kernels.errors import ConfigError
 
@@ -43,6 +41,9 @@ def load_digits(size: int = 32, channels: int = 3) -> dict[str, tuple[np.ndarray
     with gzip.open(digits_csv(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)
     pixels, labels = table[:, :64], table[:, 64].astype(np.int64)
+    import torch
+    import torch.nn.functional as F
+
     img = torch.from_numpy(pixels).reshape(-1, 1, 8, 8)
     img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)
     img = (img * (255.0 / 16.0)).round().clamp(0, 255).to(torch.uint8).expand(-1, channels, -1, -1)
@@ -53,6 +54,8 @@ def load_digits(size: int = 32, channels: int = 3) -> dict[str, tuple[np.ndarray
 
 
 def make_synthetic(n_train: int = 50_000, n_test: int = 10_000, shape=(3, 32, 32), classes: int = 10):
+    import torch
+
     g = torch.Generator().manual_seed(SPLIT_SEED)
     out = {}
     for split, n in (("train", n_train), ("test", n_test)):

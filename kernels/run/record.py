@@ -6,7 +6,6 @@ Global rank 0 alone writes; every rank learns rank 0's decision. The schema is k
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import sys
 from datetime import datetime, timezone
@@ -23,7 +22,7 @@ from kernels.flops import mfu
 from kernels.profiling import verdict
 from kernels.run.metrics import peak_memory_gib, rounded
 from kernels.stats import step_summary
-from kernels.workloads import get_workload
+from kernels.run.ids import make_run_id  # noqa: F401 (part of the record's API)
 
 # Parameters that do not change what a run computes: they may differ between attempts.
 RECORD_ROOM = 16 << 20  # the record's own files (config, summary, metrics, monitor, notebooks) with room to spare
@@ -37,22 +36,6 @@ OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps",
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def make_run_id(cfg, environ=None) -> str:
-    """A readable, unique id. Under Slurm it is derived from the job id, so a
-    requeued job finds its checkpoint and resumes."""
-    env = os.environ if environ is None else environ
-    if cfg.run_id:
-        return cfg.run_id
-    workload = get_workload(cfg.workload).name  # a plug-in's own name, not its module:OBJECT spec
-    parts = [workload, cfg.dataset, f"g{cfg.gpus}"] + ([cfg.label] if cfg.label else [])
-    if "SLURM_JOB_ID" in env:
-        job = env.get("SLURM_ARRAY_JOB_ID", env["SLURM_JOB_ID"])
-        task = f"_{env['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_TASK_ID" in env else ""
-        return "-".join(parts + [f"j{job}{task}"])
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return "-".join([stamp] + parts + [secrets.token_hex(2)])
 
 
 def config_changes(cfg, old: dict) -> list[dict]:

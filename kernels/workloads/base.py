@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
 
 @dataclass(frozen=True)
 class Metric:
@@ -63,7 +61,7 @@ class DataInfo:
 @dataclass
 class Recipe:
     """The optimizer and its schedule. `schedule_unit`: 'step' or 'epoch' (when scheduler.step() is called)."""
-    optimizer: torch.optim.Optimizer
+    optimizer: Any                  # a torch.optim.Optimizer (torch is imported where models are built)
     scheduler: Any
     schedule_unit: str = "step"
     clip_grad_norm: float | None = None

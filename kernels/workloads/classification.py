@@ -1,8 +1,6 @@
 """Shared pieces of classification workloads: the loss and the accuracy metric."""
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from kernels.workloads.base import Metric
 
 ACCURACY = Metric("acc")
@@ -10,6 +8,8 @@ ACCURACY = Metric("acc")
 
 def loss(outputs, targets):
     """Mean cross-entropy of logits (log_softmax + NLL in one)."""
+    import torch.nn.functional as F
+
     return F.cross_entropy(outputs, targets)
 
 

@@ -13,37 +13,19 @@ its mean and standard deviation come from its manifest, and it is streamed from 
 """
 from __future__ import annotations
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
-from kernels.data import load_image_dataset
-from kernels.data.pipeline import ImageTransform, tensor_sources
 from kernels.errors import ConfigError
 from kernels.params import Param
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload
 
+if TYPE_CHECKING:  # annotations only: torch is imported where models and data are built
+    import torch
+
 # per data set: (mean, std) of the training images in [0, 1]
 NORMALISE = {"mnist": ((0.1307,), (0.3081,)), "fashion-mnist": ((0.2860,), (0.3530,)),
              "digits": ((0.1307,), (0.3081,)), "synthetic": ((0.5,), (0.2887,))}
-
-
-class MnistCNN(nn.Module):
-    def __init__(self, num_classes: int = 10, dropout: bool = True):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25 if dropout else 0.0)
-        self.dropout2 = nn.Dropout(0.5 if dropout else 0.0)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, num_classes)
-
-    def forward(self, x):
-        x = F.relu(self.conv2(F.relu(self.conv1(x))))
-        x = self.dropout1(F.max_pool2d(x, 2))
-        x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))))
-        return self.fc2(x)
 
 
 PARAMS = (
@@ -71,6 +53,9 @@ def check(cfg) -> None:
 
 
 def make_data(cfg, rank: int, world: int, device: torch.device):
+    from kernels.data import load_image_dataset
+    from kernels.data.pipeline import ImageTransform, tensor_sources
+
     if cfg.dataset == "bigmnist":
         return _bigmnist_data(cfg, rank, world, device)
     train, test, classes = load_image_dataset(cfg.dataset, cfg.data_root, samples=cfg.train_samples, size=28,
@@ -82,7 +67,7 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
 
 def _bigmnist_data(cfg, rank: int, world: int, device: torch.device):
     """Streamed shards (pipeline=stream) or the per-sample DataLoader over them; the untouched test split."""
-    from kernels.data.pipeline import EvalSource
+    from kernels.data.pipeline import EvalSource, ImageTransform
     from kernels.data.stream import PerSampleSource, ShardSet, StreamSource
 
     shards = ShardSet(cfg.data_root)
@@ -105,10 +90,14 @@ def _bigmnist_data(cfg, rank: int, world: int, device: torch.device):
 def build_model(cfg, info: DataInfo):
     if tuple(info.input_shape) != (1, 28, 28):
         raise ConfigError(f"workload 'cnn': needs 1x28x28 images, data set '{cfg.dataset}' gives {info.input_shape}")
+    from kernels.workloads.convnets import MnistCNN
+
     return MnistCNN(info.num_classes, cfg.dropout), "mnist-cnn-pytorch-examples" + ("" if cfg.dropout else "-nodropout")
 
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
+    import torch
+
     opt = torch.optim.Adadelta(model.parameters(), lr=cfg.lr)
     return Recipe(opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=cfg.lr_gamma), "epoch")
 

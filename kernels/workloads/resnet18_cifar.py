@@ -10,56 +10,20 @@ torchvision imports, and the record names the variant either way.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-from kernels.data import load_image_dataset
-from kernels.data.pipeline import ImageTransform, tensor_sources
 from kernels.errors import ConfigError
 from kernels.params import Param
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload, fused
 
+if TYPE_CHECKING:  # annotations only: torch is imported where models and data are built
+    import torch
+
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
-
-
-class ResNet18Cifar(nn.Module):
-    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3):
-        super().__init__()
-        w = width
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
-        stages, cin = [], w
-        for i, cout in enumerate((w, 2 * w, 4 * w, 8 * w)):
-            stride = 1 if i == 0 else 2
-            stages += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.layers = nn.Sequential(*stages)
-        self.fc = nn.Linear(cin, num_classes)
-
-    def forward(self, x):
-        x = self.layers(self.stem(x))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
 PARAMS = (
@@ -95,6 +59,8 @@ def build_model(cfg, info: DataInfo):
                 f"use model_source=native") from None
         model = torchvision.models.resnet18(num_classes=info.num_classes)
         return model, "torchvision-resnet18-imagenet-stem"
+    from kernels.workloads.convnets import ResNet18Cifar
+
     return ResNet18Cifar(info.num_classes, cfg.width), f"resnet18-cifar-stem-width{cfg.width}"
 
 
@@ -109,6 +75,8 @@ def lr_lambda(total_steps: int, warmup_steps: int):
 
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
+    import torch
+
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
                           weight_decay=cfg.weight_decay, **fused(model))
     total = cfg.epochs * steps_per_epoch
@@ -117,6 +85,9 @@ def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
 
 
 def make_data(cfg, rank: int, world: int, device: torch.device):
+    from kernels.data import load_image_dataset
+    from kernels.data.pipeline import ImageTransform, tensor_sources
+
     train, test, classes = load_image_dataset(cfg.dataset, cfg.data_root, samples=cfg.train_samples)
     # Digits and synthetic data are normalised with CIFAR statistics too: the point is
     # an identical pipeline, not the best digits accuracy. No flips for digits.

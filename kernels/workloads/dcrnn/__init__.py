@@ -19,12 +19,16 @@ as in data parallelism.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from kernels.errors import ConfigError
 from kernels.params import Param
 from kernels.workloads.base import DataInfo, Metric, Recipe, Workload, fused
+
+if TYPE_CHECKING:  # annotations only: torch is imported where models and data are built
+    import torch
 
 HORIZONS = {"15min": 3, "30min": 6, "60min": 12}  # label -> step ahead (5-minute steps)
 LABELS = tuple(HORIZONS)
@@ -203,6 +207,8 @@ def build_model(cfg, info: DataInfo):
 
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
+    import torch
+
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, **fused(model))
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=_milestones(cfg), gamma=cfg.lr_decay)
     return Recipe(opt, sched, "epoch", clip_grad_norm=cfg.max_grad_norm)
@@ -214,6 +220,8 @@ def forward(model, x, y, step: int, train: bool):
 
 def loss(outputs, targets):
     """Masked MAE (mph) over this rank's nodes, normalised by the batch's non-missing targets (see series.py)."""
+    import torch
+
     y, norm = targets
     mask = y != 0
     err = torch.where(mask, (outputs.float() - y).abs(), torch.zeros((), device=y.device))
@@ -222,6 +230,8 @@ def loss(outputs, targets):
 
 def metric_sums(outputs, targets):
     """Per horizon label: sums of |e|, e^2 and |e|/y over non-missing targets, and their count."""
+    import torch
+
     y, _ = targets
     h = outputs.shape[1]
     idx = [HORIZONS[lab] - 1 for lab in LABELS]
