@@ -417,4 +417,9 @@ class PerSampleSource(TrainSource):
             self.samples = stats["samples"]
 
     def close(self) -> None:
-        pass
+        """End the persistent workers and drop this process's maps: memory-mapped shards pin their pages in the
+        page cache, so a cold read of the same files afterwards would read memory."""
+        it, self.loader._iterator = self.loader._iterator, None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.dataset._maps.clear()
