@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kernels.profiling import verdict
 from kernels.profiling.breakdown import CATEGORIES
-from kernels.profiling.verdict import COMM, UTILISATION
-from kernels.profiling.verdict import DATA_WAIT as DATA_WAIT_MAX
 from kernels.report.context import Context
 from kernels.report.figures import figure_snippet, save_figure, style
 from kernels.report import quantities
@@ -189,8 +188,9 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
     if not bt.empty:
         counts = runs["bottleneck"].value_counts()
         parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}" for v, n in counts.items()])
-                     + f" (thresholds: {DATA_WAIT} {pct(DATA_WAIT_MAX)}, {EXPOSED_COMM} {pct(COMM)}, utilisation "
-                       f"{pct(UTILISATION)}); \\inappendix{{Table}}{{tab:bottleneck}} lists them by rank count. ")
+                     + f" (thresholds: {DATA_WAIT} {pct(verdict.DATA_WAIT)}, {EXPOSED_COMM} {pct(verdict.COMM)}, "
+                       f"utilisation {pct(verdict.UTILISATION)}); \\inappendix{{Table}}{{tab:bottleneck}} lists "
+                       f"them by rank count. ")
     mfu = runs["mfu"].dropna()
     if len(mfu):
         parts.append(f"The model FLOPs utilisation reaches {pct(mfu.max(), 1)} of the device's dense peak. ")
@@ -222,9 +222,9 @@ def section(ctx: Context) -> None:
     for name, cat in (("Conv", "convolution"), ("Gemm", "gemm/linear"), ("Norm", "normalisation"),
                       ("Comm", "communication"), ("Data", "data pipeline"), ("Idle", "idle")):
         ctx.macro(f"labProf{name}Pct", f"{100 * share[cat]:.1f}" if share else "--")
-    ctx.macro("labThrData", f"{100 * DATA_WAIT_MAX:.0f}")
-    ctx.macro("labThrComm", f"{100 * COMM:.0f}")
-    ctx.macro("labThrUtil", f"{100 * UTILISATION:.0f}")
+    ctx.macro("labThrData", f"{100 * verdict.DATA_WAIT:.0f}")
+    ctx.macro("labThrComm", f"{100 * verdict.COMM:.0f}")
+    ctx.macro("labThrUtil", f"{100 * verdict.UTILISATION:.0f}")
     ctx.macro("labProfRun", tex_escape(f"{_series(h)}, {int(h['gpus'])} ranks, {h['device']}") if h is not None
               else "no profiled run")
     ctx.macro("labProfVerdict", tex_escape(h["bottleneck"]) if h is not None and h["bottleneck"] else "--")

@@ -22,7 +22,7 @@ from kernels.flops import mfu
 from kernels.profiling import verdict
 from kernels.run.metrics import peak_memory_gib, rounded
 from kernels.stats import step_summary
-from kernels.run.ids import make_run_id  # noqa: F401 (part of the record's API)
+from kernels.run.ids import make_run_id
 
 # Parameters that do not change what a run computes: they may differ between attempts.
 RECORD_ROOM = 16 << 20  # the record's own files (config, summary, metrics, monitor, notebooks) with room to spare
