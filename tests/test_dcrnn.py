@@ -261,6 +261,38 @@ def test_diffusion_matches_dense_matrix_powers():
         assert not torch.allclose(orig[3], mm(b, x))
 
 
+@pytest.mark.parametrize("k_max", [1, 2, 3])
+def test_the_gconv_computes_the_released_recursion_and_its_gradient(k_max):
+    """The graph convolution takes shortcuts: sparse products whose backward multiplies by a transpose held beside
+    the support, 2S held for the recursion's 2 S x, and the last x_K = 2 S x_(K-1) - x_(K-2) of each support left
+    to the weights (term x_(K-2) takes -W_K). Output and every gradient must equal sum_m x_m W_m + b written out
+    from the unshortened terms, on sparse and dense supports alike."""
+    from kernels.workloads.dcrnn.model import DiffusionConv
+
+    ids, adj = small_graph(6)
+    supports = [m.astype(np.float64) for m in dual_supports(adj)]
+    for mode in ("sparse", "dense"):
+        torch.manual_seed(0)
+        g = Graph(supports, None, mode).double()
+        conv = DiffusionConv(4, 5, k_max, 2, bias_start=1.0).double()
+        x = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
+        got = conv(x, g, "original")
+        terms, x0 = [x], x  # the released code's recursion on dense matrices, subtractions included
+        for m in (torch.tensor(s) for s in supports):
+            x1 = torch.einsum("ij,jbf->ibf", m, x0)
+            terms.append(x1)
+            for _ in range(2, k_max + 1):
+                x2 = 2 * torch.einsum("ij,jbf->ibf", m, x1) - x0
+                terms.append(x2)
+                x1, x0 = x2, x1
+        w = conv.weight.view(4, len(terms), 5)
+        want = sum(torch.einsum("nbf,fo->nbo", t, w[:, m]) for m, t in enumerate(terms)) + conv.bias
+        assert torch.allclose(got, want)
+        grads = torch.autograd.grad(got.square().sum(), [x, conv.weight, conv.bias])
+        wants = torch.autograd.grad(want.square().sum(), [x, conv.weight, conv.bias])
+        assert all(torch.allclose(a, b) for a, b in zip(grads, wants))
+
+
 def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
     """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint's content checksum covers
     their indices and values (a CSR tensor has no flat bytes; the write failed at the first epoch's end), and a

@@ -196,6 +196,38 @@ class _Halo(torch.autograd.Function):
         return out, None
 
 
+def _sparse(m: np.ndarray, device_type: str) -> torch.Tensor:
+    """CSR on a CPU (no zero-filled output per product, unlike COO); COO, the public implementations' layout, on
+    a GPU."""
+    t = torch.from_numpy(m)
+    if device_type == "cpu":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "CSR support is in beta"
+            return t.to_sparse_csr()
+    return t.to_sparse_coo().coalesce()
+
+
+class _SparseProduct(torch.autograd.Function):
+    """S x with S a constant sparse matrix, its transpose held beside it: backward is one more sparse product,
+    S^T g. torch's own backward of a sparse product transposes S and fills a zero output on every call, which
+    cost a quarter of a DCRNN training step on a CPU."""
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, s_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.s_t = s_t
+        return _product(s, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, None, _product(ctx.s_t, grad.contiguous())
+
+
+def _product(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """CSR: ATen's own sum-reduction kernel, which writes the product row by row; MKL's (torch.mm on CSR) adds a
+    zero fill and a copy of the output and took 1.6x as long per product on the DCRNN's shapes. COO: torch.mm."""
+    return torch.sparse.mm(s, x, "sum") if s.layout == torch.sparse_csr else torch.mm(s, x)
+
+
 # --------------------------------------------------------------- the graph module
 # supports=auto holds a support dense when it is small and not too sparse: at most DENSE_LIMIT entries (16 MiB
 # in fp32) and at least DENSE_MIN_DENSITY non-zeros; road graphs (METR-LA: 4 % non-zero) are held sparse.
@@ -222,15 +254,11 @@ class Graph(nn.Module):
         self.sparse = mode == "sparse" or (mode == "auto" and (n_own * n_ext > DENSE_LIMIT
                                                                or density < DENSE_MIN_DENSITY))
         if self.sparse:
-            for i, s in enumerate(supports):
-                t = torch.from_numpy(s)
-                if device_type == "cpu":  # CSR: on a CPU no zero-filled output per product, unlike COO
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", UserWarning)  # "CSR support is in beta"
-                        t = t.to_sparse_csr()
-                else:  # COO: the layout the public implementations run on GPUs
-                    t = t.to_sparse_coo().coalesce()
-                self.register_buffer(f"support{i}", t, persistent=False)
+            for i, s in enumerate(supports):  # each support, its double (the recursion's 2 S) and their transposes
+                for name, m in ((f"support{i}", s), (f"twice{i}", 2 * s)):  # doubling is exact: 2S x == 2 (S x)
+                    self.register_buffer(name, _sparse(m, device_type), persistent=False)
+                    self.register_buffer(name + "_t", _sparse(np.ascontiguousarray(m.T), device_type),
+                                         persistent=False)
         else:
             self.register_buffer("stacked", torch.from_numpy(np.stack(supports)), persistent=False)
 
@@ -251,14 +279,17 @@ class Graph(nn.Module):
             return x
         return torch.cat([x, _Halo.apply(x, self.plan)])
 
-    def mul(self, i: int, x_ext: torch.Tensor) -> torch.Tensor:
-        """S_i x over the extended rows: (n_ext, B, F) -> (n_own, B, F)."""
+    def mul(self, i: int, x_ext: torch.Tensor, twice: bool = False) -> torch.Tensor:
+        """S_i x (2 S_i x when twice) over the extended rows: (n_ext, B, F) -> (n_own, B, F)."""
         flat = x_ext.reshape(self.n_ext, -1)
         if self.sparse:  # sparse products run in the supports' precision (no bf16 sparse kernels on every device)
-            s = getattr(self, f"support{i}")
-            out = torch.sparse.mm(s, flat.to(s.dtype)).to(flat.dtype)
+            name = f"twice{i}" if twice else f"support{i}"
+            s = getattr(self, name)
+            out = _SparseProduct.apply(s, getattr(self, name + "_t"), flat.to(s.dtype)).to(flat.dtype)
         else:
             out = self.stacked[i] @ flat
+            if twice:
+                out = out * 2
         return out.reshape(self.n_own, *x_ext.shape[1:])
 
     def mul_all(self, x_ext: torch.Tensor) -> list[torch.Tensor]:
@@ -279,10 +310,18 @@ class Graph(nn.Module):
 
     def diffuse(self, x0: torch.Tensor, k_max: int, form: str = "original") -> list[torch.Tensor]:
         """[x_0, then per support x_1 .. x_K]: 1 + supports * K tensors of x0's shape (n_own, B, F)."""
+        return self.diffuse_folded(x0, k_max, form, fold=False)[0]
+
+    def diffuse_folded(self, x0: torch.Tensor, k_max: int, form: str = "original",
+                       fold: bool = True) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        """(terms, folds). With fold, the recursion's last term of each support, x_K = 2 S x_(K-1) - x_(K-2), is
+        returned as y = 2 S x_(K-1) and (j, m) in folds says term m stands for y - term j: a layer that weights
+        the terms then gives term j the weight W_j - W_m. The output is the same function; the subtraction,
+        its backward and one gradient sum over (nodes, batch, features) per support are not computed."""
         if k_max == 0:
-            return [x0]
+            return [x0], []
         if form == "original":
-            return self._diffuse_original(x0, k_max)
+            return self._diffuse_original(x0, k_max, fold)
         ones = self.mul_all(self.extend(x0))
         per = [[x] for x in ones]
         prev1 = ones
@@ -297,15 +336,22 @@ class Graph(nn.Module):
             for i, x in enumerate(nxt):
                 per[i].append(x)
             prev1 = nxt
-        return [x0] + [x for xs in per for x in xs]
+        return [x0] + [x for xs in per for x in xs], []
 
-    def _diffuse_original(self, x0: torch.Tensor, k_max: int) -> list[torch.Tensor]:
-        out = [x0]
+    def _diffuse_original(self, x0: torch.Tensor, k_max: int, fold: bool):
+        out, folds, at0 = [x0], [], 0  # at0: x0's index in out
         for i in range(self.count):
             x1 = self.mul(i, self.extend(x0))
             out.append(x1)
-            for _ in range(2, k_max + 1):
-                x2 = 2 * self.mul(i, self.extend(x1)) - x0
-                out.append(x2)
-                x1, x0 = x2, x1
-        return out
+            at1 = len(out) - 1
+            for k in range(2, k_max + 1):
+                y = self.mul(i, self.extend(x1), twice=True)
+                if fold and k == k_max:  # x_K is not used again: leave the subtraction to the weights
+                    out.append(y)
+                    folds.append((at0, len(out) - 1))
+                    x2 = None
+                else:
+                    x2 = y - x0
+                    out.append(x2)
+                x1, x0, at1, at0 = x2, x1, len(out) - 1, at1
+        return out, folds

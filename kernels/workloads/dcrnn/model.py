@@ -41,10 +41,14 @@ class DiffusionConv(nn.Module):
         (nodes * batch, features * matrices) matrix and one product, without copying them into it."""
         n, b, f = x.shape
         w = self.weight.view(f, self.matrices, -1)
+        terms, folds = graph.diffuse_folded(x, self.k_max, form)
+        ws = [w[:, m] for m in range(self.matrices)]
+        for j, m in folds:  # term m stands for (term m - term j): term j takes -W_m
+            ws[j] = ws[j] - w[:, m]
         out = None
-        for m, term in enumerate(graph.diffuse(x, self.k_max, form)):
+        for term, wm in zip(terms, ws):
             t = term.reshape(n * b, f)
-            out = torch.addmm(self.bias, t, w[:, m]) if out is None else torch.addmm(out, t, w[:, m])
+            out = torch.addmm(self.bias, t, wm) if out is None else torch.addmm(out, t, wm)
         return out.reshape(n, b, -1)
 
 
