@@ -18,7 +18,7 @@ help:
 	@echo "make test    run the test suite (sets up first)"
 	@echo "make test-quick  the tests not marked slow (a few minutes)"
 	@echo "make reliability the fault-injection suite, and its measured table into README.md"
-	@echo "make bench   print throughput tables (lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN)"
+	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop)"
 	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
 	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
 
@@ -76,6 +76,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_io.py
 	$(BIN)/python benchmarks/bench_dcrnn.py
+	$(BIN)/python benchmarks/bench_comm.py
 
 # On a GPU node: everything that needs a GPU, into results/bench/<gpu-name>.md (about 10 minutes on one H100 node).
 bench-gpu: setup

@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -31,8 +32,11 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
-    float *send = malloc(count * sizeof(float)), *recv = malloc(count * sizeof(float));
-    if (!send || !recv) {
+    /* page-aligned, as the OSU benchmarks allocate theirs: Open MPI's shared-memory path moves a 64 KiB message
+     * 2-3x faster between page-aligned buffers than between malloc's 16-byte-aligned ones (2-core VM) */
+    float *send = NULL, *recv = NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (posix_memalign((void **)&send, page, count * sizeof(float)) || posix_memalign((void **)&recv, page, count * sizeof(float))) {
         fprintf(stderr, "error: rank %d cannot allocate %ld bytes twice\n", rank, bytes);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }

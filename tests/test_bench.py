@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -108,3 +109,20 @@ def test_bench_notebook_prints_the_overhead_and_where_it_goes(tmp_path):
     assert "| median |" in text and "overhead (s)" in text
     for phase in ("kernel start", "cell: launch: the ranks", "cell: plots", "kernel stop, filing, HTML"):
         assert phase in text, text
+
+
+@pytest.mark.skipif(not (shutil.which("mpirun") and shutil.which("mpicc")),
+                    reason="needs Open MPI and its mpicc (apt-get install openmpi-bin libopenmpi-dev)")
+def test_bench_comm_sets_the_lab_beside_the_c_loop(tmp_path):
+    """One round at 8 B: the C reference, the lab's benchmark (C loop) and the lab with a Python loop, the ratios
+    and the target in one table, and its JSON twin."""
+    p = subprocess.run([sys.executable, "benchmarks/bench_comm.py", "--sizes", "8", "--rounds", "1", "--iters", "200",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (table,) = tmp_path.glob("comm-mpi-*.md")
+    text = table.read_text()
+    assert "| 8 |" in text and "<= 1.50x" in text and "C loop (mpi_loop.c" in text, text
+    rec = json.loads(table.with_suffix(".json").read_text())
+    (row,) = rec["rows"]
+    assert row["bytes"] == 8 and row["c_us"][0] > 0 and row["lab_over_c"] > 0 and row["python_loop_us"][0] > 0
+    assert rec["timed_by"]["python"].startswith("python loop")

@@ -66,11 +66,14 @@ def test_bad_input_exits_2_and_leaves_no_record(tmp_path):
              (["--ops", "all_reduce,alltoall"], "did you mean"),
              (["--launcher", "srun"], "srun needs a Slurm allocation"),
              (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
-             (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+             (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
+             (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "LAB_MPI_LOOP"}
     for args, words in cases:
+        extra = {"LAB_MPI_LOOP": args.pop()} if "--loop-env" in args else {}
+        args = [a for a in args if a != "--loop-env"]
         p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", *args, "--results_dir", str(tmp_path)],
-                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+                           cwd=ROOT, capture_output=True, text=True, env={**env, **extra}, timeout=120)
         assert p.returncode == 2 and words in p.stderr, (args, p.stderr)
     assert not any(tmp_path.iterdir())
 
@@ -107,13 +110,21 @@ def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-def test_mpi_commbench_under_mpirun(tmp_path):
-    p = comm("bench", "--backend", "mpi", "--gpus", 2, *SMALL, "--results_dir", tmp_path)
+@pytest.mark.parametrize("loop", ["auto", "python"])
+def test_mpi_commbench_under_mpirun(tmp_path, loop):
+    """Every collective in both forms, checked element by element through the loop that is timed: the C loop, built
+    from scratch into an empty cache on first use (mpicc comes with libopenmpi-dev), or mpi4py in a Python loop."""
+    records = tmp_path / "records"
+    p = comm("bench", "--backend", "mpi", "--gpus", 2, *SMALL, "--results_dir", records,
+             env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "launcher: mpirun -np 2" in p.stdout
-    run = only_record(tmp_path)
+    run = only_record(records)
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "complete" and s["wrong"] == 0 and s["backend"] == "mpi"
+    want = "C loop" if loop == "auto" and shutil.which("mpicc") else "python loop"
+    assert s["timed_by"].startswith(want) and f"timed by: {want}" in p.stdout, s["timed_by"]
+    assert (loop == "auto") == bool(list((tmp_path / "cache").rglob("mpi_loop-*.so"))) or not shutil.which("mpicc")
     cfg = json.loads((run / "config.json").read_text())
     assert "Open MPI" in cfg["versions"]["mpi_library"] or "MPICH" in cfg["versions"]["mpi_library"]
     rows = bench.read_record(run)["rows"]

@@ -6,7 +6,9 @@
 For every collective and dtype, sizes go from min_bytes to max_bytes by `factor` (nccl-tests'
 -b/-e/-f); each size runs once and is checked element by element (#wrong), then warms up and
 is timed over `iters` back-to-back calls, `repeats` times, out of place and in place where the
-API has the form. A loop's time is the mean over ranks of each rank's average per call (min and
+API has the form. On MPI the loop runs inside C (kernels/comm/mpi_loop.c, built with mpicc on first
+use: kernels/comm/native.py), as nccl-tests and OSU time theirs; the record's `timed_by` says which
+loop timed (a Python loop where mpicc is missing or LAB_MPI_LOOP=python). A loop's time is the mean over ranks of each rank's average per call (min and
 max over ranks are kept, as OSU's -f prints them); the table reports the loop with the median
 time and the CSV also keeps the fastest and slowest loop (time_us_lo/hi), since shared machines
 are noisy. Every run leaves a record in
@@ -29,7 +31,6 @@ import shlex
 import shutil
 import socket
 import sys
-import time
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
@@ -233,7 +234,10 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
             raise ConfigError(f"parameter 'gpus': {cfg.gpus} ranks but {torch.cuda.device_count()} GPU(s) on "
                               f"{socket.gethostname()}; nccl needs one GPU per rank here")
     if cfg.backend == "mpi":
+        from kernels.comm.native import requested_loop
+
         load_mpi()
+        requested_loop()  # a bad LAB_MPI_LOOP is named here, before any rank starts
         if launcher == "local":
             raise ConfigError("parameter 'launcher': local starts torch ranks; MPI ranks start with launcher=mpirun "
                               "(here) or srun (in an allocation), or auto")
@@ -391,7 +395,7 @@ def _measure(cfg: CommConfig, runner, device) -> int:
     hosts = sorted({r["host"] for r in ranks})
     facts = {"backend": cfg.backend, "ranks": n, "nodes": len(hosts),
              "placement": "intra-node" if len(hosts) == 1 else "inter-node",
-             "ranks_per_node": max(sum(1 for r in ranks if r["host"] == h) for h in hosts)}
+             "ranks_per_node": max(sum(1 for r in ranks if r["host"] == h) for h in hosts), "timed_by": runner.loop}
     run_dir = cfg.results_root / run_id
     is0 = rank == 0
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -477,7 +481,7 @@ def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], di
     emit(f"# commbench (kernels/comm): backend {cfg.backend}, {n} rank(s) on {facts['nodes']} node(s) "
          f"({facts['placement']}), minBytes {sizes[0]} maxBytes {sizes[-1]} step: {cfg.factor}(factor) "
          f"warmup iters: {cfg.warmup} iters: {cfg.iters} x {cfg.repeats} loops (median reported) "
-         f"validation: {int(cfg.check)}")
+         f"validation: {int(cfg.check)} timed by: {runner.loop}")
     for op in cfg.op_list:
         o = OPS[op]
         for dtype in cfg.dtype_list:
@@ -516,17 +520,12 @@ def _time_one(cfg: CommConfig, runner, o, form: str, count: int, dtype: str, nby
     runner.run()
     runner.sync()
     wrong = runner.sum_int(count_wrong(runner, o, count, cfg.root)) if cfg.check else None
-    for _ in range(cfg.warmup):
-        runner.run()
-    runner.sync()
+    if cfg.warmup:
+        runner.timed(cfg.warmup)
     loops = []
     for _ in range(cfg.repeats):
         runner.barrier()
-        t0 = time.perf_counter()
-        for _ in range(cfg.iters):
-            runner.run()
-        runner.sync()
-        loops.append(runner.reduce_times((time.perf_counter() - t0) / cfg.iters))  # (mean, min, max) over ranks
+        loops.append(runner.reduce_times(runner.timed(cfg.iters) / cfg.iters))  # (mean, min, max) over ranks
     loops.sort()
     mean, lo, hi = loops[len(loops) // 2]
     algbw, busbw = bandwidths(o, nbytes, mean, n)

@@ -18,7 +18,10 @@ checked element by element (#wrong).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 
@@ -113,6 +116,7 @@ def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | N
 class TorchRunner:
     """One collective in one form on torch tensors. `prepare` allocates and fills; `run` is what is timed."""
     api = "torch"
+    loop = "python loop (asynchronous launches on a GPU)"
 
     def __init__(self, device, rank: int, n: int):
         import torch
@@ -148,25 +152,38 @@ class TorchRunner:
         else:  # all_reduce, broadcast, reduce: in place
             self.inp = self.out = src
 
-    def run(self) -> None:
+        self.call = self._bind()
+
+    def _bind(self):
+        """The collective with its arguments bound once, so the timed loop does no per-call Python work."""
         d, name = self.dist, self.op.name
         if name == "all_reduce":
-            d.all_reduce(self.inp)
-        elif name == "all_gather":
-            self.ag(self.out, self.inp)
-        elif name == "reduce_scatter":
-            self.rs(self.out, self.inp)
-        elif name == "broadcast":
-            d.broadcast(self.inp, self.root)
-        elif name == "reduce":
-            d.reduce(self.inp, self.root)
-        elif name == "all_to_all":
-            d.all_to_all_single(self.out, self.inp)
-        elif name == "send_recv":
-            ops = [d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),
-                   d.P2POp(d.irecv, self.out, (self.rank - 1) % self.n)]
-            for req in d.batch_isend_irecv(ops):
-                req.wait()
+            return partial(d.all_reduce, self.inp)
+        if name == "all_gather":
+            return partial(self.ag, self.out, self.inp)
+        if name == "reduce_scatter":
+            return partial(self.rs, self.out, self.inp)
+        if name == "broadcast":
+            return partial(d.broadcast, self.inp, self.root)
+        if name == "reduce":
+            return partial(d.reduce, self.inp, self.root)
+        if name == "all_to_all":
+            return partial(d.all_to_all_single, self.out, self.inp)
+        ops = [d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),  # send_recv: a ring shift
+               d.P2POp(d.irecv, self.out, (self.rank - 1) % self.n)]
+        return lambda: [req.wait() for req in d.batch_isend_irecv(ops)]
+
+    def run(self) -> None:
+        self.call()
+
+    def timed(self, iters: int) -> float:
+        """Seconds of `iters` back-to-back calls, device-synchronised at the end (nccl-tests' timed loop)."""
+        call = self.call
+        t0 = time.perf_counter()
+        for _ in repeat(None, iters):
+            call()
+        self.sync()
+        return time.perf_counter() - t0
 
     def result(self) -> np.ndarray:
         return self.out.detach().to("cpu", self.torch.float64).numpy()
@@ -206,52 +223,87 @@ class MpiRunner:
     def __init__(self, comm):
         from mpi4py import MPI
 
+        from kernels.comm import native
+
         self.MPI, self.comm = MPI, comm
         self.rank, self.n = comm.Get_rank(), comm.Get_size()
         self.dtypes = {"fp32": np.float32}
+        self.mpi_types = {"fp32": MPI.FLOAT}
+        self.lib, self.loop = native.load(MPI.Get_library_version())
 
     def prepare(self, op: Op, form: str, count: int, dtype: str, root: int) -> None:
         if dtype not in self.dtypes:
             raise NotImplementedError(f"MPI has no standard {dtype} datatype (fp32 only)")
         n, r = self.n, self.rank
         dt = self.dtypes[dtype]
-        src = values(r, input_elems(op, count, n)).astype(dt)
+        src = page_aligned(values(r, input_elems(op, count, n)), dt)
         self.op, self.form, self.root, self.count = op, form, root, count
         name = op.name
         if name == "all_gather":
-            self.out = np.empty(count * n, dtype=dt)
+            self.out = page_aligned(np.zeros(count * n), dt)
             if form == "in":
                 self.out[r * count:(r + 1) * count] = src
             self.inp = src
         elif name == "reduce_scatter":
             self.inp = src
-            self.out = src if form == "in" else np.empty(count, dtype=dt)
+            self.out = src if form == "in" else page_aligned(np.zeros(count), dt)
         elif name in ("all_to_all", "send_recv"):
             self.inp = src
-            self.out = src if form == "in" else np.empty_like(src)
+            self.out = src if form == "in" else page_aligned(np.zeros(src.size), dt)
         elif form == "in":  # all_reduce, broadcast, reduce
             self.inp = self.out = src
         else:
-            self.inp, self.out = src, np.empty_like(src)
+            self.inp, self.out = src, page_aligned(np.zeros(src.size), dt)
+
+        self.call, self.c_args = self._bind(dtype)
+
+    def _bind(self, dtype: str):
+        """(mpi4py's call with its arguments bound, the C loop's arguments): the same collective either way."""
+        from kernels.comm.native import OP_CODES
+
+        c, MPI, name, n = self.comm, self.MPI, self.op.name, self.n
+        inplace, at_root = self.form == "in", self.rank == self.root
+        send = None if inplace and (name != "reduce" or at_root) else self.inp  # None: MPI_IN_PLACE
+        recv, count = self.out, self.out.size
+        t = self.mpi_types[dtype]
+        spec = [send, t] if send is not None else MPI.IN_PLACE
+        if name == "all_reduce":
+            call = partial(c.Allreduce, spec, [recv, t], MPI.SUM)
+        elif name == "all_gather":
+            call, count = partial(c.Allgather, spec, [recv, t]), self.count
+        elif name == "reduce_scatter":
+            call, count = partial(c.Reduce_scatter_block, spec, [recv, t], MPI.SUM), self.count
+        elif name == "broadcast":
+            call, send, recv, count = partial(c.Bcast, [self.inp, t], self.root), self.inp, None, self.inp.size
+        elif name == "reduce":  # the receive buffer matters at the root only
+            recv, count = (recv if at_root else None), self.inp.size
+            call = partial(c.Reduce, spec, [recv, t] if at_root else None, MPI.SUM, self.root)
+        elif name == "all_to_all":
+            call, count = partial(c.Alltoall, spec, [recv, t]), self.inp.size // n
+        else:  # send_recv: a ring shift
+            call = partial(c.Sendrecv, [self.inp, t], (self.rank + 1) % n, 0, [recv, t], (self.rank - 1) % n, 0)
+        c_args = (OP_CODES[name], c.py2f(), None if send is None else send.ctypes.data,
+                  None if recv is None else recv.ctypes.data, count, t.py2f(), MPI.SUM.py2f(), self.root)
+        return call, c_args
 
     def run(self) -> None:
-        c, MPI, name, inplace = self.comm, self.MPI, self.op.name, self.form == "in"
-        if name == "all_reduce":
-            c.Allreduce(MPI.IN_PLACE if inplace else self.inp, self.out, op=MPI.SUM)
-        elif name == "all_gather":
-            c.Allgather(MPI.IN_PLACE if inplace else self.inp, self.out)
-        elif name == "reduce_scatter":
-            c.Reduce_scatter_block(MPI.IN_PLACE if inplace else self.inp, self.out, op=MPI.SUM)
-        elif name == "broadcast":
-            c.Bcast(self.inp, root=self.root)
-        elif name == "reduce":
-            at_root = self.rank == self.root  # the receive buffer matters at the root only
-            c.Reduce(MPI.IN_PLACE if inplace and at_root else self.inp, self.out if at_root else None, op=MPI.SUM,
-                     root=self.root)
-        elif name == "all_to_all":
-            c.Alltoall(MPI.IN_PLACE if inplace else self.inp, self.out)
-        elif name == "send_recv":
-            c.Sendrecv(self.inp, (self.rank + 1) % self.n, 0, self.out, (self.rank - 1) % self.n, 0)
+        if self.lib is None:
+            self.call()
+        else:
+            self.timed(1)  # the checked call goes through the loop that is timed
+
+    def timed(self, iters: int) -> float:
+        """Seconds of `iters` back-to-back calls: inside C when the loop was built, else a Python loop."""
+        if self.lib is not None:
+            seconds = self.lib.lab_timed_loop(*self.c_args, iters)
+            if seconds < 0:
+                raise RuntimeError(f"kernels/comm/mpi_loop.c has no collective {self.op.name}")
+            return seconds
+        call = self.call
+        t0 = time.perf_counter()
+        for _ in repeat(None, iters):
+            call()
+        return time.perf_counter() - t0
 
     def result(self) -> np.ndarray:
         if self.op.name == "reduce_scatter" and self.form == "in":
@@ -274,6 +326,20 @@ class MpiRunner:
 
     def gather_object(self, obj) -> list:
         return self.comm.allgather(obj)
+
+
+PAGE = 4096
+
+
+def page_aligned(a: np.ndarray, dtype) -> np.ndarray:
+    """A copy of `a` as `dtype` starting on a page boundary, as the OSU benchmarks allocate their buffers: Open MPI's
+    shared-memory path moves a 64 KiB message 2-3x faster between page-aligned buffers (2-core VM)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(a.size * itemsize + PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % PAGE
+    out = raw[start:start + a.size * itemsize].view(dtype)
+    out[:] = a
+    return out
 
 
 def count_wrong(runner, op: Op, count: int, root: int) -> int:

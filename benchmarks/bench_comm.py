@@ -1,0 +1,160 @@
+"""The lab's MPI benchmark against a C loop, side by side: `make bench` or `python benchmarks/bench_comm.py`.
+
+Reference: sweeps/allreduce_latency.c (MPI_Allreduce timed in C, out of place, as OSU and nccl-tests time
+theirs), compiled here with mpicc. Lab: `lab comm bench --backend mpi --ops all_reduce` on the same sizes,
+iteration and warm-up counts, and launched the same way (the lab's own mpirun line: same rank count,
+--bind-to none). Its out-of-place time is compared with the C figure: both are each rank's mean time per
+call, averaged over the ranks. Rounds alternate C, lab (C loop), lab (Python loop, LAB_MPI_LOOP=python) so
+that the machine's drift falls on all three; the table gives the median of each over the rounds with its
+range, and the ratios to the C loop as medians of the per-round ratios. Targets: lab / C <= 1.5x at 8 B and
+<= 1.05x from 64 KiB up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import benchtable  # noqa: E402  (benchmarks/, this script's directory)
+from kernels import sysinfo  # noqa: E402
+from kernels.comm.bench import mpirun_command, parse_size, resolve  # noqa: E402
+
+TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)
+
+
+def iterations(nbytes: int) -> int:
+    """About 20 ms of timed calls per loop on a shared-memory link (~0.5 us at 8 B, ~5 GB/s for large messages)."""
+    return max(50, min(20000, int(20e-3 / (0.5e-6 + nbytes / 5e9))))
+
+
+def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> float:
+    cfg = resolve({"backend": "mpi", "gpus": ranks})
+    p = subprocess.run(mpirun_command(cfg, [str(binary), str(nbytes), str(iters), str(warmup)]), capture_output=True,
+                       text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln and not ln.startswith("#")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"the C loop failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    fields = lines[-1].split()  # bytes ranks avg_us min_us max_us busbw_GBps wrong
+    if int(fields[-1]) != 0:
+        raise RuntimeError(f"the C loop computed {fields[-1]} wrong element(s) at {nbytes} B")
+    return float(fields[2])
+
+
+def run_lab(ranks: int, nbytes: int, iters: int, warmup: int, loop: str, tmp: Path) -> tuple[float, str]:
+    """(the lab's out-of-place time per call in us, what timed it)."""
+    cmd = [sys.executable, "-m", "kernels.comm", "bench", "--backend", "mpi", "--gpus", str(ranks), "--ops",
+           "all_reduce", "--min_bytes", str(nbytes), "--max_bytes", str(nbytes), "--iters", str(iters), "--warmup",
+           str(warmup), "--repeats", "1", "--launcher", "mpirun", "--results_dir", str(tmp)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "LAB_MPI_LOOP": loop})
+    record = next((ln.split("record: ", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("record: ")),
+                  None)
+    if p.returncode != 0 or record is None:
+        raise RuntimeError(f"lab comm bench failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    rec = Path(record)
+    summary = json.loads((rec / "summary.json").read_text())
+    row = next(r for r in (rec / "results.csv").read_text().splitlines()[1:])
+    header = (rec / "results.csv").read_text().splitlines()[0].split(",")
+    values = dict(zip(header, row.split(",")))
+    shutil.rmtree(rec)
+    return float(values["time_us_out"]), summary.get("timed_by", "")
+
+
+def build_reference(tmp: Path) -> Path:
+    mpicc = os.environ.get("LAB_MPICC") or shutil.which("mpicc")
+    if not mpicc:
+        raise SystemExit("bench_comm: no mpicc on PATH (Debian: apt-get install libopenmpi-dev)")
+    binary = tmp / "allreduce_latency"
+    p = subprocess.run([mpicc, "-O2", "-o", str(binary), str(ROOT / "sweeps" / "allreduce_latency.c")],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_comm: {mpicc} could not build sweeps/allreduce_latency.c: {p.stderr.strip()[-300:]}")
+    return binary
+
+
+def target_for(nbytes: int) -> float | None:
+    limit = None
+    for start, ratio in TARGETS:
+        if nbytes >= start:
+            limit = ratio
+    return limit
+
+
+def measure(args, tmp: Path) -> tuple[dict, dict]:
+    binary = build_reference(tmp)
+    times = {}  # (size, side) -> [us per round]
+    timed_by = {}
+    for size in args.sizes:
+        iters = args.iters or iterations(size)
+        warmup = max(5, iters // 10)
+        for r in range(args.rounds):
+            c = run_c(binary, args.ranks, size, iters, warmup)
+            lab, how = run_lab(args.ranks, size, iters, warmup, "auto", tmp)
+            py, how_py = run_lab(args.ranks, size, iters, warmup, "python", tmp)
+            timed_by.update({"lab": how, "python": how_py})
+            for side, us in (("c", c), ("lab", lab), ("python", py)):
+                times.setdefault((size, side), []).append(us)
+            print(f"  {size} B round {r + 1}/{args.rounds}: C {c:.3f} us, lab {lab:.3f} us, lab with a Python loop "
+                  f"{py:.3f} us ({iters} calls per loop)", flush=True)
+    return times, timed_by
+
+
+def table(args, times: dict, timed_by: dict) -> tuple[list[str], dict]:
+    dev = f"CPU ({sysinfo.cpu_name()})"
+    lines = benchtable.header(f"MPI all-reduce: the lab's benchmark against a C loop ({dev})")
+    lines += [f"{args.ranks} ranks on this host, launched by the lab's mpirun line (--bind-to none); float32 sum, out "
+              f"of place; {args.rounds} alternating rounds per size, each a loop of about 20 ms of back-to-back "
+              f"calls after a tenth as many warm-up calls; medians over rounds (min-max). C: sweeps/"
+              f"allreduce_latency.c. Lab: `lab comm bench --backend mpi`, timed by {timed_by.get('lab', '?')}; "
+              f"with LAB_MPI_LOOP=python, by mpi4py calls in a Python loop.", "",
+              "| size (B) | C loop us | lab us | lab / C | lab, Python loop us | Python loop / C | target |",
+              "|---:|---:|---:|---:|---:|---:|---|"]
+    record = {"device": dev, "ranks": args.ranks, "rounds": args.rounds, "timed_by": timed_by, "rows": []}
+    for size in args.sizes:
+        c, lab, py = (times[(size, s)] for s in ("c", "lab", "python"))
+        ratio = statistics.median(a / b for a, b in zip(lab, c))
+        ratio_py = statistics.median(a / b for a, b in zip(py, c))
+        limit = target_for(size)
+        verdict = "n/a" if limit is None else f"<= {limit:.2f}x: {'met' if ratio <= limit else 'missed'}"
+
+        def cell(v):
+            return f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
+        lines.append(f"| {size:,} | {cell(c)} | {cell(lab)} | **{ratio:.2f}x** | {cell(py)} | {ratio_py:.2f}x | "
+                     f"{verdict} |")
+        record["rows"].append({"bytes": size, "c_us": c, "lab_us": lab, "python_loop_us": py, "lab_over_c": ratio,
+                               "python_loop_over_c": ratio_py, "target": limit})
+    return lines, record
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="8,64K,1M", help="message sizes, comma-separated (K/M suffixes)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=0, help="calls per timed loop (0: about 20 ms' worth per size)")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    args = p.parse_args(argv)
+    args.sizes = [parse_size(s.strip(), "sizes") for s in args.sizes.split(",") if s.strip()]
+    if shutil.which("mpirun") is None or not (os.environ.get("LAB_MPICC") or shutil.which("mpicc")):
+        print("bench_comm: not measured: it needs mpirun and mpicc on PATH (Debian: apt-get install openmpi-bin "
+              "libopenmpi-dev)")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        times, timed_by = measure(args, Path(tmp))
+    lines, record = table(args, times, timed_by)
+    path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-")
+    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
