@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="8,64K,1M", help="message sizes, comma-separated (K/M suffixes)")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=0, help="calls per timed loop (0: about 20 ms' worth per size)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = p.parse_args(argv)
