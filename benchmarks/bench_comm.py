@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels import sysinfo  # noqa: E402
-from kernels.comm.bench import mpirun_command, parse_size, resolve  # noqa: E402
+from kernels.comm.bench import mpirun_command, parse_size, read_record, resolve  # noqa: E402
 
 TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)
 
@@ -60,13 +60,10 @@ def run_lab(ranks: int, nbytes: int, iters: int, warmup: int, loop: str, tmp: Pa
                   None)
     if p.returncode != 0 or record is None:
         raise RuntimeError(f"lab comm bench failed: {(p.stderr or p.stdout).strip()[-300:]}")
-    rec = Path(record)
-    summary = json.loads((rec / "summary.json").read_text())
-    row = next(r for r in (rec / "results.csv").read_text().splitlines()[1:])
-    header = (rec / "results.csv").read_text().splitlines()[0].split(",")
-    values = dict(zip(header, row.split(",")))
-    shutil.rmtree(rec)
-    return float(values["time_us_out"]), summary.get("timed_by", "")
+    rec = read_record(Path(record))
+    shutil.rmtree(rec["dir"])
+    (row,) = rec["rows"]
+    return float(row["time_us_out"]), rec["summary"].get("timed_by", "")
 
 
 def build_reference(tmp: Path) -> Path:

@@ -8,9 +8,9 @@ For every collective and dtype, sizes go from min_bytes to max_bytes by `factor`
 is timed over `iters` back-to-back calls, `repeats` times, out of place and in place where the
 API has the form. On MPI the loop runs inside C (kernels/comm/mpi_loop.c, built with mpicc on first
 use: kernels/comm/native.py), as nccl-tests and OSU time theirs; the record's `timed_by` says which
-loop timed (a Python loop where mpicc is missing or LAB_MPI_LOOP=python). A loop's time is the mean over ranks of each rank's average per call (min and
-max over ranks are kept, as OSU's -f prints them); the table reports the loop with the median
-time and the CSV also keeps the fastest and slowest loop (time_us_lo/hi), since shared machines
+loop timed (a Python loop where mpicc is missing or LAB_MPI_LOOP=python). A loop's time is the mean
+over ranks of each rank's average per call (min and max over ranks are kept, as OSU's -f prints
+them); the table reports the loop with the median time and the CSV also keeps the fastest and slowest loop (time_us_lo/hi), since shared machines
 are noisy. Every run leaves a record in
 results/comm/<id>/: config.json (parameters, ranks, hosts, devices, versions), results.csv
 (one row per collective, dtype and size), summary.json (status, average bus bandwidth,

@@ -116,7 +116,7 @@ def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | N
 class TorchRunner:
     """One collective in one form on torch tensors. `prepare` allocates and fills; `run` is what is timed."""
     api = "torch"
-    loop = "python loop (asynchronous launches on a GPU)"
+    loop = "python loop (on a GPU the launches are asynchronous; the device is synchronised once per loop)"
 
     def __init__(self, device, rank: int, n: int):
         import torch

@@ -4,7 +4,7 @@
  * it through ctypes; handles arrive as Fortran integers (MPI_Comm_f2c and friends work the same on Open MPI and
  * MPICH, whose C handles differ in type).
  *
- * The arguments mirror MpiRunner.run in kernels/comm/collectives.py: SEND is NULL for the in-place form
+ * The arguments are what MpiRunner._bind in kernels/comm/collectives.py passes: SEND is NULL for the in-place form
  * (MPI_IN_PLACE), RECV is NULL where the rank receives nothing (reduce off the root), COUNT is what MPI calls the
  * count of the call: the whole buffer for all_reduce, broadcast, reduce and send_recv, one rank's share for
  * all_gather and reduce_scatter, one peer's share for all_to_all. Returns the loop's seconds (MPI_Wtime), or -1 for
