@@ -13,11 +13,16 @@ Defaults saturate a GPU (batch 512, 100 timed steps, bf16, width 64); on a CPU t
 the input pipeline and the loop's overheads (per-sample PIL transforms in worker processes that
 compete with the training threads for the same cores, against batched tensor transforms), not the
 GPU-side optimisations, which a CPU run does not exercise.
+
+`--ranks 1 2` (the CPU default) also runs both sides as 2 ranks on this node: the seed-style
+script under torchrun, the lab through its own launcher, each rank with cores / ranks OMP threads
+as Slurm's --cpus-per-task would give them, the global batch split between the ranks.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,22 +34,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
-from kernels import sysinfo  # noqa: E402
+from kernels import ports, sysinfo  # noqa: E402
 
 
-def run_seed(args) -> dict:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "seed_baseline.py"), "--batch", str(args.batch), "--steps",
-           str(args.steps), "--warmup", str(args.warmup), "--workers", str(args.workers), "--width", str(args.width),
-           "--precision", args.precision]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+def run_seed(args, ranks: int = 1) -> dict:
+    """The seed-style script as one process, or as `ranks` processes under torchrun on this node."""
+    script = [str(ROOT / "benchmarks" / "seed_baseline.py"), "--batch", str(args.batch), "--steps", str(args.steps),
+              "--warmup", str(args.warmup), "--workers", str(args.workers), "--width", str(args.width),
+              "--precision", args.precision]
+    env = os.environ.copy()
+    if ranks == 1:
+        cmd = [sys.executable, *script]
+    else:  # the cores a rank gets from Slurm's --cpus-per-task, as the lab's launcher sets them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, sysinfo.usable_cores() // ranks)))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+               "--master-addr", "127.0.0.1", "--master-port", str(ports.free_port()), *script]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"the seed-style baseline failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_lab(args, **extra) -> dict:
+def run_lab(args, ranks: int = 1, **extra) -> dict:
     """The lab's side: its CLI with the device's defaults (pipeline, channels_last, compile), the same sizes."""
-    s = benchtable.lab_run({"dataset": "synthetic", "gpus": 1, "batch": args.batch,
+    s = benchtable.lab_run({"dataset": "synthetic", "gpus": ranks, "batch": args.batch,
                             "train_samples": args.batch * (args.steps + args.warmup), "test_samples": args.batch,
                             "epochs": 1, "width": args.width, "precision": args.precision,
                             "num_workers": args.workers, "timing_warmup_steps": args.warmup, "comm_probe_steps": 0,
@@ -52,15 +65,15 @@ def run_lab(args, **extra) -> dict:
     return {**s, **{k: s["params"][k] for k in ("compile", "channels_last", "pipeline")}}
 
 
-def compare(args, **lab_extra) -> list[tuple[dict, dict]]:
-    """args.repeats (seed-style, lab) pairs, run alternately."""
+def compare(args, ranks: int = 1, **lab_extra) -> list[tuple[dict, dict]]:
+    """args.repeats (seed-style, lab) pairs at `ranks` ranks, run alternately."""
     pairs = []
     for i in range(args.repeats):
-        seed = run_seed(args)
-        lab = run_lab(args, **lab_extra)
+        seed = run_seed(args, ranks)
+        lab = run_lab(args, ranks, **lab_extra)
         pairs.append((seed, lab))
-        print(f"repeat {i + 1}: seed-style {seed['samples_per_s']:,.1f} samples/s, lab {lab['samples_per_s']:,.1f} "
-              f"samples/s: {lab['samples_per_s'] / seed['samples_per_s']:.2f}x", flush=True)
+        print(f"{ranks} rank(s), repeat {i + 1}: seed-style {seed['samples_per_s']:,.1f} samples/s, lab "
+              f"{lab['samples_per_s']:,.1f} samples/s: {lab['samples_per_s'] / seed['samples_per_s']:.2f}x", flush=True)
     return pairs
 
 
@@ -89,31 +102,51 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=64 if cuda else 16)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16" if cuda else "fp32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1] if cuda else [1, 2],
+                    help="rank counts on this node, each compared in turn (more than 1 on a GPU node needs as many GPUs)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
+    if any(r < 1 or args.batch % r for r in args.ranks):
+        raise SystemExit(f"error: --ranks {' '.join(map(str, args.ranks))}: each must be >= 1 and divide --batch "
+                         f"{args.batch}")
     name = sysinfo.device_name(torch.device("cuda", 0) if cuda else torch.device("cpu"))
     print(f"lab vs seed-style: ResNet-18 width {args.width}, batch {args.batch}, {args.precision}, {args.steps} timed "
-          f"steps after {args.warmup}, {args.workers} workers, {args.repeats} repeats, on {name}", flush=True)
+          f"steps after {args.warmup}, {args.workers} workers, {args.repeats} repeats at {args.ranks} rank(s), on "
+          f"{name}", flush=True)
     try:
-        pairs = compare(args)
+        results = {r: compare(args, r) for r in args.ranks}
     except RuntimeError as e:
         raise SystemExit(str(e)) from None
-    rows, ratio = ratio_table(pairs)
-    lab0 = pairs[0][1]
+    benchtable.write(table(args, name, cuda, results), args.out, name, prefix="seed-vs-lab-")
+    return 0
+
+
+def table(args, name: str, cuda: bool, results: dict[int, list[tuple[dict, dict]]]) -> list[str]:
+    """The Markdown page: one table of paired repeats per rank count, then the ratios."""
+    lab0 = next(iter(results.values()))[0][1]
     lines = benchtable.header(f"the lab's loop against the seed-style script on {name}")
-    lines += [f"ResNet-18 (CIFAR form, width {args.width}), synthetic CIFAR-shaped data, one process, global batch "
-              f"{args.batch}, {args.precision}, {args.steps} timed steps after {args.warmup}, {args.workers} workers. "
-              f"Lab: pipeline {lab0['pipeline']}, channels_last {str(lab0['channels_last']).lower()}, compile "
-              f"{str(lab0['compile']).lower()}. Seed-style: per-sample PIL transforms in a DataLoader, DDP defaults, "
-              f"loss.item() every step. samples/s = batch / median step time; runs alternate.", "", *rows, ""]
+    lines += [f"ResNet-18 (CIFAR form, width {args.width}), synthetic CIFAR-shaped data, global batch {args.batch} "
+              f"(split between the ranks), {args.precision}, {args.steps} timed steps after {args.warmup}, "
+              f"{args.workers} workers per rank. Lab: pipeline {lab0['pipeline']}, channels_last "
+              f"{str(lab0['channels_last']).lower()}, compile {str(lab0['compile']).lower()}, DDP only with more than "
+              f"one rank. Seed-style: per-sample PIL transforms in a DataLoader, DDP defaults, loss.item() every "
+              f"step. samples/s = global batch / median step time; runs alternate. The ranks share this node's "
+              f"{sysinfo.usable_cores()} cores, each with " + ", ".join(
+                  f"{os.environ.get('OMP_NUM_THREADS') or max(1, sysinfo.usable_cores() // r)} OMP threads at {r} "
+                  f"rank{'s' if r > 1 else ''}" for r in results) + ".", ""]
+    ratios = {}
+    for ranks, pairs in results.items():
+        rows, ratios[ranks] = ratio_table(pairs)
+        lines += [f"{ranks} rank{'s' if ranks > 1 else ''}:", "", *rows, ""]
     if not cuda:
         lines.append("On a CPU this ratio measures the input pipeline and the loop's overheads (per-sample PIL "
                      "transforms in worker processes competing with training for the same cores, against batched "
-                     "tensor transforms), not the GPU path (channels_last, compile, fused optimizer, no host syncs).")
-    lines.append(f"Lab / seed-style: **{ratio:.2f}x** (median of {len(pairs)} paired ratios).")
-    benchtable.write(lines, args.out, name, prefix="seed-vs-lab-")
-    return 0
-
+                     "tensor transforms; DDP's hooks and self-all-reduce at one rank, which the lab skips), not the "
+                     "GPU path (channels_last, compile, fused optimizer, no host syncs).")
+    first, *more = results
+    lines.append(f"Lab / seed-style: **{ratios[first]:.2f}x** (median of {len(results[first])} paired ratios)" +
+                 "".join(f"; at {r} ranks **{ratios[r]:.2f}x** (median of {len(results[r])})" for r in more) + ".")
+    return lines
 
 if __name__ == "__main__":
     sys.exit(main())

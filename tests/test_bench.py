@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -57,14 +58,19 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
 
 def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
     p = subprocess.run([sys.executable, "benchmarks/bench_seed.py", "--batch", "32", "--steps", "4", "--warmup", "1",
-                        "--workers", "1", "--width", "4", "--repeats", "2", "--out", str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+                        "--workers", "1", "--width", "4", "--repeats", "1", "--ranks", "1", "2", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert len(re.findall(r"repeat \d: seed-style [\d,.]+ samples/s, lab [\d,.]+ samples/s: [\d.]+x", p.stdout)) == 2
+    for ranks in (1, 2):  # one process, and 2 ranks on this node (torchrun against the lab's own launcher)
+        assert re.search(rf"{ranks} rank\(s\), repeat 1: seed-style [\d,.]+ samples/s, lab [\d,.]+ samples/s: "
+                         rf"[\d.]+x", p.stdout), p.stdout
     text = next(tmp_path.glob("seed-vs-lab-*.md")).read_text()
-    ratio = float(re.search(r"Lab / seed-style: \*\*([\d.]+)x\*\* \(median of 2 paired ratios\)", text).group(1))
-    assert ratio > 0 and "On a CPU this ratio measures the input pipeline" in text
-    assert "pipeline device, channels_last false, compile false" in text  # what the lab side ran, from its record
+    ratios = re.search(r"Lab / seed-style: \*\*([\d.]+)x\*\* \(median of 1 paired ratios\); at 2 ranks "
+                       r"\*\*([\d.]+)x\*\*", text)
+    assert ratios and min(map(float, ratios.groups())) > 0 and "On a CPU this ratio measures the input pipeline" in text
+    assert "pipeline device, channels_last false, compile false, DDP only with more than one rank" in text
+    threads = os.environ.get("OMP_NUM_THREADS") or max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"{threads} OMP threads at 2 ranks" in text  # a rank's cores, as Slurm's --cpus-per-task gives them
 
 
 def test_seed_baseline_is_the_usual_script():

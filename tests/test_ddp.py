@@ -123,6 +123,7 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     assert cfg["params"]["gpus"] == 2 and cfg["derived"]["backend"] == "gloo"
     assert cfg["derived"]["launch_source"] == "local"  # the lab's launcher, not torchrun
     assert cfg["derived"]["world_size"] == 2 and cfg["derived"]["per_rank_batch"] == 32
+    assert cfg["derived"]["ddp_wrapped"] is True
     assert cfg["derived"]["model_variant"] == "resnet18-cifar-stem-width8"
     assert len(cfg["ranks"]) == 2 and {r["global_rank"] for r in cfg["ranks"]} == {0, 1}
     assert cfg["versions"]["torch"].startswith("2.13") and "commit" in cfg["git"]
@@ -149,6 +150,7 @@ def test_single_process_runs_without_a_launcher(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "solo" / "config.json").read_text())
     assert cfg["derived"]["launch_source"] == "single" and cfg["derived"]["world_size"] == 1
+    assert cfg["derived"]["ddp_wrapped"] is False  # one rank has nothing to average: no DDP hooks and buckets
     assert "warm-up only: no timed steps this epoch" in p.stdout and "0.0 ms" not in p.stdout
     summary = json.loads((tmp_path / "solo" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_per_s"] is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kernels.engines import Engine
@@ -14,8 +15,14 @@ class DDPEngine(Engine):
     def __init__(self, cfg):
         self.cfg = cfg
         self.ddp = None
+        self.wrapped = dist.get_world_size() > 1
 
     def wrap_model(self, model, device):
+        # One rank has no gradients to average: the module runs as it is. DDP around it would still hook every
+        # parameter, fill its buckets and all-reduce them with itself: 5-7 % of a ResNet-18 step on a CPU
+        # (benchmarks/bench_seed.py), and a 1-rank baseline that no single-device script pays.
+        if not self.wrapped:
+            return model
         # No buffer sync before each forward: BatchNorm statistics are per rank (each normalises its own
         # batch); DDP's default would broadcast rank 0's before every forward, a collective per step for nothing.
         # Every rank's buffers go into the checkpoint and are loaded after this wrap, so a resumed run continues
@@ -29,13 +36,18 @@ class DDPEngine(Engine):
         return self.ddp
 
     def no_sync(self, i: int, micro_batches: int):
-        return self.ddp.no_sync() if i < micro_batches - 1 else super().no_sync(i, micro_batches)
+        if self.wrapped and i < micro_batches - 1:
+            return self.ddp.no_sync()
+        return super().no_sync(i, micro_batches)
 
     def zero_grad(self, optimizer) -> None:
         """With gradient_as_bucket_view the gradients ARE DDP's bucket memory: zero them in place (a memset)
         rather than free them, which would make the next backward allocate new gradients and DDP copy them into
-        the buckets again. Without bucket views, set_to_none (no memset)."""
-        optimizer.zero_grad(set_to_none=not self.cfg.gradient_as_bucket_view)
+        the buckets again. Without bucket views, or without DDP (one rank), set_to_none (no memset)."""
+        optimizer.zero_grad(set_to_none=not (self.wrapped and self.cfg.gradient_as_bucket_view))
+
+    def facts(self) -> dict:
+        return {"engine": self.name, "ddp_wrapped": self.wrapped}
 
 
 ENGINE = DDPEngine
