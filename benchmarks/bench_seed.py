@@ -46,7 +46,7 @@ def run_seed(args, ranks: int = 1) -> dict:
     if ranks == 1:
         cmd = [sys.executable, *script]
     else:  # the cores a rank gets from Slurm's --cpus-per-task, as the lab's launcher sets them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, sysinfo.usable_cores() // ranks)))
+        env["OMP_NUM_THREADS"] = sysinfo.threads_per_rank(ranks)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                "--master-addr", "127.0.0.1", "--master-port", str(ports.free_port()), *script]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -132,8 +132,8 @@ def table(args, name: str, cuda: bool, results: dict[int, list[tuple[dict, dict]
               f"one rank. Seed-style: per-sample PIL transforms in a DataLoader, DDP defaults, loss.item() every "
               f"step. samples/s = global batch / median step time; runs alternate. The ranks share this node's "
               f"{sysinfo.usable_cores()} cores, each with " + ", ".join(
-                  f"{os.environ.get('OMP_NUM_THREADS') or max(1, sysinfo.usable_cores() // r)} OMP threads at {r} "
-                  f"rank{'s' if r > 1 else ''}" for r in results) + ".", ""]
+                  f"{sysinfo.threads_per_rank(r)} OMP threads at {r} rank{'s' if r > 1 else ''}" for r in results) +
+              ".", ""]
     ratios = {}
     for ranks, pairs in results.items():
         rows, ratios[ranks] = ratio_table(pairs)
@@ -147,6 +147,7 @@ def table(args, name: str, cuda: bool, results: dict[int, list[tuple[dict, dict]
     lines.append(f"Lab / seed-style: **{ratios[first]:.2f}x** (median of {len(results[first])} paired ratios)" +
                  "".join(f"; at {r} ranks **{ratios[r]:.2f}x** (median of {len(results[r])})" for r in more) + ".")
     return lines
+
 
 if __name__ == "__main__":
     sys.exit(main())

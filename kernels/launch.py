@@ -59,7 +59,7 @@ def _thread_env(cfg: RunConfig, ranks_here: int) -> dict:
     """OMP threads per CPU rank: share the cores instead of oversubscribing them."""
     env = {}
     if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, sysinfo.usable_cores() // ranks_here))
+        env["OMP_NUM_THREADS"] = sysinfo.threads_per_rank(ranks_here)
     return env
 
 

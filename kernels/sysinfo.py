@@ -24,6 +24,13 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def threads_per_rank(ranks_here: int) -> str:
+    """OMP threads for each of `ranks_here` CPU ranks on this node: OMP_NUM_THREADS when set, else the usable
+    cores shared out, as Slurm's --cpus-per-task would give them (never oversubscribed). A string, as OpenMP
+    reads it (it may hold a list, e.g. "4,2")."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // ranks_here))
+
+
 def git_info(root: Path = PROJECT_ROOT) -> dict:
     def git(*args):
         try:

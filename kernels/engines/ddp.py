@@ -19,8 +19,9 @@ class DDPEngine(Engine):
 
     def wrap_model(self, model, device):
         # One rank has no gradients to average: the module runs as it is. DDP around it would still hook every
-        # parameter, fill its buckets and all-reduce them with itself: 5-7 % of a ResNet-18 step on a CPU
-        # (benchmarks/bench_seed.py), and a 1-rank baseline that no single-device script pays.
+        # parameter, fill its buckets and all-reduce them with itself: 5-7 % of a ResNet-18 step on a CPU in
+        # paired step timings, a 1-rank baseline that no single-device script pays (benchmarks/bench_seed.py
+        # sets the lab beside one).
         if not self.wrapped:
             return model
         # No buffer sync before each forward: BatchNorm statistics are per rank (each normalises its own
