@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from kernels.data import bigmnist
-from kernels.data.pipeline import ImageTransform, Split, TrainSource, steps_per_epoch
+from kernels.data.pipeline import ImageTransform, Split, TrainSource, gather_rows, steps_per_epoch
 from kernels.errors import ConfigError
 
 MIB = 2**20
@@ -267,7 +267,7 @@ class StreamSource(TrainSource):
                 lo = pos if first else 0
                 first = False
                 for i in range(lo, n, self.b):
-                    x, y = _split_records(raw[perm[i:i + self.b]])  # a gather: a copy, never a view of buf
+                    x, y = _split_records(gather_rows(raw, perm[i:i + self.b]))  # a copy, never a view of buf
                     if self.transform is not None:
                         x = self.transform.apply(x, None, self.consts)
                     with self._lock:
