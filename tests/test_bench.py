@@ -35,9 +35,13 @@ def test_io_benchmark_prepares_its_input_and_compares_streamed_with_per_sample(f
     assert "copying Debian's Fashion-MNIST" in p.stdout and (tmp_path / "data" / "fashion-mnist").is_dir()
     text = next(tmp_path.glob("io-*.md")).read_text()
     for label in ("per-sample DataLoader (1 workers)", "streamed shards, warm", "streamed shards, cold",
+                  "streamed records, warm, no decoding", "streamed records, cold, no decoding",
                   "fashion-mnist resident on the device"):
         assert f"| {label} |" in text, label
     assert re.search(r"Streamed \(warm\) over per-sample DataLoader: \*\*[\d.]+x\*\*", text)
+    for cache in ("warm", "cold"):  # the disk's limit and the reads' CPU cost beside both kinds of stream
+        assert re.search(rf"\| {cache} \| [\d,]+ \| [\d,]+ \| [\d.]+ \| [\d,]+ \| \*\*\d+ %\*\* \| [\d,]+ \| "
+                         rf"\*\*\d+ %\*\* \|", text), text
 
 
 def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
