@@ -77,6 +77,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_io.py
 	$(BIN)/python benchmarks/bench_dcrnn.py
 	$(BIN)/python benchmarks/bench_comm.py
+	$(BIN)/python benchmarks/bench_summary.py
 
 # On a GPU node: everything that needs a GPU, into results/bench/<gpu-name>.md (about 10 minutes on one H100 node).
 bench-gpu: setup

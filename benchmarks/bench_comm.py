@@ -150,6 +150,8 @@ def main(argv=None) -> int:
     lines, record = table(args, times, timed_by)
     path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    benchtable.headline(args.out, "comm", record["device"], path, {
+        "rows": [{k: r[k] for k in ("bytes", "lab_over_c", "target")} for r in record["rows"]]})
     return 0
 
 

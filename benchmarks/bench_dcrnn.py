@@ -196,6 +196,8 @@ def main(argv=None) -> int:
                                 "speedup": base / med}
     path = benchtable.write(lines, args.out, dev, prefix="dcrnn-")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")  # read by the paper's DCRNN section
+    benchtable.headline(args.out, "dcrnn", dev, path, {"speedup": record["rows"]["lab"]["speedup"],
+                                                       "steps": args.steps})
     return 0
 
 

@@ -132,7 +132,7 @@ def sequential_mb_s(paths: list[Path], threads: int, cold: bool, block: int) -> 
     return total[0] / wall / 1e6, 1e3 * cpu / (total[0] / 1e6)
 
 
-def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> list[str]:
+def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> tuple[list[str], dict]:
     """The physical limit beside the stream: sequential reads of the same shard files, warm and cold, one and
     several threads (median of `repeats` passes after a warm-up), with the reads' CPU cost, and the stream's
     delivered MB/s as a fraction of the faster: its records alone (the I/O path) and normalised (what training
@@ -146,6 +146,7 @@ def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> list[str]:
              f"| cache | sequential, 1 thread (MB/s) | sequential, {threads[1]} threads (MB/s) | CPU ms per MB read | "
              "streamed records (MB/s) | records / sequential | streamed, normalised (MB/s) | "
              "normalised / sequential |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    figures = {}
     for cache in ("warm", "cold"):
         seq, cpu = [], []
         for t in threads:
@@ -159,7 +160,9 @@ def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> list[str]:
         lines.append(f"| {cache} | {seq[0]:,.0f} | {seq[1]:,.0f} | {cpu[seq.index(limit)]:.2f} | {records:,.0f} | "
                      f"**{100 * records / limit:.0f} %** | {normalised:,.0f} | **{100 * normalised / limit:.0f} %** |")
         print(lines[-1], flush=True)
-    return lines
+        figures[cache] = {"sequential_mb_s": limit, "records_mb_s": records, "normalised_mb_s": normalised,
+                          "records_pct": 100 * records / limit, "normalised_pct": 100 * normalised / limit}
+    return lines, figures
 
 
 def row(label: str, rates: list[float], note: str = "") -> str:
@@ -249,13 +252,15 @@ def main(argv=None) -> int:
         lines.append(row(f"{src_name} resident on the device", rates["resident"], "whole epochs"))
         print(lines[-1], flush=True)
 
-        lines += disk_rows(shards, rates, args.repeats, args.read_mb)
+        disk, figures = disk_rows(shards, rates, args.repeats, args.read_mb)
+        lines += disk
         med = {k: statistics.median(v) for k, v in rates.items()}
         lines += ["", f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "
                       f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "
                       f"streamed (warm) over device-resident: {med['warm'] / med['resident']:.2f}x.", ""]
 
-    benchtable.write(lines, args.out, name, prefix="io-")
+    path = benchtable.write(lines, args.out, name, prefix="io-")
+    benchtable.headline(args.out, "io", name, path, figures)
     return 0
 
 

@@ -117,7 +117,13 @@ def main(argv=None) -> int:
         results = {r: compare(args, r) for r in args.ranks}
     except RuntimeError as e:
         raise SystemExit(str(e)) from None
-    benchtable.write(table(args, name, cuda, results), args.out, name, prefix="seed-vs-lab-")
+    path = benchtable.write(table(args, name, cuda, results), args.out, name, prefix="seed-vs-lab-")
+    figures = {}
+    for ranks, pairs in results.items():
+        ratios = [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+        figures[f"ranks_{ranks}"] = {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                     "repeats": len(ratios)}
+    benchtable.headline(args.out, "seed", name, path, figures)
     return 0
 
 

@@ -19,15 +19,37 @@ def header(title: str) -> list[str]:
             f"; git {sysinfo.git_info().get('commit') or 'n/a'}", ""]
 
 
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
 def write(lines: list[str], out: Path, device_name: str, prefix: str = "") -> Path:
     """Print the table and store it as <out>/<prefix><device slug>.md."""
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device_name).strip("-").lower()
-    path = out / f"{prefix}{slug}.md"
+    path = out / f"{prefix}{slug(device_name)}.md"
     path.write_text(text)
     print("\n" + text + f"\nwritten to {path}")
     return path
+
+
+def headlines_path(out: Path) -> Path:
+    """Where this machine's headline figures go: one file per host CPU model, whatever device each benchmark ran on,
+    so that one `make bench` on one machine fills one file."""
+    return out / f"headlines-{slug(f'CPU ({sysinfo.cpu_name()})')}.json"
+
+
+def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict) -> None:
+    """Store a benchmark's headline figures (merged into headlines_path under `bench`, with its device, the git
+    commit and the time), which bench_summary.py sets beside the issue's targets."""
+    import json
+    import time
+
+    path = headlines_path(out)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[bench] = {"device": device_name, "table": table.name, "git": sysinfo.git_info().get("commit"),
+                   "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **figures}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def lab_run(params: dict, timeout: float | None = None) -> dict:

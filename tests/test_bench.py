@@ -42,6 +42,17 @@ def test_io_benchmark_prepares_its_input_and_compares_streamed_with_per_sample(f
     for cache in ("warm", "cold"):  # the disk's limit and the reads' CPU cost beside both kinds of stream
         assert re.search(rf"\| {cache} \| [\d,]+ \| [\d,]+ \| [\d.]+ \| [\d,]+ \| \*\*\d+ %\*\* \| [\d,]+ \| "
                          rf"\*\*\d+ %\*\* \|", text), text
+    # the summary sets the stored figures beside the targets and names what this machine has not measured yet
+    p = subprocess.run([sys.executable, "benchmarks/bench_summary.py", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = next(tmp_path.glob("summary-*.md")).read_text()
+    cold = re.search(r"\| streamed records / sequential read, cold \| >= 80 % \| (\d+) % .*\| (met|\*\*missed\*\*) \|",
+                     summary)
+    assert cold and (cold.group(1) == "80" or (cold.group(2) == "met") == (int(cold.group(1)) > 80)), summary
+    assert "Not measured on this machine yet: `python benchmarks/bench_notebook.py`, `python benchmarks/bench_seed.py`, " \
+           "`python benchmarks/bench_dcrnn.py`, `python benchmarks/bench_comm.py`." in summary
+    assert "All figures come from one commit" in summary
 
 
 def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
