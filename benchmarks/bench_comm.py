@@ -106,7 +106,7 @@ def measure(args, tmp: Path) -> tuple[dict, dict]:
 
 
 def table(args, times: dict, timed_by: dict) -> tuple[list[str], dict]:
-    dev = f"CPU ({sysinfo.cpu_name()})"
+    dev = sysinfo.cpu_device_name()
     lines = benchtable.header(f"MPI all-reduce: the lab's benchmark against a C loop ({dev})")
     lines += [f"{args.ranks} ranks on this host, launched by the lab's mpirun line (--bind-to none); float32 sum, out "
               f"of place; {args.rounds} alternating rounds per size, each a loop of about 20 ms of back-to-back "

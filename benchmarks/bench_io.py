@@ -155,13 +155,14 @@ def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> tuple[list[s
             seq.append(statistics.median(p[0] for p in passes))
             cpu.append(statistics.median(p[1] for p in passes))
         limit = max(seq)
-        records = statistics.median(rates[f"{cache} records"]) * per_sample / 1e6
-        normalised = statistics.median(rates[cache]) * per_sample / 1e6
-        lines.append(f"| {cache} | {seq[0]:,.0f} | {seq[1]:,.0f} | {cpu[seq.index(limit)]:.2f} | {records:,.0f} | "
-                     f"**{100 * records / limit:.0f} %** | {normalised:,.0f} | **{100 * normalised / limit:.0f} %** |")
+        f = figures[cache] = {"sequential_mb_s": limit}
+        for kind, key in (("records", f"{cache} records"), ("normalised", cache)):
+            f[f"{kind}_mb_s"] = statistics.median(rates[key]) * per_sample / 1e6
+            f[f"{kind}_pct"] = 100 * f[f"{kind}_mb_s"] / limit
+        lines.append(f"| {cache} | {seq[0]:,.0f} | {seq[1]:,.0f} | {cpu[seq.index(limit)]:.2f} | "
+                     f"{f['records_mb_s']:,.0f} | **{f['records_pct']:.0f} %** | {f['normalised_mb_s']:,.0f} | "
+                     f"**{f['normalised_pct']:.0f} %** |")
         print(lines[-1], flush=True)
-        figures[cache] = {"sequential_mb_s": limit, "records_mb_s": records, "normalised_mb_s": normalised,
-                          "records_pct": 100 * records / limit, "normalised_pct": 100 * normalised / limit}
     return lines, figures
 
 

@@ -125,7 +125,7 @@ def main() -> None:
               "Where the notebook's time goes (median over the notebook runs; Papermill's per-cell timestamps):", "",
               "| phase | s |", "|---|---|"]
     lines += [f"| {k} | {statistics.median(p[k] for p in phases):.2f} |" for k in phases[0]]
-    dev = f"CPU ({sysinfo.cpu_name()})"
+    dev = sysinfo.cpu_device_name()
     path = benchtable.write(lines, args.out, dev, prefix="notebook-")
     benchtable.headline(args.out, "notebook", dev, path, {
         "overhead_s": statistics.median(over), "overhead_min_s": min(over), "overhead_max_s": max(over),

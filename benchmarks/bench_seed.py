@@ -77,9 +77,14 @@ def compare(args, ranks: int = 1, **lab_extra) -> list[tuple[dict, dict]]:
     return pairs
 
 
+def paired_ratios(pairs: list[tuple[dict, dict]]) -> list[float]:
+    """lab / seed-style samples/s of each (seed-style, lab) pair."""
+    return [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+
+
 def ratio_table(pairs: list[tuple[dict, dict]]) -> tuple[list[str], float]:
     """The Markdown rows (each repeat with its p10-p90, then the medians) and the median of the paired ratios."""
-    ratios = [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+    ratios = paired_ratios(pairs)
     lines = ["| repeat | seed-style samples/s (p10-p90) | lab samples/s (p10-p90) | lab / seed |", "|---:|---:|---:|---:|"]
     for i, ((seed, lab), r) in enumerate(zip(pairs, ratios)):
         lines.append(f"| {i + 1} | {seed['samples_per_s']:,.1f} ({seed['samples_per_s_p10']:,.0f}-"
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
     path = benchtable.write(table(args, name, cuda, results), args.out, name, prefix="seed-vs-lab-")
     figures = {}
     for ranks, pairs in results.items():
-        ratios = [lab["samples_per_s"] / seed["samples_per_s"] for seed, lab in pairs]
+        ratios = paired_ratios(pairs)
         figures[f"ranks_{ranks}"] = {"ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                                      "repeats": len(ratios)}
     benchtable.headline(args.out, "seed", name, path, figures)

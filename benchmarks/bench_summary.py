@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: no headline figures at {path}: run `make bench` (or one of benchmarks/bench_*.py) "
                          "on this machine first")
     data = json.loads(path.read_text())
-    benchtable.write(page(data), args.out, f"CPU ({sysinfo.cpu_name()})", prefix="summary-")
+    benchtable.write(page(data), args.out, sysinfo.cpu_device_name(), prefix="summary-")
     return 0
 
 

@@ -36,12 +36,12 @@ def write(lines: list[str], out: Path, device_name: str, prefix: str = "") -> Pa
 def headlines_path(out: Path) -> Path:
     """Where this machine's headline figures go: one file per host CPU model, whatever device each benchmark ran on,
     so that one `make bench` on one machine fills one file."""
-    return out / f"headlines-{slug(f'CPU ({sysinfo.cpu_name()})')}.json"
+    return out / f"headlines-{slug(sysinfo.cpu_device_name())}.json"
 
 
 def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict) -> None:
     """Store a benchmark's headline figures (merged into headlines_path under `bench`, with its device, the git
-    commit and the time), which bench_summary.py sets beside the issue's targets."""
+    commit and the time), which bench_summary.py sets beside the speed targets."""
     import json
     import time
 

@@ -76,12 +76,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_device_name() -> str:
+    """The name benchmark tables give this host's CPU as a device, without importing torch."""
+    return f"CPU ({cpu_name()})"
+
+
 def device_name(device) -> str:
     import torch
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({cpu_name()})"
+    return cpu_device_name()
 
 
 def slurm_ids(environ=None) -> dict:
