@@ -17,7 +17,7 @@ from kernels.config import resolve, table
 from kernels.errors import ConfigError
 from kernels.launch import EXIT_INTERRUPTED, leave, prepare, start
 from kernels.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
-from kernels.run import guards
+
 
 def _default_text(p, workloads) -> str:
     if p.default is PER_WORKLOAD:
@@ -71,6 +71,31 @@ def parse_args(argv: list[str]) -> dict:
     return vars(known)
 
 
+def rank_failure(e: BaseException) -> int:
+    """A rank's exception, in one line where one line says it all; the rank's exit status."""
+    from kernels.run import guards  # imported by the rank's loop already; the driver never imports torch
+
+    if isinstance(e, guards.Terminated):  # a second Ctrl-C, or TERM with no step boundary in time
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED if guards.INTERRUPTED else 1
+    if files.disk_full_at(e):  # the record says so too (kernels/files.py)
+        print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
+              file=sys.stderr, flush=True)
+    elif guards.peer_left(e):  # the rank that left says why; this one's traceback would only bury it
+        print(f"failed: another rank left during a collective ({guards.peer_left(e)}); its output says why",
+              file=sys.stderr, flush=True)
+    else:
+        traceback.print_exc()
+    return 1
+
+
+def _single_rank() -> bool:
+    """A rank started by hand, alone (not by a launcher, which prints the record's path itself)."""
+    from kernels.dist import rank_env  # imports torch: only a rank, which has it already, asks
+
+    return rank_env().source == "single"
+
+
 def main(argv: list[str] | None = None) -> int:
     # Until a rank installs its handlers (after importing torch), a USR1 from the scheduler must not
     # kill it; the batch script's stop file carries the request to the first check.
@@ -86,27 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(e, "said_by_rank0", False):
             print(f"error: {e}", file=sys.stderr, flush=True)
         rc = 2
-    except guards.Terminated as e:  # a second Ctrl-C, or TERM with no step boundary in time: one line, not a traceback
-        if not is_rank:
-            raise
-        print(f"stopped: {e}", file=sys.stderr, flush=True)
-        rc = EXIT_INTERRUPTED if guards.INTERRUPTED else 1
     except BaseException as e:
         if not is_rank:
             raise
-        if files.disk_full_at(e):  # the record says so too (kernels/files.py): one line, not a traceback
-            print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
-                  file=sys.stderr, flush=True)
-        elif guards.peer_left(e):  # the rank that left says why; this one's traceback would only bury it
-            print(f"failed: another rank left during a collective ({guards.peer_left(e)}); its output says why",
-                  file=sys.stderr, flush=True)
-        else:
-            traceback.print_exc()
-        rc = 1
+        rc = rank_failure(e)
     else:
-        from kernels.dist import rank_env
-
-        if rc == 0 and not (is_rank and rank_env().source != "single"):
+        if rc == 0 and (not is_rank or _single_rank()):
             print(f"record: {cfg.results_root / cfg.run_id}", flush=True)
     if is_rank:
         leave(rc)
