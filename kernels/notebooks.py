@@ -238,7 +238,9 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
     """The parameters the notebook will get, checked as its resolve cell checks them, before Papermill starts a
     kernel: a misspelt or malformed parameter is the CLI's one-line ConfigError and nothing is left behind."""
     from kernels import papermill_args as pa
+    from kernels.papermill_cli import without_iri_checker
 
+    without_iri_checker()  # Papermill's import reads nbformat's schemas: 0.9-2.4 s more with the IRI grammar
     given = pa.injected(papermill_args)
     cell = pa.defaults(notebook)
     check = PARAMETER_CHECKS.get(notebook.stem)
@@ -246,41 +248,6 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
         check_parameter_names(set(given), list(cell), where=" (injected into the notebook, e.g. by papermill -p)")
     else:
         check({**cell, **given}, set(cell) | set(given))
-
-
-# Papermill's and the kernel's lines that say nothing about the run: cell markers, the kernel's
-# "running over TCP without encryption" (a kernel on this node, spoken to over loopback), and the
-# paths papermill echoes that the runner prints itself.
-NOISE = re.compile(r"^(Executing|Ending) Cell \d+-*\s*$|Kernel is running over TCP without encryption"
-                   r"|^Executing notebook with kernel: |^(Input|Output) Notebook: "
-                   r"|^<Figure size \d+x\d+ with \d+ Axes>\s*$")  # a figure's text form: the figure is in the HTML
-
-
-def _papermill(cmd: list[str], env: dict) -> int:
-    """Run papermill, passing its stdout and stderr on line by line as they come, without NOISE."""
-    import threading
-
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            errors="replace")
-
-    def forward(src, dst):
-        for line in src:
-            if not NOISE.search(line):
-                dst.write(line)
-                dst.flush()
-
-    threads = [threading.Thread(target=forward, args=(proc.stdout, sys.stdout), daemon=True),
-               threading.Thread(target=forward, args=(proc.stderr, sys.stderr), daemon=True)]
-    for t in threads:
-        t.start()
-    try:
-        rc = proc.wait()
-    except BaseException:  # Ctrl-C or a signal that raises: papermill gets it too (same process group)
-        proc.wait()
-        raise
-    for t in threads:
-        t.join()
-    return rc
 
 
 def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "",
@@ -311,20 +278,23 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
-    cmd = [sys.executable, "-m", "kernels.papermill_cli", str(notebook), str(staged), "--log-output",
-           "--no-progress-bar", "--execution-timeout", str(timeout_s), "--kernel", "python3", *papermill_args]
-    print("notebook: " + " ".join(cmd), flush=True)
+    args = [str(notebook), str(staged), "--log-output", "--no-progress-bar", "--execution-timeout", str(timeout_s),
+            "--kernel", "python3", *papermill_args]
+    print("notebook: papermill " + " ".join(args), flush=True)
     html = HtmlRenderer()  # imports nbconvert while the kernel starts, renders when the notebook ends
     try:
-        return _execute(cmd, notebook, staged, handoff_file, html)
+        return _execute(args, notebook, staged, handoff_file, html)
     finally:
         html.close()
 
 
-def _execute(cmd: list[str], notebook: Path, staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
+def _execute(args: list[str], notebook: Path, staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
-    rc = _papermill(cmd, {**os.environ, HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
-                          "LAB_NOTEBOOK": notebook.stem})
+    from kernels import papermill_cli
+
+    rc = papermill_cli.execute(args, {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
+                                      "LAB_NOTEBOOK": notebook.stem},
+                               stop_now=notebook.resolve().parent == NOTEBOOK_DIR)  # the lab's own notebooks
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
     handoff_file.unlink(missing_ok=True)
     if not staged.exists():

@@ -125,6 +125,55 @@ def test_the_runners_checks_do_not_import_torch():
     assert p.returncode == 0 and p.stdout.splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
+def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
+    """Any notebook, outside the lab's: exit status 1, the cell's error in the log, the executed copy with the
+    error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
+    written: such a kernel is asked to stop, not killed."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    out = tmp_path / "left-open.txt"
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(f"f = open({str(out)!r}, 'w'); f.write('kept')"),
+                nbformat.v4.new_code_cell("raise ValueError(f'boom at x={x}')")]
+    mine = tmp_path / "mine.ipynb"
+    nbformat.write(nb, mine)
+    p = run_notebook(tmp_path, "-p", "x", "3", notebook=mine)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "ValueError: boom at x=3" in p.stderr and "error: the notebook failed" in p.stderr
+    (executed,) = (tmp_path / "notebooks").glob("mine-local-*.ipynb")
+    assert "boom at x=3" in executed.read_text() and executed.with_suffix(".html").exists()
+    assert out.read_text() == "kept"
+
+
+def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
+    """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
+    ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
+    import signal
+    import time
+
+    res = tmp_path / "runs"
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path)}
+    args = [*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res]
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(NB), *map(str, args)], cwd=ROOT,
+                             env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.monotonic()
+    while "epoch 1/200 done" not in log.read_text():
+        assert p.poll() is None and time.monotonic() - t0 < 300, log.read_text()[-3000:]
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=120) == 75, log.read_text()[-3000:]
+    (run,) = [d for d in res.iterdir() if d.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "preempted" and "SIGINT" in summary["error"], summary
+    assert (run / "checkpoint.pt").exists() and list(run.glob("01_train-local-*.html"))
+    text = log.read_text()  # the cell's KeyboardInterrupt is in the log as the kernel showed it; the runner's is not
+    assert "\nTraceback (most recent call last):" not in text and "interrupted (Ctrl-C)" in text, text[-3000:]
+
+
 def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
     from kernels.notebook_html import HtmlRenderer
 
