@@ -131,11 +131,12 @@ _parameter_names = set(globals()) - _names_before_parameters  # first: before an
 import pandas as pd
 
 from kernels.notebook_tables import pairs, table
-from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
+from kernels.notebooks import launch_from_notebook, preload, resolve_notebook_parameters
 from kernels.records import read_run
 from kernels.workloads import get_workload
 
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
+preload("matplotlib.pyplot")  # for the plots, while the ranks run
 print(f"global batch {cfg.batch} = {cfg.gpus} rank(s) x {cfg.per_rank_batch} per rank"
       f" ({cfg.micro_batches} micro-batch(es) each); precision {cfg.precision}; pipeline {cfg.pipeline}")
 # the whole table here; the job log gets the same values as name=value lines

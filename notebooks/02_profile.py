@@ -129,13 +129,14 @@ _parameter_names = set(globals()) - _names_before_parameters  # first: before an
 import pandas as pd
 
 from kernels.notebook_tables import readable, table
-from kernels.notebooks import launch_from_notebook, resolve_notebook_parameters
+from kernels.notebooks import launch_from_notebook, preload, resolve_notebook_parameters
 from kernels.params import ConfigError
 from kernels.records import read_run
 
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
 if cfg.profile_steps == 0:
     raise ConfigError("parameter 'profile_steps': 02_profile profiles; set profile_steps > 0 (or run 01_train)")
+preload("matplotlib.pyplot")  # for the plots, while the ranks run
 print(f"profiling {cfg.profile_steps} step(s) after {cfg.profile_wait} skipped and {cfg.profile_warmup} warm-up "
       f"step(s) on each of {cfg.gpus} rank(s), with {cfg.profile_with}; monitor at {cfg.monitor_hz:g} Hz")
 
