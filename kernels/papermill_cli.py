@@ -3,7 +3,8 @@
 `execute(args, env)` runs what `papermill ARGS` would run (every option of Papermill's, parsed by its own
 command) in this process: the runner has already imported Papermill to check the parameters, so a second Python
 process that imports it again (about 1 s on a 2-core machine) is not started. The kernel gets `env` on top of
-this process's environment; Papermill's log reaches stderr as whole lines, without NOISE.
+this process's environment; Papermill's log reaches stderr as whole lines, without NOISE. The engine is
+Papermill's own with two settings its command line cannot pass (register_engine).
 
 Reading a notebook loads nbformat, whose validator loads jsonschema, which imports the optional IRI checker
 rfc3987_syntax if it is installed (jupyter-events installs it for the JupyterLab server). That import compiles a
