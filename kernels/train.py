@@ -78,11 +78,12 @@ def rank_failure(e: BaseException) -> int:
     if isinstance(e, guards.Terminated):  # a second Ctrl-C, or TERM with no step boundary in time
         print(f"stopped: {e}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED if guards.INTERRUPTED else 1
+    left = guards.peer_left(e)
     if files.disk_full_at(e):  # the record says so too (kernels/files.py)
         print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
               file=sys.stderr, flush=True)
-    elif guards.peer_left(e):  # the rank that left says why; this one's traceback would only bury it
-        print(f"failed: another rank left during a collective ({guards.peer_left(e)}); its output says why",
+    elif left:  # the rank that left says why; this one's traceback would only bury it
+        print(f"failed: another rank left during a collective ({left}); its output says why",
               file=sys.stderr, flush=True)
     else:
         traceback.print_exc()
