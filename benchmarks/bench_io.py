@@ -3,17 +3,19 @@
 Samples/s of normalised 1x28x28 batches delivered on the device, no model, for:
   1. the seed study's per-sample DataLoader over the shards (one __getitem__ per image,
      PIL conversion, --workers worker processes, pin_memory on CUDA);
-  2. the streamed shards, warm (the page cache may serve re-reads) and cold (every byte
-     range evicted before and after it is read: storage, not RAM), normalised and as bare
-     records (uint8, no decoding: the stream's I/O path alone);
+  2. the streamed shards, warm (the page cache may serve re-reads) and cold (O_DIRECT, or
+     every byte range evicted where that is refused: storage, not RAM), normalised and as
+     bare records (uint8, no decoding: the stream's I/O path alone);
   3. MNIST resident on the device (the in-memory reference).
 All in one process, side by side, each a median over --repeats passes after a warm-up pass;
 the spread is the min-max of the passes. The streamed-vs-per-sample ratio is of medians
 taken in this one run. The set is built once into --set (default: a temporary directory)
 from MNIST or Fashion-MNIST under data/, fetched first when neither is there (Debian's
 Fashion-MNIST where installed, else MNIST's mirrors); --set DIR reuses a built one.
-Beside them, the same shard files read sequentially (dd-like) give the physical limit and the
-CPU time the reads cost; the stream's MB/s is printed as a fraction of it.
+Beside them, the same shard files read sequentially (dd-like: through the page cache, evicted,
+and with O_DIRECT; one and two threads) give the physical limit and the CPU time the reads cost;
+each stream pass follows the sequential reads of its round, and its MB/s is printed as a
+fraction of the fastest of them (paired, because a shared disk's speed drifts within minutes).
 The table is printed and written to results/bench/io-<device>.md.
 """
 from __future__ import annotations
@@ -44,21 +46,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def one_pass(batches, device, max_steps: int) -> float:
+    """samples/s of one pass of at most max_steps batches."""
+    sync(device)
+    t0, n = time.perf_counter(), 0
+    for i, (x, _) in enumerate(batches):
+        n += x.shape[0]
+        if i + 1 >= max_steps:
+            break
+    sync(device)
+    return n / (time.perf_counter() - t0)
+
+
 def timed_passes(make_iter, device, repeats: int, max_steps: int) -> list[float]:
     """samples/s of `repeats` passes (after one warm-up pass) of at most max_steps batches each."""
-    rates = []
-    for r in range(repeats + 1):
-        sync(device)
-        t0 = time.perf_counter()
-        n = 0
-        for i, (x, _) in enumerate(make_iter(r)):
-            n += x.shape[0]
-            if i + 1 >= max_steps:
-                break
-        sync(device)
-        if r:
-            rates.append(n / (time.perf_counter() - t0))
-    return rates
+    return [one_pass(make_iter(r), device, max_steps) for r in range(repeats + 1)][1:]
 
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -89,32 +91,39 @@ def prepare_source(data: Path) -> str:
     return "mnist"
 
 
-def sequential_mb_s(paths: list[Path], threads: int, cold: bool, block: int) -> tuple[float, float]:
+READS = {"warm": "page cache", "cold": "page cache, evicted", "direct": "O_DIRECT"}
+
+
+def sequential_mb_s(paths: list[Path], threads: int, mode: str, block: int) -> tuple[float, float]:
     """(MB/s, CPU ms per MB) of a plain sequential read of every file in `block`-byte reads (dd-like) by `threads`
-    threads, each taking whole files in turn; cold: each file evicted from the page cache before it is read, as the
-    cold stream evicts its ranges (posix_fadvise DONTNEED), so the bytes come from storage. The CPU time is the
-    process's (user + kernel), which on a VM is mostly the kernel's copy and virtio work for the reads."""
+    threads, each taking whole files in turn. mode: warm (the page cache may serve them), cold (each file evicted
+    from the page cache before and after it is read, posix_fadvise DONTNEED, as the stream does where O_DIRECT is
+    refused) or direct (O_DIRECT, as the cold stream reads: dd iflag=direct). The CPU time is the process's (user +
+    kernel), which on a VM is mostly the kernel's copy and virtio work for the reads."""
+    import mmap
     import resource
     import threading
 
     todo, lock, total = list(paths), threading.Lock(), [0]
+    flags = os.O_RDONLY | (os.O_DIRECT if mode == "direct" else 0)
 
     def reader():
-        buf = bytearray(block)
-        mv = memoryview(buf)
+        mv = memoryview(mmap.mmap(-1, block))  # page-aligned, as O_DIRECT needs
         while True:
             with lock:
                 if not todo:
                     return
                 path = todo.pop(0)
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, flags)
             try:
-                if cold:
+                if mode == "cold":
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 off = 0
                 while (n := os.preadv(fd, [mv], off)) > 0:
                     off += n
-                if cold:
+                    if n < block:  # the end of the file (a direct read may not start at an unaligned offset)
+                        break
+                if mode == "cold":
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
@@ -132,37 +141,68 @@ def sequential_mb_s(paths: list[Path], threads: int, cold: bool, block: int) -> 
     return total[0] / wall / 1e6, 1e3 * cpu / (total[0] / 1e6)
 
 
-def disk_rows(shards, rates: dict, repeats: int, read_mb: float) -> tuple[list[str], dict]:
-    """The physical limit beside the stream: sequential reads of the same shard files, warm and cold, one and
-    several threads (median of `repeats` passes after a warm-up), with the reads' CPU cost, and the stream's
-    delivered MB/s as a fraction of the faster: its records alone (the I/O path) and normalised (what training
-    gets, where decoding shares the CPU with the reads)."""
-    per_sample = shards.data_bytes / shards.num_samples
+def stream_and_disk(shards, transform, args, device) -> tuple[dict, dict]:
+    """The stream (normalised and as bare records) and the same files read sequentially, warm then cold, in
+    alternating passes: round r reads the disk every way, then streams epoch r both ways, so that each round's
+    stream / sequential ratio is taken side by side on a disk whose speed drifts (a shared VM's moves by 30 % within
+    minutes). Round 0 is the warm-up. Returns ({stream key: samples/s per round}, {(mode, threads): [(MB/s, CPU ms
+    per MB) per round]}), the sources' counters under stream key + " counters"."""
     threads = (1, max(2, min(4, os.cpu_count() or 1)))
+    steps = shards.num_samples // args.batch
+    rates, seq = {}, {}
+    for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):
+        srcs = {key: StreamSource(shards, tf, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb,
+                                  read_mb=args.read_mb)
+                for key, tf in ((cache, transform), (f"{cache} records", None))}
+        for r in range(args.repeats + 1):
+            for mode in modes:
+                for t in threads:
+                    got = sequential_mb_s(shards.paths, t, mode, int(args.read_mb * 2**20))
+                    if r:
+                        seq.setdefault((mode, t), []).append(got)
+            got = {key: one_pass(s.batches(r), device, steps) for key, s in srcs.items()}
+            for key, v in got.items():
+                if r:
+                    rates.setdefault(key, []).append(v)
+            print(f"  round {r}{' (warm-up)' if not r else ''}: " + ", ".join(
+                f"streamed {key} {v:,.0f} samples/s" for key, v in got.items()), flush=True)
+        for key, s in srcs.items():
+            rates[f"{key} counters"] = dict(s.counters, describe=s.describe())
+            s.close()
+    return rates, seq
+
+
+def disk_rows(shards, rates: dict, seq: dict, repeats: int, read_mb: float) -> tuple[list[str], dict]:
+    """The physical limit beside the stream: the same shard files read sequentially every way (median of `repeats`
+    rounds after a warm-up), with the reads' CPU cost; then the stream's delivered MB/s as a fraction of the fastest
+    sequential read of its own round (paired), as records (the I/O path) and normalised (what training gets, where
+    decoding shares the CPU with the reads)."""
+    per_sample = shards.data_bytes / shards.num_samples
+    threads = sorted({t for _, t in seq})
     lines = ["", f"The same {len(shards.paths)} shard files read sequentially in {read_mb:g} MiB reads (dd-like, no "
-                 f"decoding), median of {repeats} passes after a warm-up, with the CPU time those reads cost; the "
-                 f"stream's MB/s is its samples/s times {per_sample:,.0f} bytes per sample, as records (uint8, no "
-                 "decoding) and as normalised float batches.", "",
-             f"| cache | sequential, 1 thread (MB/s) | sequential, {threads[1]} threads (MB/s) | CPU ms per MB read | "
-             "streamed records (MB/s) | records / sequential | streamed, normalised (MB/s) | "
-             "normalised / sequential |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                 f"decoding), median of {repeats} rounds after a warm-up, with the CPU time those reads cost:", "",
+             "| reads | " + " | ".join(f"{t} thread{'s' * (t > 1)} (MB/s)" for t in threads) + " | CPU ms per MB |",
+             "|---|" + "---:|" * (len(threads) + 1)]
+    for mode in dict.fromkeys(m for m, _ in seq):
+        med = [statistics.median(p[0] for p in seq[(mode, t)]) for t in threads]
+        cpu = statistics.median(p[1] for p in seq[(mode, threads[med.index(max(med))])])
+        lines.append(f"| {READS[mode]} | " + " | ".join(f"{m:,.0f}" for m in med) + f" | {cpu:.2f} |")
+    lines += ["", f"The stream beside the fastest sequential read of the same round (paired; median of {repeats} rounds "
+                  f"and the min-max of the round ratios); its MB/s is samples/s times {per_sample:,.0f} bytes per "
+                  "sample, as records (uint8, no decoding) and as normalised float batches.", "",
+              "| cache | sequential (MB/s) | streamed records (MB/s) | records / sequential | streamed, normalised (MB/s) "
+              "| normalised / sequential |", "|---|---:|---:|---:|---:|---:|"]
     figures = {}
-    for cache in ("warm", "cold"):
-        seq, cpu = [], []
-        for t in threads:
-            passes = [sequential_mb_s(shards.paths, t, cache == "cold", int(read_mb * 2**20))
-                      for _ in range(repeats + 1)][1:]
-            seq.append(statistics.median(p[0] for p in passes))
-            cpu.append(statistics.median(p[1] for p in passes))
-        limit = max(seq)
-        f = figures[cache] = {"sequential_mb_s": limit}
+    for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):
+        limit = [max(seq[(m, t)][r][0] for m in modes for t in threads) for r in range(repeats)]
+        f = figures[cache] = {"sequential_mb_s": statistics.median(limit)}
+        cells = []
         for kind, key in (("records", f"{cache} records"), ("normalised", cache)):
-            f[f"{kind}_mb_s"] = statistics.median(rates[key]) * per_sample / 1e6
-            f[f"{kind}_pct"] = 100 * f[f"{kind}_mb_s"] / limit
-        lines.append(f"| {cache} | {seq[0]:,.0f} | {seq[1]:,.0f} | {cpu[seq.index(limit)]:.2f} | "
-                     f"{f['records_mb_s']:,.0f} | **{f['records_pct']:.0f} %** | {f['normalised_mb_s']:,.0f} | "
-                     f"**{f['normalised_pct']:.0f} %** |")
-        print(lines[-1], flush=True)
+            mb = [x * per_sample / 1e6 for x in rates[key]]
+            pct = [100 * m / lim for m, lim in zip(mb, limit)]
+            f[f"{kind}_mb_s"], f[f"{kind}_pct"] = statistics.median(mb), statistics.median(pct)
+            cells += [f"{f[f'{kind}_mb_s']:,.0f}", f"**{f[f'{kind}_pct']:.0f} %** ({min(pct):.0f}-{max(pct):.0f})"]
+        lines.append(f"| {cache} | {f['sequential_mb_s']:,.0f} | " + " | ".join(cells) + " |")
     return lines, figures
 
 
@@ -211,7 +251,6 @@ def main(argv=None) -> int:
             fd = os.open(path, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-        steps_all = shards.num_samples // args.batch
         print(f"set: {shards.num_samples:,} samples in {len(shards.counts)} shards ({shards.data_bytes / 2**20:,.0f} "
               f"MiB); batch {args.batch}; {args.repeats} passes after a warm-up", flush=True)
         lines = benchtable.header(f"input pipelines for (big)MNIST on {name}") + [
@@ -232,19 +271,18 @@ def main(argv=None) -> int:
 
 
         t = ImageTransform(mean=(m["mean"],), std=(m["std"],))
+        print("streamed shards and sequential reads, in alternating rounds:", flush=True)
+        stream, seq = stream_and_disk(shards, t, args, device)
         for cache in ("warm", "cold"):
-            for transform, key, label in ((t, cache, f"streamed shards, {cache}"),
-                                          (None, f"{cache} records", f"streamed records, {cache}, no decoding")):
-                s = StreamSource(shards, transform, args.batch, 0, 1, 0, device, cache=cache,
-                                 window_mb=args.window_mb, read_mb=args.read_mb)
-                rates[key] = timed_passes(lambda r: s.batches(r), device, args.repeats, steps_all)
-                gb = s.counters["bytes_read"] / 1e9
-                lines.append(row(label, rates[key], f"whole epochs of {len(s.epoch_windows(0))} windows; {gb:.2f} GB "
-                                 f"read in {s.counters['read_calls']} "
-                                 f"reads, {s.counters['bytes_read'] / s.counters['read_s'] / 1e6:,.0f} MB/s inside "
-                                 "reads (per reader thread)"))
+            for key, label in ((cache, f"streamed shards, {cache}"),
+                               (f"{cache} records", f"streamed records, {cache}, no decoding")):
+                rates[key], c = stream[key], stream[f"{key} counters"]
+                how = f"; {c['describe']['cold_reads']}" if cache == "cold" else ""
+                lines.append(row(label, rates[key], f"whole epochs of {c['windows'] // (args.repeats + 1)} windows; "
+                                 f"{c['bytes_read'] / 1e9:.2f} GB read in {c['read_calls']} reads, "
+                                 f"{c['bytes_read'] / c['read_s'] / 1e6:,.0f} MB/s inside reads (per reader "
+                                 f"thread){how}"))
                 print(lines[-1], flush=True)
-                s.close()
 
         arrays = mnist.read(src_name, args.data)
         train = Split(torch.from_numpy(arrays["train"][0]), torch.from_numpy(arrays["train"][1]))
@@ -253,7 +291,7 @@ def main(argv=None) -> int:
         lines.append(row(f"{src_name} resident on the device", rates["resident"], "whole epochs"))
         print(lines[-1], flush=True)
 
-        disk, figures = disk_rows(shards, rates, args.repeats, args.read_mb)
+        disk, figures = disk_rows(shards, rates, seq, args.repeats, args.read_mb)
         lines += disk
         med = {k: statistics.median(v) for k, v in rates.items()}
         lines += ["", f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "

@@ -71,8 +71,9 @@ COMMON: tuple[Param, ...] = (
                                    "on the device, batched on-device transforms), stream (shards read sequentially "
                                    "by background threads) or dataloader (torch DataLoader baseline)",
           ("auto", "device", "stream", "dataloader")),
-    Param("cache", str, "warm", "stream pipeline: warm (the page cache may serve re-reads) or cold (each byte range "
-                                "is evicted before and after it is read: every epoch reads storage)", ("warm", "cold")),
+    Param("cache", str, "warm", "stream pipeline: warm (the page cache may serve re-reads) or cold (reads bypass the "
+                                "page cache with O_DIRECT, or evict each byte range where the file system refuses "
+                                "it: every epoch reads storage)", ("warm", "cold")),
     Param("window_mb", float, 64.0, "stream pipeline: MiB per read-ahead window (samples are shuffled within a "
                                     "window, windows within a rank's range)"),
     Param("read_mb", float, 8.0, "stream pipeline: MiB per sequential read call (at least 1)"),

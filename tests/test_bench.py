@@ -39,9 +39,12 @@ def test_io_benchmark_prepares_its_input_and_compares_streamed_with_per_sample(f
                   "fashion-mnist resident on the device"):
         assert f"| {label} |" in text, label
     assert re.search(r"Streamed \(warm\) over per-sample DataLoader: \*\*[\d.]+x\*\*", text)
-    for cache in ("warm", "cold"):  # the disk's limit and the reads' CPU cost beside both kinds of stream
-        assert re.search(rf"\| {cache} \| [\d,]+ \| [\d,]+ \| [\d.]+ \| [\d,]+ \| \*\*\d+ %\*\* \| [\d,]+ \| "
-                         rf"\*\*\d+ %\*\* \|", text), text
+    for reads in ("page cache", "page cache, evicted", "O_DIRECT"):  # the disk's limit, every way, and its CPU cost
+        assert re.search(rf"\| {reads} \| [\d,]+ \| [\d,]+ \| [\d.]+ \|", text), text
+    assert "streamed shards, cold | " in text and "O_DIRECT |" in text.split("streamed shards, cold")[1].split("\n")[0]
+    for cache in ("warm", "cold"):  # each kind of stream beside the sequential reads of its own rounds
+        assert re.search(rf"\| {cache} \| [\d,]+ \| [\d,]+ \| \*\*\d+ %\*\* \(\d+-\d+\) \| [\d,]+ \| "
+                         rf"\*\*\d+ %\*\* \(\d+-\d+\) \|", text), text
     # the summary sets the stored figures beside the targets and names what this machine has not measured yet
     p = subprocess.run([sys.executable, "benchmarks/bench_summary.py", "--out", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

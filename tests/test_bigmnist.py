@@ -147,25 +147,62 @@ def test_the_elastic_field_has_simards_magnitude_and_one_field_per_image():
     assert 0.2 < shift.mean() < 4 * expect
 
 
+def _stream_epoch(shards, cache: str, epoch: int = 1):
+    """Both ranks' batches of one epoch (window 0.2 MiB, reads of 1 MiB) and the sources, closed."""
+    srcs = [StreamSource(shards, None, 96, r, 2, 7, torch.device("cpu"), cache=cache, window_mb=0.2, read_mb=1)
+            for r in range(2)]
+    xs = []
+    for src in srcs:
+        xs += [x.reshape(x.shape[0], -1).numpy() for x, _ in src.batches(epoch)]
+        src.close()
+    return np.concatenate(xs), srcs
+
+
 def test_streamed_epoch_covers_every_sample_once_over_two_ranks(small_set):
     shards = ShardSet(small_set)
     allrec = np.concatenate([np.load(p) for p in shards.paths])
-    seen, xs = [], []
-    srcs = [StreamSource(shards, None, 96, r, 2, 7, torch.device("cpu"), window_mb=0.2, read_mb=1) for r in range(2)]
-    for src in srcs:
-        for x, y in src.batches(1):
-            xs.append(x.reshape(x.shape[0], -1).numpy())
-        seen.append(src.stream_to_sample(1, src.indices(1)))
-    ids = np.concatenate(seen)
+    xs, srcs = _stream_epoch(shards, "warm")
+    ids = np.concatenate([src.stream_to_sample(1, src.indices(1)) for src in srcs])
     steps = 6000 // 96
     assert len(ids) == steps * 96 == len(set(ids.tolist()))  # each sample at most once; 6000 - 62*96 dropped
-    assert (np.concatenate(xs) == allrec["image"].reshape(6000, -1)[ids]).all()  # the bytes are those samples'
+    assert (xs == allrec["image"].reshape(6000, -1)[ids]).all()  # the bytes are those samples'
     # each byte of the kept samples was read once, in reads of at least 1 MiB or whole pieces
     read = sum(s.counters["bytes_read"] for s in srcs)
     assert read == len(ids) * 785 and read / shards.data_bytes <= 1.05
     # another epoch: another order, the same rule
     other = np.concatenate([s.stream_to_sample(2, s.indices(2)) for s in srcs])
     assert len(set(other.tolist())) == len(other) and not np.array_equal(other, ids)
+    # cold reads bypass the page cache (O_DIRECT, whose reads start and end on 4 KiB boundaries) and deliver the
+    # same batches in the same order; the bytes read are the samples' and at most 8 KiB more per shard piece
+    cold, csrcs = _stream_epoch(shards, "cold")
+    assert np.array_equal(cold, xs)
+    assert all(s.describe()["cold_reads"] == "O_DIRECT" for s in csrcs)  # /tmp's ext4 takes direct reads
+    pieces = sum(len(s.segments(1, start, n)) for s in csrcs for start, n in s.epoch_windows(1))
+    read = sum(s.counters["bytes_read"] for s in csrcs)
+    assert len(ids) * 785 < read <= len(ids) * 785 + pieces * 8192
+
+
+def test_cold_stream_reads_through_the_page_cache_where_direct_reads_are_refused(small_set, monkeypatch):
+    """A file system that refuses O_DIRECT (as some network and FUSE ones do) gets the page cache with eviction,
+    the same batches, and a record that says so."""
+    from kernels.data import stream
+
+    shards = ShardSet(small_set)
+    direct, _ = _stream_epoch(shards, "cold")
+    real_open = os.open
+
+    def no_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument", str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(stream.os, "open", no_direct)
+    evicted, srcs = _stream_epoch(shards, "cold")
+    assert np.array_equal(evicted, direct)
+    for s in srcs:
+        assert re.fullmatch(rf"posix_fadvise DONTNEED \({re.escape(str(small_set))}/shard-\d+\.npy's file system "
+                            r"refused O_DIRECT\)", s.describe()["cold_reads"]), s.describe()["cold_reads"]
+    assert sum(s.counters["bytes_read"] for s in srcs) == (6000 // 96) * 96 * 785  # no alignment: the samples only
 
 
 def test_per_sample_baseline_reads_the_same_records(small_set):
