@@ -85,7 +85,8 @@ COMMON: tuple[Param, ...] = (
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
     Param("channels_last", bool, PER_DEVICE, "channels_last memory format for model and inputs (convolutional "
-                                             "models; None: on with CUDA, off on CPU)"),
+                                             "models; None: on with CUDA; on a CPU where the workload measured it "
+                                             "faster: ResNet-18 from width 16)"),
     Param("device", str, "auto", "auto (cuda when visible, else cpu), cuda or cpu", ("auto", "cuda", "cpu")),
     Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
     Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to "

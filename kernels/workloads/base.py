@@ -89,6 +89,7 @@ class Workload:
     prepare: Callable | None = None         # (cfg) -> None: before launch, once (e.g. generate a synthetic set)
     report: Callable | None = None          # (model, info) -> {"shared": {...}, "rank": {...}} for the record
     primary_metric: str = ""                # the metric the documents compare across rank counts
+    cpu_channels_last: Callable | None = None  # (values) -> bool: channels_last's default on a CPU (None: off)
 
     def __post_init__(self):
         from kernels.params import COMMON_BY_NAME, OVERRIDABLE
