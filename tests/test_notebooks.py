@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -108,6 +109,12 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     again.write_bytes(executed[0].read_bytes())
     subprocess.run([sys.executable, "-m", "kernels.notebook_html", str(again)], check=True, cwd=ROOT)
     assert again.with_suffix(".html").read_text() == html
+    # and it is nbconvert's own lab page but for the figures' alt text (the lab template's code cells, escaped
+    # source included, without its second sanitising pass)
+    from nbconvert import HTMLExporter
+
+    lab, _ = HTMLExporter(template_name="lab").from_filename(str(again))
+    assert "&lt;" in lab and re.sub(r' alt="[^"]*"', "", html) == re.sub(r' alt="[^"]*"', "", lab)
 
 
 def test_the_runners_checks_do_not_import_torch():
@@ -192,8 +199,6 @@ def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
 ])
 def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, needle):
     """Refused by the runner before Papermill starts a kernel: exit 2, one line, no record, no executed copy."""
-    import re
-
     res = tmp_path / "runs"
     p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res, *args)
     assert p.returncode == 2 and "Traceback" not in p.stderr
