@@ -77,7 +77,7 @@ def serve() -> int:
     if not line:  # the runner closed the pipe: no notebook to render
         return 0
     print(render(Path(line), html_exporter), flush=True)
-    return 0
+    os._exit(0)  # the page is written and named: the runner, waiting for this exit, need not wait for the teardown
 
 
 def main(argv=None) -> int:
