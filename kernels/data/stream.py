@@ -265,9 +265,11 @@ class StreamSource(TrainSource):
         try:
             done_bytes, calls = self._fill(buf, epoch, start, n)
         except OSError as e:
-            if not (self.direct and e.errno == errno.EINVAL):
+            if e.errno != errno.EINVAL or self.cache != "cold":
                 raise
-            with self._lock:  # a file system that opens with O_DIRECT but refuses the reads: the page cache, again
+            # a file system that opens with O_DIRECT but refuses the reads: the page cache, again (the other reader
+            # may have switched first, between this one's taking a direct descriptor and reading it)
+            with self._lock:
                 if self.direct:
                     self._no_direct(f"direct reads of {self.shards.dir} failed: {e.strerror}")
             done_bytes, calls = self._fill(buf, epoch, start, n)
