@@ -77,8 +77,11 @@ def resolve(raw: dict) -> RunConfig:
     for p in COMMON:  # recorded resolved: the record says what ran
         if p.default is PER_DEVICE and values[p.name] is None:
             values[p.name] = cuda
-    if not cuda and raw.get("channels_last") in (None, PER_DEVICE) and wl.cpu_channels_last is not None:
-        values["channels_last"] = wl.cpu_channels_last(values)  # where the workload measured it faster and safe
+    if raw.get("channels_last") in (None, PER_DEVICE):
+        if values["engine"] == "horovod":  # its collectives take contiguous tensors only (kernels/engines/horovod)
+            values["channels_last"] = False
+        elif not cuda and wl.cpu_channels_last is not None:
+            values["channels_last"] = wl.cpu_channels_last(values)  # where the workload measured it faster and safe
     if values["pipeline"] == "auto":  # recorded resolved, so records and analyses compare like with like
         from kernels.data import DATASETS
 

@@ -54,6 +54,10 @@ def test_defaults_resolve_per_device_type():
     with pytest.raises(ConfigError, match=r"parameter 'channels_last': on a CPU, ResNet-18 at width 8 .*oneDNN#6035"):
         resolve({"dataset": "digits", "device": "cpu", "width": 8, "channels_last": True})
     assert resolve({"workload": "cnn", "dataset": "digits", "device": "cpu"}).channels_last is False  # not measured
+    # Horovod's collectives take contiguous tensors only: channels_last off with it on any device, a request refused
+    assert resolve({"dataset": "digits", "device": "cuda", "engine": "horovod", "precision": "fp32"}).channels_last is False
+    with pytest.raises(ConfigError, match=r"'engine' and 'channels_last': Horovod's broadcast and all-reduce"):
+        resolve({"dataset": "digits", "device": "cpu", "engine": "horovod", "precision": "fp32", "channels_last": True})
     assert resolve({"dataset": "digits"}).compile is False  # auto on this machine: no GPU
     assert resolve({"dataset": "digits", "device": "cuda", "compile": False}).compile is False  # a choice stays
     assert resolve({"dataset": "digits", "compile": None}).compile is False  # None, as in the notebook: per device

@@ -30,7 +30,7 @@ def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, ac
                  contended: bool | None = False, **params):
     """A run record in the real schema (as kernels/ddp_core.py writes it), with chosen numbers."""
     cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": label, "precision": "fp32",
-                   **params})
+                   "channels_last": False, **params})  # every optimisation off unless a test turns it on
     d = runs / run_id
     cols = records.metric_columns((Metric("acc"),))
     nodes = max(1, gpus // 4)

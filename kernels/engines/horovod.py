@@ -76,6 +76,10 @@ def check_config(cfg) -> None:
         raise ConfigError("parameters 'engine' and 'precision': Horovod has no bfloat16 tensors "
                           "(\"BFloat16Tensor is not supported\"); use precision=fp32 or fp16 with engine=horovod, "
                           "or engine=ddp for bf16")
+    if cfg.channels_last:
+        raise ConfigError("parameters 'engine' and 'channels_last': Horovod's broadcast and all-reduce take "
+                          "contiguous tensors only (\"Tensor is required to be contiguous\"), and channels_last "
+                          "weights and gradients are not; use channels_last=false with engine=horovod (its default)")
     if cfg.hvd_fusion_mb < 0 or cfg.hvd_cycle_ms < 0:
         raise ConfigError("parameters 'hvd_fusion_mb' and 'hvd_cycle_ms' must be >= 0")
 
