@@ -218,9 +218,10 @@ class StreamSource(TrainSource):
         t = t[shift:shift + n]  # starts on a 4 KiB boundary, as direct reads need
         return {"t": t, "np": t.numpy(), "event": None, "offsets": None, "used": 0}
 
-    def _read_piece(self, shard: int, mv: memoryview, pos: int, off: int, length: int) -> tuple[int, int, int]:
+    def _read_piece(self, shard: int, mv: memoryview, pos: int, off: int, length: int) -> tuple[int, int, int, int]:
         """File bytes [off, off + length) of `shard` into mv from pos on, in reads of read_mb; a direct read starts
-        `lead` bytes early and ends on an aligned byte. Returns (lead, bytes read, read calls)."""
+        `lead` bytes early and ends on an aligned byte. Returns (lead, bytes of mv the piece takes, bytes read, read
+        calls)."""
         fd, direct = self._fd(shard), self.direct
         lead = off % ALIGN if direct else 0
         need = lead + length
@@ -237,7 +238,7 @@ class StreamSource(TrainSource):
             calls += 1
         if self.cache == "cold" and not direct:
             os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
-        return lead, got, calls
+        return lead, span, got, calls
 
     def _fill(self, buf: dict, epoch: int, start: int, n: int) -> tuple[int, int]:
         """Read stream samples [start, start+n) of `epoch` into `buf`, piece by piece, and set the byte offset of
@@ -245,12 +246,10 @@ class StreamSource(TrainSource):
         mv = memoryview(buf["np"]).cast("B")
         rec, pos, done_bytes, calls, offsets = self.shards.record, 0, 0, 0, []
         for shard, first, count in self.segments(epoch, start, n):
-            direct = self.direct
-            lead, got, k = self._read_piece(shard, mv, pos, self.shards.offsets[shard] + first * rec, count * rec)
+            lead, span, got, k = self._read_piece(shard, mv, pos, self.shards.offsets[shard] + first * rec,
+                                                  count * rec)
             offsets.append(pos + lead + rec * np.arange(count, dtype=np.int64))
-            pos += lead + count * rec
-            if direct:
-                pos = -(-pos // ALIGN) * ALIGN  # where this piece's direct read ended
+            pos += span  # a direct read's end is aligned, where the next piece's read may start
             done_bytes += got
             calls += k
         buf["offsets"], buf["used"] = torch.from_numpy(np.concatenate(offsets)), pos

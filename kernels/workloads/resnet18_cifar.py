@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import math
 
 from kernels.errors import ConfigError
-from kernels.params import Param, visible_gpus
+from kernels.params import Param, device_type
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload, fused
 
@@ -44,17 +44,20 @@ PARAMS = (
 CPU_CHANNELS_LAST_MIN_WIDTH = 16
 
 
+def _meets_the_fault(model_source: str, width: int) -> bool:
+    return model_source == "native" and width < CPU_CHANNELS_LAST_MIN_WIDTH
+
+
 def cpu_channels_last(values: dict) -> bool:
     """channels_last by default on a CPU: measured faster (a training step at batch 64 on the project's 2-core VM,
     torch 2.13, paired: +15 % at width 64, +20 % at 32, +22-30 % at 16) wherever it is clear of that fault."""
-    return values["model_source"] == "native" and values["width"] >= CPU_CHANNELS_LAST_MIN_WIDTH
+    return values["model_source"] == "native" and not _meets_the_fault(values["model_source"], values["width"])
 
 
 def check(cfg) -> None:
     if cfg.width < 1:
         raise ConfigError(f"parameter 'width': must be >= 1, got {cfg.width}")
-    if cfg.channels_last and cfg.width < CPU_CHANNELS_LAST_MIN_WIDTH and cfg.model_source == "native" and \
-            (cfg.device == "cpu" or (cfg.device == "auto" and visible_gpus() == 0)):
+    if cfg.channels_last and _meets_the_fault(cfg.model_source, cfg.width) and device_type(cfg) == "cpu":
         raise ConfigError(
             f"parameter 'channels_last': on a CPU, ResNet-18 at width {cfg.width} has 1x1 stride-2 convolutions with "
             f"fewer than {CPU_CHANNELS_LAST_MIN_WIDTH} input channels, whose channels_last backward in oneDNN writes "
