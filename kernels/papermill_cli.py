@@ -14,12 +14,15 @@ schemas have no IRI formats. `without_iri_checker()` skips it; the runner and th
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 
 # Papermill's lines that say nothing about the run: cell markers, the paths papermill echoes that the runner
@@ -98,8 +101,43 @@ def _unretrieved(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Task exception was never retrieved")
 
 
+@contextlib.contextmanager
+def _ctrl_c_lets_the_cell_end(client):
+    """Ctrl-C interrupts the kernel and lets the cell it was running end; no other cell starts. The third stops the
+    kernel without waiting.
+
+    Without it, Ctrl-C raised KeyboardInterrupt in this process at once and nbclient asked the kernel to shut down
+    while its cell still waited for the ranks to checkpoint: the kernel then failed to send the cell's reply on a
+    socket already closed (a ZMQError traceback in the log), and was terminated 2.5 s later and killed 2.5 s after
+    that, however far the ranks' checkpoint had got. Now the kernel gets SIGINT as Jupyter's interrupt sends it,
+    and only once its cell has ended is it asked to stop. The lab's ranks checkpoint at their next agreed step on
+    the first interrupt and leave at once on the second (the launcher kills any still there 3 s later), so the
+    cell ends either way; a cell that ignores interrupts is what the third Ctrl-C is for."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from jupyter_core.utils import ensure_async, ensure_event_loop
+
+    loop = ensure_event_loop()  # the loop nbclient's run_sync runs each cell on
+
+    def on_int(signum, frame):
+        if client.interrupted >= 2 or client.km is None:
+            raise KeyboardInterrupt
+        client.interrupted += 1
+        if client.interrupted == 2:
+            print("papermill: Ctrl-C again: the kernel is interrupted once more; a third Ctrl-C stops it without "
+                  "waiting for its cell", file=sys.__stderr__, flush=True)
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(ensure_async(client.km.interrupt_kernel())))
+
+    previous = signal.signal(signal.SIGINT, on_int)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def register_engine(stop_now: bool = False) -> None:
-    """Papermill's engine (nbclient) with two settings its command line cannot pass, as engine "lab".
+    """Papermill's engine (nbclient) with three behaviours its command line cannot ask for, as engine "lab".
 
     - The kernel logs errors only. Its one warning in a run says that it speaks TCP without encryption: a kernel
       on this node, spoken to over loopback. It would reach the job's log unfiltered, since the kernel writes to
@@ -108,17 +146,29 @@ def register_engine(stop_now: bool = False) -> None:
       0.5-0.7 s sooner. Only for notebooks whose cells leave nothing for the interpreter's exit to finish (the
       lab's: no cell keeps a file open or registers exit handlers, and the launch cell returns after the ranks
       have ended). An interrupted or timed-out cell still gets the graceful stop, which sends the kernel's
-      process group SIGINT, then SIGTERM, before it kills: the ranks' chance to checkpoint.
+      process group SIGINT, then SIGTERM, before it kills.
+    - Ctrl-C interrupts the kernel's cell and waits for it to end, the ranks' chance to checkpoint, before the
+      kernel is asked to stop (_ctrl_c_lets_the_cell_end).
     """
     from papermill.clientwrap import PapermillNotebookClient
     from papermill.engines import NBClientEngine, papermill_engines
     from papermill.log import logger
 
     class LabClient(PapermillNotebookClient):
+        interrupted = 0  # Ctrl-Cs so far: the cell they interrupted may end, no other starts
+
         def papermill_execute_cells(self):
-            super().papermill_execute_cells()
+            with _ctrl_c_lets_the_cell_end(self):
+                super().papermill_execute_cells()
+            if self.interrupted:  # the interrupted cell ended (its error is in the notebook): stop as Ctrl-C does
+                raise KeyboardInterrupt
             if stop_now:  # every cell ended (papermill stops at a failed one): the kernel runs nothing
                 self.shutdown_kernel = "immediate"
+
+        def execute_cell(self, *args, **kwargs):
+            if self.interrupted:  # Ctrl-C between two cells
+                raise KeyboardInterrupt
+            return super().execute_cell(*args, **kwargs)
 
     class LabEngine(NBClientEngine):
         @classmethod

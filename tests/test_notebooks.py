@@ -154,6 +154,40 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     assert out.read_text() == "kept"
 
 
+def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
+    """Any notebook: Ctrl-C interrupts the running cell, whose cleanup may take longer (3 s here) than the 2.5 s
+    after which a kernel asked to stop gets SIGTERM; the kernel is asked only once the cell has ended, and the next
+    cell never starts. Exit status 130, no traceback but the cell's own."""
+    import signal
+    import time
+
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    done, never = tmp_path / "cleaned-up.txt", tmp_path / "next-cell.txt"
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import time\ntry:\n    print('waiting', flush=True); time.sleep(600)\n"
+                                          "except KeyboardInterrupt:\n    time.sleep(3)\n"
+                                          f"    open({str(done)!r}, 'w').write('kept')\n    raise"),
+                nbformat.v4.new_code_cell(f"open({str(never)!r}, 'w')")]
+    mine = tmp_path / "mine.ipynb"
+    nbformat.write(nb, mine)
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(mine)], cwd=ROOT,
+                             env={**os.environ, "LAB_RESULTS": str(tmp_path)}, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    t0 = time.monotonic()
+    while "waiting" not in log.read_text():
+        assert p.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=60) == 130, log.read_text()[-3000:]
+    assert done.read_text() == "kept" and not never.exists(), log.read_text()[-3000:]
+    assert "\nTraceback (most recent call last):" not in log.read_text(), log.read_text()[-3000:]
+
+
 def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
@@ -177,8 +211,12 @@ def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "preempted" and "SIGINT" in summary["error"], summary
     assert (run / "checkpoint.pt").exists() and list(run.glob("01_train-local-*.html"))
-    text = log.read_text()  # the cell's KeyboardInterrupt is in the log as the kernel showed it; the runner's is not
+    # the kernel was asked to stop only once its cell had ended: no traceback from it or from the runner
+    text = log.read_text()
     assert "\nTraceback (most recent call last):" not in text and "interrupted (Ctrl-C)" in text, text[-3000:]
+    executed = json.loads(next(run.glob("01_train-local-*.ipynb")).read_text())
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert [e["ename"] for e in errors] == ["KeyboardInterrupt"], errors
 
 
 def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
