@@ -356,8 +356,8 @@ def worker(cfg: CommConfig) -> int:
     """This process is one rank: join the world, measure, and (rank 0) write the record."""
     if cfg.backend == "mpi":
         MPI = load_mpi()
-        if not MPI.Is_initialized():
-            MPI.Init_thread()
+        if not MPI.Is_initialized():  # as MPI_Init in C: one thread calls MPI here, and mpi4py's default
+            MPI.Init()                   # (THREAD_MULTIPLE) makes Open MPI lock around every call
         from kernels.comm.collectives import MpiRunner
 
         runner = MpiRunner(MPI.COMM_WORLD)
