@@ -29,6 +29,8 @@ from kernels import records
 from kernels.errors import ConfigError
 from kernels.files import PROJECT_ROOT, results_home
 from kernels.notebook_html import HtmlRenderer
+from kernels import notebook_kernel
+from kernels.notebook_kernel import Kernel
 from kernels.config import resolve, table
 from kernels.params import COMMON, RunConfig, unknown_name_error
 from kernels.sysinfo import job_tag
@@ -286,36 +288,47 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     if notebook.suffix != ".ipynb":
         print(f"error: {notebook} is not an .ipynb; run the .ipynb twin of a jupytext source", file=sys.stderr)
         return 2
+    tag = job_tag()
+    staging = Path(staging) if staging else staging_dir()
+    staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
+    handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
+    env = {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
+    kernel = notebook_kernel.start(env)  # boots while the parameters are checked and Papermill gets ready
+    try:
+        return _checked_run(notebook, papermill_args, timeout_s, staged, handoff_file, env, kernel)
+    finally:
+        if kernel is not None:
+            kernel.stop()
+
+
+def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | None, staged: Path, handoff_file: Path,
+                 env: dict[str, str], kernel: Kernel | None) -> int:
     try:
         precheck(notebook, papermill_args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    tag = job_tag()
-    staging = Path(staging) if staging else staging_dir()
-    staging.mkdir(parents=True, exist_ok=True)
-    staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
-    handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
+    staged.parent.mkdir(parents=True, exist_ok=True)
     handoff_file.unlink(missing_ok=True)
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
     args = [str(notebook), str(staged), "--log-output", "--no-progress-bar", "--execution-timeout", str(timeout_s),
-            "--kernel", "python3", *papermill_args]
+            "--kernel", notebook_kernel.NAME, *papermill_args]
     print("notebook: papermill " + " ".join(args), flush=True)
     html = HtmlRenderer()  # imports nbconvert while the kernel starts, renders when the notebook ends
     try:
-        return _execute(args, notebook, staged, handoff_file, html)
+        return _execute(args, env, kernel, notebook, staged, handoff_file, html)
     finally:
         html.close()
 
 
-def _execute(args: list[str], notebook: Path, staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
+def _execute(args: list[str], env: dict[str, str], kernel: Kernel | None, notebook: Path, staged: Path,
+             handoff_file: Path, renderer: HtmlRenderer) -> int:
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     from kernels import papermill_cli
 
-    rc = papermill_cli.execute(args, {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1",
-                                      "LAB_NOTEBOOK": notebook.stem},
+    rc = papermill_cli.execute(args, env, kernel=kernel,
                                stop_now=notebook.resolve().parent == NOTEBOOK_DIR)  # the lab's own notebooks
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
     handoff_file.unlink(missing_ok=True)

@@ -136,12 +136,12 @@ def _ctrl_c_lets_the_cell_end(client):
         signal.signal(signal.SIGINT, previous)
 
 
-def register_engine(stop_now: bool = False) -> None:
-    """Papermill's engine (nbclient) with three behaviours its command line cannot ask for, as engine "lab".
+def register_engine(stop_now: bool = False, kernel=None) -> None:
+    """Papermill's engine (nbclient) with four behaviours its command line cannot ask for, as engine "lab".
 
-    - The kernel logs errors only. Its one warning in a run says that it speaks TCP without encryption: a kernel
-      on this node, spoken to over loopback. It would reach the job's log unfiltered, since the kernel writes to
-      the stderr it inherits from this process.
+    - The kernel logs errors only (kernels/notebook_kernel.ARGUMENTS).
+    - kernel: a kernels.notebook_kernel.Kernel started before Papermill was ready, taken instead of a new one
+      when it is the kernel this client would start.
     - stop_now: once every cell has run (or one has failed), the kernel is killed instead of asked to stop:
       0.5-0.7 s sooner. Only for notebooks whose cells leave nothing for the interpreter's exit to finish (the
       lab's: no cell keeps a file open or registers exit handlers, and the launch cell returns after the ranks
@@ -154,6 +154,8 @@ def register_engine(stop_now: bool = False) -> None:
     from papermill.engines import NBClientEngine, papermill_engines
     from papermill.log import logger
 
+    from kernels import notebook_kernel
+
     class LabClient(PapermillNotebookClient):
         interrupted = 0  # Ctrl-Cs so far: the cell they interrupted may end, no other starts
 
@@ -165,6 +167,13 @@ def register_engine(stop_now: bool = False) -> None:
             if stop_now:  # every cell ended (papermill stops at a failed one): the kernel runs nothing
                 self.shutdown_kernel = "immediate"
 
+        def create_kernel_manager(self):
+            km = kernel.take(self.kernel_name, self.extra_arguments) if kernel is not None else None
+            if km is None:
+                return super().create_kernel_manager()
+            self.km = km
+            return km
+
         def execute_cell(self, *args, **kwargs):
             if self.interrupted:  # Ctrl-C between two cells
                 raise KeyboardInterrupt
@@ -174,27 +183,27 @@ def register_engine(stop_now: bool = False) -> None:
         @classmethod
         def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
                                      stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
-            """NBClientEngine's, with LabClient and the kernel's log level."""
+            """NBClientEngine's, with LabClient and the kernel's arguments."""
             timeout = execution_timeout or kwargs.get("timeout")
             for unused in ("input_path", "timeout", "startup_timeout"):  # as NBClientEngine drops them
                 kwargs.pop(unused, None)
             return LabClient(nb_man, timeout=timeout, startup_timeout=start_timeout, kernel_name=kernel_name,
                              log=logger, log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file,
-                             extra_arguments=["--IPKernelApp.log_level=ERROR"], **kwargs).execute()
+                             extra_arguments=list(notebook_kernel.ARGUMENTS), **kwargs).execute()
 
     papermill_engines.register(ENGINE, LabEngine)
 
 
-def execute(args: list[str], env: dict[str, str], stop_now: bool = False) -> int:
+def execute(args: list[str], env: dict[str, str], stop_now: bool = False, kernel=None) -> int:
     """`papermill --engine lab ARGS` in this process; its exit status (1 for a failed cell, 138 for a dead kernel,
     130 for Ctrl-C).
 
-    stop_now: kill the kernel after the last cell (register_engine)."""
+    stop_now: kill the kernel after the last cell; kernel: one already started (register_engine)."""
     without_iri_checker()
     import click
     from papermill.cli import papermill
 
-    register_engine(stop_now)
+    register_engine(stop_now, kernel)
     args = ["--engine", ENGINE, *args]  # a later --engine of the caller's wins
 
     out, err = Lines(sys.stdout), Lines(sys.stderr)

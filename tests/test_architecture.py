@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("comm", ("kernels.comm", "kernels.comm.*")),
     ("orchestrate", ("kernels.notebooks", "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
                      "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args", "kernels.lock",
-                     "kernels.notebook_tables", "kernels.notebook_html", "kernels.papermill_cli")),
+                     "kernels.notebook_tables", "kernels.notebook_html", "kernels.notebook_kernel",
+                     "kernels.papermill_cli")),
     ("report", ("kernels.report", "kernels.report.*")),
 ]
 

@@ -94,6 +94,7 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     assert "loss: loss against epoch for train, eval" in html
     assert not nb["metadata"]["papermill"]["exception"]
     assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
+    assert "started ahead differs" not in p.stdout + p.stderr  # the kernel started ahead ran it
     assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
     # the log without noise: no cell markers, no kernel transport warning, no cut or wrapped tables, no
     # scientific notation or NaN; every parameter as name=value; the whole tables in the notebook
@@ -135,19 +136,21 @@ def test_the_runners_checks_do_not_import_torch():
 def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     """Any notebook, outside the lab's: exit status 1, the cell's error in the log, the executed copy with the
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
-    written: such a kernel is asked to stop, not killed."""
+    written: such a kernel is asked to stop, not killed. Papermill's --cwd is the kernel's working directory (the
+    kernel started ahead in the runner's is not used)."""
     import nbformat
 
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                            "language": "python"}})
     out = tmp_path / "left-open.txt"
     nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(f"f = open({str(out)!r}, 'w'); f.write('kept')"),
+                nbformat.v4.new_code_cell(f"f = open({out.name!r}, 'w'); f.write('kept')"),
                 nbformat.v4.new_code_cell("raise ValueError(f'boom at x={x}')")]
     mine = tmp_path / "mine.ipynb"
     nbformat.write(nb, mine)
-    p = run_notebook(tmp_path, "-p", "x", "3", notebook=mine)
+    p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, notebook=mine)
     assert p.returncode == 1, p.stdout + p.stderr
+    assert "differs from the one asked for (working directory); Papermill starts its own" in p.stderr
     assert "ValueError: boom at x=3" in p.stderr and "error: the notebook failed" in p.stderr
     (executed,) = (tmp_path / "notebooks").glob("mine-local-*.ipynb")
     assert "boom at x=3" in executed.read_text() and executed.with_suffix(".html").exists()
