@@ -366,6 +366,18 @@ def _status(run_dir: Path) -> str | None:
         return None
 
 
+def exit_without_teardown(rc: int) -> None:
+    """End this process with `rc` once the atexit handlers have run, without the interpreter's teardown: after a
+    notebook run, freeing what Papermill, nbclient and ZeroMQ loaded took 0.3 s, with nothing left to write (the
+    kernel and the HTML helper have exited, every file is closed)."""
+    import atexit
+
+    atexit._run_exitfuncs()  # what sys.exit would run first (logging's flush among them)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab notebooks", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -389,4 +401,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
