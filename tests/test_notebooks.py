@@ -26,6 +26,36 @@ def run_notebook(tmp_path, *args, notebook=NB):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+def interrupted_run(tmp_path, notebook, args, when: str, limit_s: float):
+    """`lab run NOTEBOOK ARGS` in its own process group, sent SIGINT (Ctrl-C as a terminal sends it) once its log
+    shows `when`; (the process, its log file)."""
+    import signal
+    import time
+
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(notebook), *map(str, args)],
+                             cwd=ROOT, env={**os.environ, "LAB_RESULTS": str(tmp_path)}, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.monotonic()
+    while when not in log.read_text():
+        assert p.poll() is None and time.monotonic() - t0 < limit_s, log.read_text()[-3000:]
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    return p, log
+
+
+def write_notebook(path, cells: list[str]) -> None:
+    """A Python notebook of these code cells, the first tagged 'parameters'."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(c, metadata={"tags": ["parameters"]} if i == 0 else {})
+                for i, c in enumerate(cells)]
+    nbformat.write(nb, path)
+
+
 def test_ipynb_twins_are_up_to_date_without_outputs():
     """Each notebooks/*.py has an .ipynb twin with the same cells, no outputs and a kernelspec."""
     sources = sorted((ROOT / "notebooks").glob("*.py"))
@@ -138,16 +168,10 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
     written: such a kernel is asked to stop, not killed. Papermill's --cwd is the kernel's working directory (the
     kernel started ahead in the runner's is not used)."""
-    import nbformat
-
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}})
     out = tmp_path / "left-open.txt"
-    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell(f"f = open({out.name!r}, 'w'); f.write('kept')"),
-                nbformat.v4.new_code_cell("raise ValueError(f'boom at x={x}')")]
     mine = tmp_path / "mine.ipynb"
-    nbformat.write(nb, mine)
+    write_notebook(mine, ["x = 1", f"f = open({out.name!r}, 'w'); f.write('kept')",
+                          "raise ValueError(f'boom at x={x}')"])
     p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, notebook=mine)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "differs from the one asked for (working directory); Papermill starts its own" in p.stderr
@@ -161,31 +185,14 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
     """Any notebook: Ctrl-C interrupts the running cell, whose cleanup may take longer (3 s here) than the 2.5 s
     after which a kernel asked to stop gets SIGTERM; the kernel is asked only once the cell has ended, and the next
     cell never starts. Exit status 130, no traceback but the cell's own."""
-    import signal
-    import time
-
-    import nbformat
-
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}})
     done, never = tmp_path / "cleaned-up.txt", tmp_path / "next-cell.txt"
-    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("import time\ntry:\n    print('waiting', flush=True); time.sleep(600)\n"
-                                          "except KeyboardInterrupt:\n    time.sleep(3)\n"
-                                          f"    open({str(done)!r}, 'w').write('kept')\n    raise"),
-                nbformat.v4.new_code_cell(f"open({str(never)!r}, 'w')")]
     mine = tmp_path / "mine.ipynb"
-    nbformat.write(nb, mine)
-    log = tmp_path / "log.txt"
-    with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(mine)], cwd=ROOT,
-                             env={**os.environ, "LAB_RESULTS": str(tmp_path)}, stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    t0 = time.monotonic()
-    while "waiting" not in log.read_text():
-        assert p.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
-        time.sleep(0.1)
-    os.killpg(p.pid, signal.SIGINT)
+    write_notebook(mine, ["x = 1",
+                          "import time\ntry:\n    print('waiting', flush=True); time.sleep(600)\n"
+                          "except KeyboardInterrupt:\n    time.sleep(3)\n"
+                          f"    open({str(done)!r}, 'w').write('kept')\n    raise",
+                          f"open({str(never)!r}, 'w')"])
+    p, log = interrupted_run(tmp_path, mine, [], when="waiting", limit_s=120)
     assert p.wait(timeout=60) == 130, log.read_text()[-3000:]
     assert done.read_text() == "kept" and not never.exists(), log.read_text()[-3000:]
     assert "\nTraceback (most recent call last):" not in log.read_text(), log.read_text()[-3000:]
@@ -194,21 +201,9 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
 def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
-    import signal
-    import time
-
     res = tmp_path / "runs"
-    env = {**os.environ, "LAB_RESULTS": str(tmp_path)}
-    args = [*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res]
-    log = tmp_path / "log.txt"
-    with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(NB), *map(str, args)], cwd=ROOT,
-                             env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.monotonic()
-    while "epoch 1/200 done" not in log.read_text():
-        assert p.poll() is None and time.monotonic() - t0 < 300, log.read_text()[-3000:]
-        time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGINT)
+    p, log = interrupted_run(tmp_path, NB, [*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res],
+                             when="epoch 1/200 done", limit_s=300)
     assert p.wait(timeout=120) == 75, log.read_text()[-3000:]
     (run,) = [d for d in res.iterdir() if d.is_dir()]
     summary = json.loads((run / "summary.json").read_text())
