@@ -39,7 +39,7 @@ class Kernel:
         # Papermill's command line sets this for its kernels (a debugger warning Python 3.11 would print)
         self.env = {"PYDEVD_DISABLE_FILE_VALIDATION": "1", **os.environ, **env}
         self.cwd = os.getcwd()
-        self.km, self.taken = AsyncKernelManager(kernel_name=NAME), False
+        self.km = AsyncKernelManager(kernel_name=NAME)
         run_sync(self.km.start_kernel)(extra_arguments=ARGUMENTS, env=self.env)
 
     def take(self, kernel_name: str | None, arguments: list[str]):
@@ -50,7 +50,6 @@ class Kernel:
                                            ("environment", dict(os.environ) == self.env),
                                            ("kernel alive", self.km.has_kernel)) if not same]
         if not differs:
-            self.taken = True
             return self.km
         self.stop()
         print(f"notebook: the kernel started ahead differs from the one asked for ({', '.join(differs)}); "

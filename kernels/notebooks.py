@@ -30,7 +30,6 @@ from kernels.errors import ConfigError
 from kernels.files import PROJECT_ROOT, results_home
 from kernels.notebook_html import HtmlRenderer
 from kernels import notebook_kernel
-from kernels.notebook_kernel import Kernel
 from kernels.config import resolve, table
 from kernels.params import COMMON, RunConfig, unknown_name_error
 from kernels.sysinfo import job_tag
@@ -302,7 +301,7 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
 
 
 def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | None, staged: Path, handoff_file: Path,
-                 env: dict[str, str], kernel: Kernel | None) -> int:
+                 env: dict[str, str], kernel: notebook_kernel.Kernel | None) -> int:
     try:
         precheck(notebook, papermill_args)
     except ConfigError as e:
@@ -323,8 +322,8 @@ def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | Non
         html.close()
 
 
-def _execute(args: list[str], env: dict[str, str], kernel: Kernel | None, notebook: Path, staged: Path,
-             handoff_file: Path, renderer: HtmlRenderer) -> int:
+def _execute(args: list[str], env: dict[str, str], kernel: notebook_kernel.Kernel | None, notebook: Path,
+             staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     from kernels import papermill_cli
 
