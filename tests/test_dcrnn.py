@@ -265,8 +265,9 @@ def test_diffusion_matches_dense_matrix_powers():
 def test_the_gconv_computes_the_released_recursion_and_its_gradient(k_max):
     """The graph convolution takes shortcuts: sparse products whose backward multiplies by a transpose held beside
     the support, 2S held for the recursion's 2 S x, and the last x_K = 2 S x_(K-1) - x_(K-2) of each support left
-    to the weights (term x_(K-2) takes -W_K). Output and every gradient must equal sum_m x_m W_m + b written out
-    from the unshortened terms, on sparse and dense supports alike."""
+    to the weights (term x_(K-2) takes -W_K), and an input given in parts diffused apart (the cell diffuses x and
+    h once each). Output and every gradient must equal sum_m x_m W_m + b written out from the unshortened terms of
+    the whole input, on sparse and dense supports alike."""
     from kernels.workloads.dcrnn.model import DiffusionConv
 
     ids, adj = small_graph(6)
@@ -276,7 +277,8 @@ def test_the_gconv_computes_the_released_recursion_and_its_gradient(k_max):
         g = Graph(supports, None, mode).double()
         conv = DiffusionConv(4, 5, k_max, 2, bias_start=1.0).double()
         x = torch.randn(6, 3, 4, dtype=torch.float64, requires_grad=True)
-        got = conv(x, g, "original")
+        got = conv([g.diffuse_folded(x, k_max)])
+        parts = conv([g.diffuse_folded(x[..., :1], k_max), g.diffuse_folded(x[..., 1:], k_max)])
         terms, x0 = [x], x  # the released code's recursion on dense matrices, subtractions included
         for m in (torch.tensor(s) for s in supports):
             x1 = torch.einsum("ij,jbf->ibf", m, x0)
@@ -287,10 +289,11 @@ def test_the_gconv_computes_the_released_recursion_and_its_gradient(k_max):
                 x1, x0 = x2, x1
         w = conv.weight.view(4, len(terms), 5)
         want = sum(torch.einsum("nbf,fo->nbo", t, w[:, m]) for m, t in enumerate(terms)) + conv.bias
-        assert torch.allclose(got, want)
-        grads = torch.autograd.grad(got.square().sum(), [x, conv.weight, conv.bias])
-        wants = torch.autograd.grad(want.square().sum(), [x, conv.weight, conv.bias])
-        assert all(torch.allclose(a, b) for a, b in zip(grads, wants))
+        assert torch.allclose(got, want) and torch.allclose(parts, want)
+        wants = torch.autograd.grad(want.square().sum(), [x, conv.weight, conv.bias], retain_graph=True)
+        for out in (got, parts):
+            grads = torch.autograd.grad(out.square().sum(), [x, conv.weight, conv.bias], retain_graph=True)
+            assert all(torch.allclose(a, b) for a, b in zip(grads, wants))
 
 
 def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):

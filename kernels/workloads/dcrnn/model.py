@@ -3,7 +3,10 @@
 As the original (liyaguang/DCRNN and its PyTorch port): each DCGRU cell replaces the GRU's
 matrix products by diffusion convolutions over the sensor graph (kernels/workloads/dcrnn/graph.py);
 gates r, u = sigmoid(gconv([x, h]) with bias 1.0), candidate c = tanh(gconv([x, r * h])),
-h' = u * h + (1 - u) * c. The encoder reads seq_len steps of (speed, time of day); the decoder
+h' = u * h + (1 - u) * c. Each input of a gconv is diffused once and its terms weighted by its own rows of the
+weight, the same function as the concatenation's terms: x serves the gates and the candidate, and a lower layer's
+new state serves as the next layer's input and as its own state at the next step (at 2 x 64 units, the sparse
+products multiply a third fewer columns than when [x, h] and [x, r * h] are diffused whole). The encoder reads seq_len steps of (speed, time of day); the decoder
 starts from a GO symbol of zeros and feeds back its own prediction, or, while training, the
 true value with the scheduled-sampling probability k / (k + exp(step / k)) (k =
 cl_decay_steps). A linear projection maps the top decoder state to the speed. Weights are
@@ -26,6 +29,9 @@ import torch.nn as nn
 from kernels.workloads.dcrnn.graph import Graph
 
 
+Diffused = tuple  # (terms, folds) of Graph.diffuse_folded: one input's diffusion terms
+
+
 class DiffusionConv(nn.Module):
     """gconv: stack the diffusion terms of [inputs, state] and apply one weight matrix."""
 
@@ -36,33 +42,39 @@ class DiffusionConv(nn.Module):
         self.bias = nn.Parameter(torch.full((out_size,), float(bias_start)))
         nn.init.xavier_normal_(self.weight, gain=1.0)
 
-    def forward(self, x: torch.Tensor, graph: Graph, form: str) -> torch.Tensor:
-        """sum_m T_m(x) W_m + b, with W_m the rows (f, m) of the weight: the same as stacking the terms into one
-        (nodes * batch, features * matrices) matrix and one product, without copying them into it."""
-        n, b, f = x.shape
-        w = self.weight.view(f, self.matrices, -1)
-        terms, folds = graph.diffuse_folded(x, self.k_max, form)
-        ws = [w[:, m] for m in range(self.matrices)]
-        for j, m in folds:  # term m stands for (term m - term j): term j takes -W_m
-            ws[j] = ws[j] - w[:, m]
-        out = None
-        for term, wm in zip(terms, ws):
-            t = term.reshape(n * b, f)
-            out = torch.addmm(self.bias, t, wm) if out is None else torch.addmm(out, t, wm)
+    def forward(self, parts: list[Diffused]) -> torch.Tensor:
+        """sum_m T_m(x) W_m + b, x the features of the parts side by side and W_m the rows (f, m) of the weight:
+        the same as stacking the terms into one (nodes * batch, features * matrices) matrix and one product,
+        without copying them into it. The parts come diffused: a cell diffuses each input once, though the
+        gates and the candidate both read it (and a layer's state is the next layer's input)."""
+        n, b, _ = parts[0][0][0].shape
+        w = self.weight.view(-1, self.matrices, self.weight.shape[1])
+        out, start = None, 0
+        for terms, folds in parts:
+            f = terms[0].shape[-1]
+            rows = w[start:start + f]
+            ws = [rows[:, m] for m in range(self.matrices)]
+            start += f
+            for j, m in folds:  # term m stands for (term m - term j): term j takes -W_m
+                ws[j] = ws[j] - rows[:, m]
+            for term, wm in zip(terms, ws):  # accumulated in place: addmm would copy the sum at every term
+                t = term.reshape(n * b, f)
+                out = torch.addmm(self.bias, t, wm) if out is None else out.addmm_(t, wm)
         return out.reshape(n, b, -1)
 
 
 class DCGRUCell(nn.Module):
     def __init__(self, in_dim: int, units: int, k_max: int, supports: int):
         super().__init__()
-        self.units = units
+        self.units, self.k_max = units, k_max
         self.gates = DiffusionConv(in_dim + units, 2 * units, k_max, supports, bias_start=1.0)
         self.candidate = DiffusionConv(in_dim + units, units, k_max, supports, bias_start=0.0)
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor, graph: Graph, form: str) -> torch.Tensor:
-        ru = torch.sigmoid(self.gates(torch.cat([x, h], dim=-1), graph, form))
+    def forward(self, x: Diffused, h: torch.Tensor, h_terms: Diffused, graph: Graph, form: str) -> torch.Tensor:
+        """One step from the diffused input x, the state h and its diffusion terms."""
+        ru = torch.sigmoid(self.gates([x, h_terms]))
         r, u = ru.split(self.units, dim=-1)
-        c = torch.tanh(self.candidate(torch.cat([x, r * h], dim=-1), graph, form))
+        c = torch.tanh(self.candidate([x, graph.diffuse_folded(r * h, self.k_max, form)]))
         return u * h + (1.0 - u) * c
 
 
@@ -71,7 +83,7 @@ class DCRNN(nn.Module):
                  units: int = 64, layers: int = 2, k_max: int = 2, seq_len: int = 12, horizon: int = 12,
                  cl_decay_steps: int = 2000, curriculum: bool = True, form: str = "original", seed: int = 0):
         super().__init__()
-        self.graph, self.form = graph, form
+        self.graph, self.form, self.k_max = graph, form, k_max
         self.units, self.layers, self.seq_len, self.horizon = units, layers, seq_len, horizon
         self.output_dim, self.cl_decay_steps, self.curriculum, self.seed = output_dim, cl_decay_steps, curriculum, seed
         self.encoder = nn.ModuleList(DCGRUCell(input_dim if i == 0 else units, units, k_max, graph.count)
@@ -95,6 +107,21 @@ class DCRNN(nn.Module):
         coin = random.Random((self.seed * 1_000_003 + step) * 64 + t).random()
         return coin < self.sampling_probability(step)
 
+    def _diffuse(self, x: torch.Tensor) -> Diffused:
+        return self.graph.diffuse_folded(x, self.k_max, self.form)
+
+    def _step(self, cells: nn.ModuleList, inp: torch.Tensor, h: list, h_terms: list) -> torch.Tensor:
+        """One time step through the stacked cells; h and h_terms (each state's diffusion terms, None until
+        needed) are updated in place. A lower layer's new state is diffused once: it is the next layer's input
+        now and this layer's state at the next step."""
+        inp_terms = self._diffuse(inp)
+        for i, cell in enumerate(cells):
+            if h_terms[i] is None:
+                h_terms[i] = self._diffuse(h[i])
+            h[i] = cell(inp_terms, h[i], h_terms[i], self.graph, self.form)
+            h_terms[i] = inp_terms = self._diffuse(h[i]) if i + 1 < len(cells) else None
+        return h[-1]
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, step: int = 0,
                 train: bool = False) -> torch.Tensor:
         """x (B, seq_len, nodes, 2) normalised; y (B, horizon, nodes) raw speeds or None -> (B, horizon, nodes) mph."""
@@ -105,22 +132,16 @@ class DCRNN(nn.Module):
             if plan.counting:
                 plan.counters["samples"] += b
                 plan.counters["forwards"] += 1
-        x = x[:, -self.seq_len:].permute(1, 2, 0, 3)  # (seq, n, B, 2)
+        x = x[:, -self.seq_len:].permute(1, 2, 0, 3).contiguous()  # (seq, n, B, 2)
         n = x.shape[1]
         h = [x.new_zeros(n, b, self.units) for _ in range(self.layers)]
+        h_terms: list[Diffused | None] = [None] * self.layers
         for t in range(self.seq_len):
-            inp = x[t]
-            for i, cell in enumerate(self.encoder):
-                h[i] = cell(inp, h[i], self.graph, self.form)
-                inp = h[i]
+            self._step(self.encoder, x[t], h, h_terms)
         dec = x.new_zeros(n, b, self.output_dim)  # GO symbol
         outs = []
         for t in range(self.horizon):
-            inp = dec
-            for i, cell in enumerate(self.decoder):
-                h[i] = cell(inp, h[i], self.graph, self.form)
-                inp = h[i]
-            out = self.projection(inp)  # (n, B, output_dim)
+            out = self.projection(self._step(self.decoder, dec, h, h_terms))  # (n, B, output_dim)
             outs.append(out)
             dec = out
             if train and self.curriculum and y is not None and t + 1 < self.horizon and self.teacher_forces(step, t):
