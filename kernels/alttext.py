@@ -43,11 +43,18 @@ def png_description(path: Path) -> str:
 
 
 def show(fig) -> None:
-    """Display a matplotlib figure in a notebook with its text, then close it (no second inline copy)."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    """Display a matplotlib figure in a notebook with its text, then close it (no second inline copy).
 
-    display(fig, metadata={"image/png": {"alt": describe(fig)}})
+    The PNG is drawn once, at the figure's size and dpi: the inline backend's own display (bbox_inches='tight')
+    draws it twice, once to measure its ink; the lab's figures have their margins from tight_layout already."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    display(Image(data=png.getvalue(), format="png", metadata={"alt": describe(fig)}))
     plt.close(fig)
 
 
