@@ -6,10 +6,10 @@ gates r, u = sigmoid(gconv([x, h]) with bias 1.0), candidate c = tanh(gconv([x, 
 h' = u * h + (1 - u) * c. Each input of a gconv is diffused once and its terms weighted by its own rows of the
 weight, the same function as the concatenation's terms: x serves the gates and the candidate, and a lower layer's
 new state serves as the next layer's input and as its own state at the next step (at 2 x 64 units, the sparse
-products multiply a third fewer columns than when [x, h] and [x, r * h] are diffused whole). The encoder reads seq_len steps of (speed, time of day); the decoder
-starts from a GO symbol of zeros and feeds back its own prediction, or, while training, the
-true value with the scheduled-sampling probability k / (k + exp(step / k)) (k =
-cl_decay_steps). A linear projection maps the top decoder state to the speed. Weights are
+products multiply a third fewer columns than when [x, h] and [x, r * h] are diffused whole). The encoder reads
+seq_len steps of (speed, time of day); the decoder starts from a GO symbol of zeros and feeds back its own
+prediction, or, while training, the true value with the scheduled-sampling probability k / (k + exp(step / k))
+(k = cl_decay_steps). A linear projection maps the top decoder state to the speed. Weights are
 created eagerly (the port creates them on first use) with the original's layout, rows
 ordered (input feature, diffusion matrix), and Xavier-normal initialisation.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -37,7 +38,7 @@ class DiffusionConv(nn.Module):
 
     def __init__(self, in_size: int, out_size: int, k_max: int, supports: int, bias_start: float):
         super().__init__()
-        self.k_max, self.matrices = k_max, supports * k_max + 1
+        self.matrices = supports * k_max + 1  # the terms of one input: x_0, then x_1 .. x_K per support
         self.weight = nn.Parameter(torch.empty(in_size * self.matrices, out_size))
         self.bias = nn.Parameter(torch.full((out_size,), float(bias_start)))
         nn.init.xavier_normal_(self.weight, gain=1.0)
@@ -66,15 +67,16 @@ class DiffusionConv(nn.Module):
 class DCGRUCell(nn.Module):
     def __init__(self, in_dim: int, units: int, k_max: int, supports: int):
         super().__init__()
-        self.units, self.k_max = units, k_max
+        self.units = units
         self.gates = DiffusionConv(in_dim + units, 2 * units, k_max, supports, bias_start=1.0)
         self.candidate = DiffusionConv(in_dim + units, units, k_max, supports, bias_start=0.0)
 
-    def forward(self, x: Diffused, h: torch.Tensor, h_terms: Diffused, graph: Graph, form: str) -> torch.Tensor:
-        """One step from the diffused input x, the state h and its diffusion terms."""
+    def forward(self, x: Diffused, h: torch.Tensor, h_terms: Diffused,
+                diffuse: Callable[[torch.Tensor], Diffused]) -> torch.Tensor:
+        """One step from the diffused input x, the state h and its diffusion terms; `diffuse` diffuses r * h."""
         ru = torch.sigmoid(self.gates([x, h_terms]))
         r, u = ru.split(self.units, dim=-1)
-        c = torch.tanh(self.candidate([x, graph.diffuse_folded(r * h, self.k_max, form)]))
+        c = torch.tanh(self.candidate([x, diffuse(r * h)]))
         return u * h + (1.0 - u) * c
 
 
@@ -118,7 +120,7 @@ class DCRNN(nn.Module):
         for i, cell in enumerate(cells):
             if h_terms[i] is None:
                 h_terms[i] = self._diffuse(h[i])
-            h[i] = cell(inp_terms, h[i], h_terms[i], self.graph, self.form)
+            h[i] = cell(inp_terms, h[i], h_terms[i], self._diffuse)
             h_terms[i] = inp_terms = self._diffuse(h[i]) if i + 1 < len(cells) else None
         return h[-1]
 
