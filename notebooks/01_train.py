@@ -176,9 +176,9 @@ table(metrics)
 
 # %%
 import matplotlib.pyplot as plt
-from matplotlib.ticker import LogFormatter
 
 from kernels.alttext import show
+from kernels.axis_labels import plain_log_labels
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
 epoch_axis = metrics["epoch"]  # 1-based, as in metrics.csv
@@ -194,8 +194,7 @@ axes[0].set_ylim(bottom=0)
 axes[1].plot(epoch_axis, metrics["train_loss"], marker="o", label="train")
 axes[1].plot(epoch_axis, metrics["eval_loss"], marker="s", label="eval")
 axes[1].set(xlabel="epoch", ylabel="loss", title="loss", yscale="log")
-axes[1].yaxis.set_major_formatter(LogFormatter())  # 1, 0.3 as plain text: mathtext's 10^0 took 0.2 s to lay out
-axes[1].yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+plain_log_labels(axes[1].yaxis)
 axes[1].legend()
 workload = get_workload(cfg.workload)  # its primary metric, one line per label (e.g. per forecast horizon)
 shown = next((m for m in workload.metrics if m.name == workload.primary_metric), workload.metrics[0])

@@ -23,7 +23,7 @@ KERNELS = ROOT / "kernels"
 # (fnmatch); the first that matches places a module.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
-              "kernels.flops", "kernels.alttext", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile",
+              "kernels.flops", "kernels.alttext", "kernels.axis_labels", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile",
               "kernels.ports")),
     ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
     ("data", ("kernels.data", "kernels.data.*")),

@@ -264,6 +264,31 @@ def test_slurm_duration_parsing():
     assert notebooks.parse_slurm_duration("UNLIMITED") is None
 
 
+def test_a_log_axis_is_labelled_in_plain_numbers():
+    """The train notebook's loss axis: 0.1, 1, 10 (and 0.2, 0.3 between them when few decades show), never mathtext's
+    10^-1 nor 1e-01; which ticks carry a label stays matplotlib's choice."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kernels.axis_labels import plain_log_labels
+
+    fig, (wide, narrow) = plt.subplots(1, 2)
+    wide.plot([1, 2, 3], [12, 2.8, 0.07])
+    narrow.plot([1, 2, 3], [0.9, 0.5, 0.3])
+    for ax in (wide, narrow):
+        ax.set_yscale("log")
+        plain_log_labels(ax.yaxis)
+    fig.canvas.draw()
+    labels = {ax: [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
+              for ax in (wide, narrow)}
+    plt.close(fig)
+    assert {"0.1", "1", "10"} <= set(labels[wide]), labels[wide]
+    assert {"0.2", "0.3", "0.4"} <= set(labels[narrow]), labels[narrow]
+    assert not any("$" in t or "e" in t for t in labels[wide] + labels[narrow]), labels
+
+
 def test_figure_text_states_what_the_chart_shows_and_travels_with_the_png(tmp_path):
     """The alt text is built from the figure (titles, axes, legend), and a PNG the report saves carries it, so
     the analysis notebook can show it beside the image."""
