@@ -28,6 +28,7 @@ from kernels.params import ConfigError
 from kernels.config import resolve
 from kernels.workloads import dcrnn
 from kernels.workloads.dcrnn.graph import Graph, dual_supports, edge_cut, halo_plans, partition
+from kernels.workloads.dcrnn.model import DCRNN
 
 from conftest import ROOT, run_cli
 
@@ -259,6 +260,54 @@ def test_diffusion_matches_dense_matrix_powers():
         u2 = 2 * mm(b, u1) - t1
         assert all(torch.allclose(u, v) for u, v in zip(orig, [x, t1, t2, u1, u2]))
         assert not torch.allclose(orig[3], mm(b, x))
+
+
+def test_auto_supports_are_sparse_for_a_road_graph_on_a_cpu_and_dense_on_a_gpu():
+    """supports=auto: a small road graph (about 4 % non-zero, as METR-LA) is held sparse on a CPU and dense on
+    a GPU, where the dense product was the faster (results/bench/dcrnn-nvidia-h200.md); a graph past DENSE_LIMIT
+    entries stays sparse on both."""
+    from kernels.workloads.dcrnn import graph
+
+    rng = np.random.default_rng(0)
+    adj = (rng.random((200, 200)) < 0.03).astype(np.float32)
+    np.fill_diagonal(adj, 1)
+    sup = dual_supports(adj)
+    assert Graph(sup, None, "auto", device_type="cpu").sparse
+    assert not Graph(sup, None, "auto", device_type="cuda").sparse
+    assert Graph(sup, None, "auto", device_type="cuda").describe()["supports"] == "dense"
+    big = 2049  # 2049 x 2049 > DENSE_LIMIT entries
+    assert big * big > graph.DENSE_LIMIT
+    eye = [np.eye(big, dtype=np.float32)] * 2
+    assert Graph(eye, None, "auto", device_type="cuda").sparse
+
+
+@pytest.mark.parametrize("mode, layout", [("dense", "cpu"), ("sparse", "cpu"), ("sparse", "cuda")])
+def test_the_model_trains_under_bf16_autocast_with_each_support_layout(mode, layout):
+    """precision=bf16 runs the model under autocast: the in-place accumulation of the gconv's terms and the
+    sparse products (CSR on a CPU, COO as held on a GPU, which autocast would otherwise cast to bf16: no such
+    CUDA kernel) must run there, computing what the fp32 model computes to bf16's precision, teacher forcing
+    included."""
+    ids, adj = small_graph(6)
+    sup = [m.astype(np.float32) for m in dual_supports(adj)]
+    torch.manual_seed(1)
+    x, y = torch.randn(3, 12, 6, 2), 50 + 10 * torch.randn(3, 12, 6)
+
+    def run(autocast: bool):
+        torch.manual_seed(0)
+        model = DCRNN(Graph(sup, None, mode, device_type=layout), 50.0, 10.0, units=8, k_max=2)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x, y, step=100, train=True)
+        out.float().pow(2).mean().backward()
+        return out.float().detach(), model.encoder[0].gates.weight.grad.clone()
+
+    (ref, ref_grad), (out, grad) = run(False), run(True)
+    assert (out - ref).norm() / ref.norm() < 1e-2
+    assert (grad - ref_grad).norm() / ref_grad.norm() < 5e-2
+    sparse_product = Graph(sup, None, mode, device_type=layout)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s_x = sparse_product.mul(0, x[0].permute(1, 0, 2).contiguous())
+    if mode == "sparse":  # the supports' own precision, not bf16
+        assert torch.allclose(s_x, torch.einsum("ij,jbf->ibf", torch.tensor(sup[0]), x[0].permute(1, 0, 2)))
 
 
 @pytest.mark.parametrize("k_max", [1, 2, 3])

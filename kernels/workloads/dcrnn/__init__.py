@@ -55,7 +55,7 @@ PARAMS = (
                                              "(the paper's equation: plain powers S^k x0 per support)",
           ("original", "paper"), group="dcrnn"),
     Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
-                                   "rank and at least 10 % non-zero)",
+                                   "rank and, on a CPU, at least 10 % non-zero)",
           ("auto", "dense", "sparse"), group="dcrnn"),
     Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus is dp x gp); "
                         "0: all ranks (pure graph parallel)", group="dcrnn"),

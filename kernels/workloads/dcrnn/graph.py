@@ -224,13 +224,21 @@ class _SparseProduct(torch.autograd.Function):
 
 def _product(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """CSR: ATen's own sum-reduction kernel, which writes the product row by row; MKL's (torch.mm on CSR) adds a
-    zero fill and a copy of the output and took 1.6x as long per product on the DCRNN's shapes. COO: torch.mm."""
-    return torch.sparse.mm(s, x, "sum") if s.layout == torch.sparse_csr else torch.mm(s, x)
+    zero fill and a copy of the output and took 1.6x as long per product on the DCRNN's shapes. COO: torch.mm,
+    outside autocast, which would cast the sparse matrix to bf16 or fp16, where CUDA has no sparse addmm (a bf16
+    DCRNN run on an H200 stopped at its first step with "addmm_sparse_cuda not implemented for 'BFloat16'")."""
+    if s.layout == torch.sparse_csr:
+        return torch.sparse.mm(s, x, "sum")
+    with torch.autocast(x.device.type, enabled=False):
+        return torch.mm(s, x)
 
 
 # --------------------------------------------------------------- the graph module
-# supports=auto holds a support dense when it is small and not too sparse: at most DENSE_LIMIT entries (16 MiB
-# in fp32) and at least DENSE_MIN_DENSITY non-zeros; road graphs (METR-LA: 4 % non-zero) are held sparse.
+# supports=auto holds a support dense when it is small (at most DENSE_LIMIT entries, 16 MiB in fp32) and, on a
+# CPU, not too sparse (at least DENSE_MIN_DENSITY non-zeros): there road graphs (METR-LA: 4 % non-zero) are held
+# sparse. On a GPU a small support is dense whatever its density: a DCRNN step on METR-LA (2 x 64 units, K=2,
+# batch 64) took 243 ms with dense supports against 309 ms with COO ones on an NVIDIA H200 (bench_dcrnn.py, one
+# run, results/bench/dcrnn-nvidia-h200.md).
 DENSE_LIMIT = 1 << 22
 DENSE_MIN_DENSITY = 0.10
 
@@ -238,7 +246,8 @@ DENSE_MIN_DENSITY = 0.10
 class Graph(nn.Module):
     """This rank's supports (rows: owned nodes; columns: owned then halo nodes) and its halo exchange.
 
-    mode: dense, sparse (CSR on a CPU, COO on a GPU), or auto (dense when small and at least 10 % non-zero, see DENSE_LIMIT).
+    mode: dense, sparse (CSR on a CPU, COO on a GPU), or auto (dense when small and, on a CPU, at least 10 %
+    non-zero; see DENSE_LIMIT).
 
     x tensors are node-major, (nodes, batch, features), so a support multiplies them without a transpose.
     The supports are buffers that are not saved (they come from the data); the model holding the graph
@@ -251,8 +260,8 @@ class Graph(nn.Module):
         n_own, n_ext = supports[0].shape
         self.plan, self.n_own, self.n_ext, self.count = plan, n_own, n_ext, len(supports)
         density = max(float((s != 0).mean()) for s in supports) if n_own * n_ext else 0.0
-        self.sparse = mode == "sparse" or (mode == "auto" and (n_own * n_ext > DENSE_LIMIT
-                                                               or density < DENSE_MIN_DENSITY))
+        self.sparse = mode == "sparse" or (mode == "auto" and (n_own * n_ext > DENSE_LIMIT or (
+            device_type == "cpu" and density < DENSE_MIN_DENSITY)))
         if self.sparse:
             for i, s in enumerate(supports):  # each support, its double (the recursion's 2 S) and their transposes
                 for name, m in ((f"support{i}", s), (f"twice{i}", 2 * s)):  # doubling is exact: 2S x == 2 (S x)

@@ -60,7 +60,10 @@ class DiffusionConv(nn.Module):
                 ws[j] = ws[j] - rows[:, m]
             for term, wm in zip(terms, ws):  # accumulated in place: addmm would copy the sum at every term
                 t = term.reshape(n * b, f)
-                out = torch.addmm(self.bias, t, wm) if out is None else out.addmm_(t, wm)
+                if out is None:
+                    out = torch.addmm(self.bias, t, wm)
+                else:  # autocast leaves in-place ops alone: under it, the sum is bf16/fp16 and so are its terms
+                    out = out.addmm_(t.to(out.dtype), wm.to(out.dtype))
         return out.reshape(n, b, -1)
 
 
@@ -109,6 +112,15 @@ class DCRNN(nn.Module):
         coin = random.Random((self.seed * 1_000_003 + step) * 64 + t).random()
         return coin < self.sampling_probability(step)
 
+    @torch.compiler.disable
+    def teacher_mask(self, step: int, device: torch.device) -> torch.Tensor:
+        """The coins of decoder steps 0 .. horizon - 2 as a bool tensor on `device`, copied without waiting for
+        the device. Run outside torch.compile (one graph break, before any device work): the compiled forward
+        then selects with torch.where and holds no branch on the coins, so it is traced once, not once per
+        pattern of coins, and no training step number reaches the traced code."""
+        mask = torch.tensor([self.teacher_forces(step, t) for t in range(self.horizon - 1)])
+        return mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else mask
+
     def _diffuse(self, x: torch.Tensor) -> Diffused:
         return self.graph.diffuse_folded(x, self.k_max, self.form)
 
@@ -128,6 +140,7 @@ class DCRNN(nn.Module):
                 train: bool = False) -> torch.Tensor:
         """x (B, seq_len, nodes, 2) normalised; y (B, horizon, nodes) raw speeds or None -> (B, horizon, nodes) mph."""
         b = x.shape[0]
+        teacher = self.teacher_mask(step, x.device) if train and self.curriculum and y is not None else None
         plan = self.graph.plan
         if plan is not None:  # the halo bytes of forwards that train (and so also run backward) are counted
             plan.counting = torch.is_grad_enabled()
@@ -146,7 +159,7 @@ class DCRNN(nn.Module):
             out = self.projection(self._step(self.decoder, dec, h, h_terms))  # (n, B, output_dim)
             outs.append(out)
             dec = out
-            if train and self.curriculum and y is not None and t + 1 < self.horizon and self.teacher_forces(step, t):
-                dec = ((y[:, t] - self.mean) / self.std).t().unsqueeze(-1).to(out.dtype)
+            if teacher is not None and t + 1 < self.horizon:  # the true value where the coin says so
+                dec = torch.where(teacher[t], ((y[:, t] - self.mean) / self.std).t().unsqueeze(-1).to(out.dtype), out)
         pred = torch.stack(outs)[..., 0]  # (horizon, n, B)
         return pred.permute(2, 0, 1) * self.std + self.mean
