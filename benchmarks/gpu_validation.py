@@ -52,7 +52,7 @@ def versions(cuda: bool) -> dict:
 
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
-           "host": sysinfo.host()}
+           "host": sysinfo.host(), "git": sysinfo.git_info().get("commit")}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                            text=True)
@@ -92,7 +92,10 @@ def run_lab(plan: Plan, name: str, gpus: int = 1, workload: str = "resnet18", **
     try:
         s = benchtable.lab_run(p, timeout=600)
     except RuntimeError as e:
+        print(f"{name}: {e}", flush=True)
         return {"name": name, "error": [str(e)]}
+    rate = s.get("samples_per_s")
+    print(f"{name}: " + (f"{rate:,.0f} samples/s" if rate else "done"), flush=True)
     return {"name": name, "summary": s, "params": s["params"]}
 
 
@@ -171,6 +174,20 @@ def commbench_section(plan: Plan, tmp: Path) -> list[str]:
     return lines
 
 
+def table_name(name: str, cuda: bool) -> str:
+    return name if cuda else "gpu validation cpu check"
+
+
+def partial(lines: list[str], out: Path, name: str, cuda: bool, next_section: str) -> None:
+    """Store the sections done so far, marked incomplete, so that a job stopped by its time limit still leaves
+    what it measured; the finished validation overwrites the file."""
+    out.mkdir(parents=True, exist_ok=True)
+    note = f"**Incomplete:** the validation stopped before {next_section} (time limit or failure); rerun it."
+    path = out / f"{benchtable.slug(table_name(name, cuda))}.md"
+    path.write_text("\n".join([*lines, note]) + "\n")
+    print(f"sections so far written to {path}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -195,7 +212,7 @@ def main(argv=None) -> int:
     name = v["gpu"] or "cpu"
     lines = [f"# GPU validation on {name}" if cuda else "# GPU validation harness, CPU check (no GPU figures)", "",
              f"host {v['host']}, {v['gpus']} GPU(s), {v['cpus']} CPUs; driver {v['driver']}, CUDA {v['cuda']}, cuDNN "
-             f"{v['cudnn']}, NCCL {v['nccl']}, torch {v['torch']}", "",
+             f"{v['cudnn']}, NCCL {v['nccl']}, torch {v['torch']}; git {v['git']}", "",
              f"ResNet-18 CIFAR form (width {plan.width}), synthetic CIFAR-shaped data, batch {plan.batch} per GPU, "
              f"{plan.steps} timed steps after {plan.warmup}; samples/s = global batch / median step time.", ""]
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,6 +223,7 @@ def main(argv=None) -> int:
         runs.append(run_lab(plan, "resnet18-bf16-nchw" if cuda else "resnet18-fp32-nchw",
                             precision=plan.precisions[0], compile=False, channels_last=False))
         lines += ["## One GPU: precision, channels_last, compile", "", *LAB_HEAD, *map(lab_row, runs), ""]
+        partial(lines, args.out, name, cuda, "the other workloads")
         best = max((r["summary"]["samples_per_s"] for r in runs[:1] if "error" not in r), default=None)
         multi = []
         if plan.gpus > 1:
@@ -216,9 +234,12 @@ def main(argv=None) -> int:
                 multi.append(run_lab(plan, f"{wl}-x{g}", gpus=g, workload=wl,
                                      **({"precision": "bf16"} if cuda else {})))
         lines += [f"## All GPUs ({plan.gpus}) and the other workloads", "", *LAB_HEAD, *map(lab_row, multi), ""]
+        partial(lines, args.out, name, cuda, "the seed-style comparison")
         sl, ratio = seed_vs_lab(plan, args.repeats)
         lines += ["## The seed-style script against the lab's loop (one GPU, alternating runs)", "", *sl, ""]
+        partial(lines, args.out, name, cuda, "the profiled run")
         lines += ["## A profiled run", "", *profile_section(plan), ""]
+        partial(lines, args.out, name, cuda, "the all_reduce sweep")
         lines += ["## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep", "",
                   *commbench_section(plan, tmp), ""]
     if cuda:
@@ -229,7 +250,7 @@ def main(argv=None) -> int:
                   f"- >= {TARGET_RATIO:.0f}x the seed-style baseline: {ratio:.2f}x ({ok(ratio >= TARGET_RATIO)})"
                   if ratio else "- ratio: the comparison failed", ""]
     lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s.")
-    benchtable.write(lines, args.out, name if cuda else "gpu validation cpu check")
+    benchtable.write(lines, args.out, table_name(name, cuda))
     failed = [r["name"] for r in runs + multi if "error" in r]
     if failed:
         print(f"error: these runs failed: {', '.join(failed)}", file=sys.stderr)
