@@ -23,13 +23,14 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def write(lines: list[str], out: Path, device_name: str, prefix: str = "") -> Path:
-    """Print the table and store it as <out>/<prefix><device slug>.md."""
+def write(lines: list[str], out: Path, device_name: str, prefix: str = "", echo: bool = True) -> Path:
+    """Store the table as <out>/<prefix><device slug>.md, and print it unless echo is False."""
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{prefix}{slug(device_name)}.md"
     path.write_text(text)
-    print("\n" + text + f"\nwritten to {path}")
+    if echo:
+        print("\n" + text + f"\nwritten to {path}")
     return path
 
 

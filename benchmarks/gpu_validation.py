@@ -52,7 +52,7 @@ def versions(cuda: bool) -> dict:
 
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
-           "host": sysinfo.host(), "git": sysinfo.git_info().get("commit")}
+           "host": sysinfo.host(), "git": sysinfo.git_info().get("commit") or "n/a"}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                            text=True)
@@ -181,10 +181,8 @@ def table_name(name: str, cuda: bool) -> str:
 def partial(lines: list[str], out: Path, name: str, cuda: bool, next_section: str) -> None:
     """Store the sections done so far, marked incomplete, so that a job stopped by its time limit still leaves
     what it measured; the finished validation overwrites the file."""
-    out.mkdir(parents=True, exist_ok=True)
     note = f"**Incomplete:** the validation stopped before {next_section} (time limit or failure); rerun it."
-    path = out / f"{benchtable.slug(table_name(name, cuda))}.md"
-    path.write_text("\n".join([*lines, note]) + "\n")
+    path = benchtable.write([*lines, note], out, table_name(name, cuda), echo=False)
     print(f"sections so far written to {path}", flush=True)
 
 
