@@ -345,6 +345,32 @@ def test_the_gconv_computes_the_released_recursion_and_its_gradient(k_max):
             assert all(torch.allclose(a, b) for a, b in zip(grads, wants))
 
 
+def test_a_cell_from_the_zero_state_skips_its_terms_and_computes_the_same_step():
+    """The encoder starts from h = None, the zero state, whose terms (and those of r * h) the cell neither diffuses
+    nor weights. The step and every gradient must equal the GRU equations with an explicit zero state, their
+    diffusion included, on sparse and dense supports."""
+    from kernels.workloads.dcrnn.model import DCGRUCell
+
+    ids, adj = small_graph(6)
+    supports = [m.astype(np.float64) for m in dual_supports(adj)]
+    for mode in ("sparse", "dense"):
+        torch.manual_seed(0)
+        g = Graph(supports, None, mode).double()
+        cell = DCGRUCell(2, 3, 2, 2).double()
+        x = torch.randn(6, 4, 2, dtype=torch.float64, requires_grad=True)
+        diffuse = lambda t: g.diffuse_folded(t, 2)  # noqa: E731
+        zero = torch.zeros(6, 4, 3, dtype=torch.float64)
+        got = cell(diffuse(x), None, None, diffuse)
+        want = cell(diffuse(x), zero, diffuse(zero), diffuse)
+        ru = torch.sigmoid(cell.gates([diffuse(x), diffuse(zero)]))
+        by_hand = (1 - ru[..., 3:]) * torch.tanh(cell.candidate([diffuse(x), diffuse(zero)]))
+        assert torch.allclose(got, want) and torch.allclose(got, by_hand)
+        params = [x, *cell.parameters()]
+        for a, b in zip(torch.autograd.grad(got.square().sum(), params),
+                        torch.autograd.grad(want.square().sum(), params)):
+            assert torch.allclose(a, b)
+
+
 def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
     """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint's content checksum covers
     their indices and values (a CSR tensor has no flat bytes; the write failed at the first epoch's end), and a

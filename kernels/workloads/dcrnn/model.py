@@ -47,19 +47,22 @@ class DiffusionConv(nn.Module):
         """sum_m T_m(x) W_m + b, x the features of the parts side by side and W_m the rows (f, m) of the weight:
         the same as stacking the terms into one (nodes * batch, features * matrices) matrix and one product,
         without copying them into it. The parts come diffused: a cell diffuses each input once, though the
-        gates and the candidate both read it (and a layer's state is the next layer's input)."""
+        gates and the candidate both read it (and a layer's state is the next layer's input).
+
+        The weight is cut into the terms' blocks by one split and one unbind: backward stacks their gradients
+        once per call. A slice per term zero-filled and added a whole weight-sized gradient for each term, 650
+        fills of 4 % of a CPU training step (DCRNN 2 x 64 units on METR-LA, batch 64, torch profiler)."""
         n, b, _ = parts[0][0][0].shape
         w = self.weight.view(-1, self.matrices, self.weight.shape[1])
-        out, start = None, 0
-        for terms, folds in parts:
-            f = terms[0].shape[-1]
-            rows = w[start:start + f]
-            ws = [rows[:, m] for m in range(self.matrices)]
-            start += f
+        sizes = [terms[0].shape[-1] for terms, _ in parts]
+        blocks = w.split([*sizes, w.shape[0] - sum(sizes)])  # a part left out (a zero state) weighs nothing
+        out = None
+        for (terms, folds), rows in zip(parts, blocks):
+            ws = list(rows.unbind(1))
             for j, m in folds:  # term m stands for (term m - term j): term j takes -W_m
-                ws[j] = ws[j] - rows[:, m]
+                ws[j] = ws[j] - ws[m]
             for term, wm in zip(terms, ws):  # accumulated in place: addmm would copy the sum at every term
-                t = term.reshape(n * b, f)
+                t = term.reshape(n * b, -1)
                 if out is None:
                     out = torch.addmm(self.bias, t, wm)
                 else:  # autocast leaves in-place ops alone: under it, the sum is bf16/fp16 and so are its terms
@@ -74,13 +77,20 @@ class DCGRUCell(nn.Module):
         self.gates = DiffusionConv(in_dim + units, 2 * units, k_max, supports, bias_start=1.0)
         self.candidate = DiffusionConv(in_dim + units, units, k_max, supports, bias_start=0.0)
 
-    def forward(self, x: Diffused, h: torch.Tensor, h_terms: Diffused,
+    def forward(self, x: Diffused, h: torch.Tensor | None, h_terms: Diffused | None,
                 diffuse: Callable[[torch.Tensor], Diffused]) -> torch.Tensor:
-        """One step from the diffused input x, the state h and its diffusion terms; `diffuse` diffuses r * h."""
+        """One step from the diffused input x, the state h and its diffusion terms; `diffuse` diffuses r * h.
+        h None is the zero state the encoder starts from: its terms, and those of r * h, are zero and weigh
+        nothing, so neither is diffused nor multiplied (at 2 x 64 units, 2 of 48 cell steps skip half or more of
+        their products, forward and backward)."""
+        if h is None:
+            u = torch.sigmoid(self.gates([x]))[..., self.units:]
+            c = torch.tanh(self.candidate([x]))
+            return c - u * c
         ru = torch.sigmoid(self.gates([x, h_terms]))
         r, u = ru.split(self.units, dim=-1)
         c = torch.tanh(self.candidate([x, diffuse(r * h)]))
-        return u * h + (1.0 - u) * c
+        return c + u * (h - c)  # u h + (1 - u) c in three operations, and their backward in four rather than six
 
 
 class DCRNN(nn.Module):
@@ -125,12 +135,12 @@ class DCRNN(nn.Module):
         return self.graph.diffuse_folded(x, self.k_max, self.form)
 
     def _step(self, cells: nn.ModuleList, inp: torch.Tensor, h: list, h_terms: list) -> torch.Tensor:
-        """One time step through the stacked cells; h and h_terms (each state's diffusion terms, None until
-        needed) are updated in place. A lower layer's new state is diffused once: it is the next layer's input
-        now and this layer's state at the next step."""
+        """One time step through the stacked cells; h (None: the zero state) and h_terms (each state's diffusion
+        terms, None until needed) are updated in place. A lower layer's new state is diffused once: it is the next
+        layer's input now and this layer's state at the next step."""
         inp_terms = self._diffuse(inp)
         for i, cell in enumerate(cells):
-            if h_terms[i] is None:
+            if h_terms[i] is None and h[i] is not None:
                 h_terms[i] = self._diffuse(h[i])
             h[i] = cell(inp_terms, h[i], h_terms[i], self._diffuse)
             h_terms[i] = inp_terms = self._diffuse(h[i]) if i + 1 < len(cells) else None
@@ -149,7 +159,7 @@ class DCRNN(nn.Module):
                 plan.counters["forwards"] += 1
         x = x[:, -self.seq_len:].permute(1, 2, 0, 3).contiguous()  # (seq, n, B, 2)
         n = x.shape[1]
-        h = [x.new_zeros(n, b, self.units) for _ in range(self.layers)]
+        h: list[torch.Tensor | None] = [None] * self.layers  # the zero state
         h_terms: list[Diffused | None] = [None] * self.layers
         for t in range(self.seq_len):
             self._step(self.encoder, x[t], h, h_terms)
