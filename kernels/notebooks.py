@@ -261,9 +261,9 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
     """The parameters the notebook will get, checked as its resolve cell checks them, before Papermill starts a
     kernel: a misspelt or malformed parameter is the CLI's one-line ConfigError and nothing is left behind."""
     from kernels import papermill_args as pa
-    from kernels.papermill_cli import without_iri_checker
+    from kernels.papermill_cli import without_format_checkers
 
-    without_iri_checker()  # Papermill's import reads nbformat's schemas: 0.9-2.4 s more with the IRI grammar
+    without_format_checkers()  # Papermill's import reads nbformat's schemas: 0.9-2.4 s more with the IRI grammar
     given = pa.injected(papermill_args)
     cell = pa.defaults(notebook)
     check = PARAMETER_CHECKS.get(notebook.stem)

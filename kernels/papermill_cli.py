@@ -6,11 +6,12 @@ process that imports it again (about 1 s on a 2-core machine) is not started. Th
 this process's environment; Papermill's log reaches stderr as whole lines, without NOISE. The engine is
 Papermill's own with two settings its command line cannot pass (register_engine).
 
-Reading a notebook loads nbformat, whose validator loads jsonschema, which imports the optional IRI checker
-rfc3987_syntax if it is installed (jupyter-events installs it for the JupyterLab server). That import compiles a
-grammar: 0.9-2.4 s of every notebook run on a 2-core machine, for a check no notebook needs, since nbformat's
-schemas have no IRI formats. `without_iri_checker()` skips it; the runner and the HTML helper
-(kernels/notebook_html) call it before anything imports nbformat.
+Reading a notebook loads nbformat, whose validator loads jsonschema, which imports the optional format checkers
+that are installed (jupyter-events installs them for the JupyterLab server). The IRI checker rfc3987_syntax
+compiles a grammar: 0.9-2.4 s of every notebook run on a 2-core machine; the duration checker isoduration brings
+arrow and dateutil, and the others their own modules: 0.06 s more. No notebook needs them: nbformat's schemas use
+no "format" keyword, and nbformat validates without a format checker. `without_format_checkers()` skips them; the
+runner and the HTML helper (kernels/notebook_html) call it before anything imports nbformat.
 """
 from __future__ import annotations
 
@@ -32,9 +33,17 @@ NOISE = re.compile(r"^(Executing|Ending) Cell \d+-*\s*$"
                    r"|^<Figure size \d+x\d+ with \d+ Axes>\s*$")
 
 
-def without_iri_checker() -> None:
-    """Make `import rfc3987_syntax` fail fast, as when it is not installed (jsonschema then skips the IRI formats)."""
-    sys.modules.setdefault("rfc3987_syntax", None)
+# jsonschema's optional format checkers (jsonschema/_format.py) that nothing else the runner or the HTML helper
+# imports. Not idna (requests needs it) nor jsonpointer (under 1 ms).
+FORMAT_CHECKERS = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc3339_validator", "isoduration", "webcolors",
+                   "uri_template", "fqdn")
+
+
+def without_format_checkers() -> None:
+    """Make each optional checker's import fail fast, as when it is not installed (jsonschema then skips that
+    format). Only where it is not imported already: a process that has it keeps it."""
+    for name in FORMAT_CHECKERS:
+        sys.modules.setdefault(name, None)
 
 
 class Lines(io.TextIOBase):
@@ -199,7 +208,7 @@ def execute(args: list[str], env: dict[str, str], stop_now: bool = False, kernel
     130 for Ctrl-C).
 
     stop_now: kill the kernel after the last cell; kernel: one already started (register_engine)."""
-    without_iri_checker()
+    without_format_checkers()
     import click
     from papermill.cli import papermill
 

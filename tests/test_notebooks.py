@@ -141,11 +141,50 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     subprocess.run([sys.executable, "-m", "kernels.notebook_html", str(again)], check=True, cwd=ROOT)
     assert again.with_suffix(".html").read_text() == html
     # and it is nbconvert's own lab page but for the figures' alt text (the lab template's code cells, escaped
-    # source included, without its second sanitising pass)
+    # source included, without its second sanitising pass), as BeautifulSoup reads both
+    from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
 
     lab, _ = HTMLExporter(template_name="lab").from_filename(str(again))
-    assert "&lt;" in lab and re.sub(r' alt="[^"]*"', "", html) == re.sub(r' alt="[^"]*"', "", lab)
+    ours = str(BeautifulSoup(html, features="html.parser"))
+    assert "&lt;" in lab and re.sub(r' alt="[^"]*"', "", ours) == re.sub(r' alt="[^"]*"', "", lab)
+    assert html.count('tabindex="0"') == lab.count('tabindex="0"') > 10  # every cell's input and output
+
+
+def test_the_page_gets_htmlexporters_alt_text_and_tabindex_without_its_second_parse():
+    """LabPage writes HTMLExporter's last pass into the template's markup: the same document for images without
+    alt text (markdown, JPEG, a text/html output's) and for cells' inputs and outputs, including HTML outputs
+    that carry those classes themselves or a tabindex of their own."""
+    import logging
+
+    import nbformat
+    from bs4 import BeautifulSoup
+    from nbconvert import HTMLExporter
+
+    from kernels.notebook_html import NO_ALT, TEMPLATE, exporter
+
+    v4 = nbformat.v4
+    jpeg = "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAP" + "A" * 40
+    html_out = ('<div class="jp-OutputArea-output x" data-a="1 > 0">a</div><div tabindex="-1" '
+                'class="jp-Cell-inputWrapper">b</div><img src="y.png"/><IMG SRC="z.png" ALT="kept">')
+    nb = v4.new_notebook(cells=[
+        v4.new_markdown_cell('text <img src="x.png"> and ![described](d.png)'),
+        v4.new_code_cell("print(1)", outputs=[v4.new_output("stream", name="stdout", text="1\n")]),
+        v4.new_code_cell("jpeg()", outputs=[v4.new_output("display_data", data={"image/jpeg": jpeg})]),
+        v4.new_code_cell("html()", outputs=[v4.new_output("execute_result", execution_count=3,
+                                                         data={"text/html": html_out, "text/plain": "h"})]),
+    ])
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    ours_exporter = exporter()
+    ours_exporter.log.addHandler(handler)
+    ours, _ = ours_exporter.from_notebook_node(nb)
+    ours_exporter.log.removeHandler(handler)
+    theirs, _ = HTMLExporter(template_file=str(TEMPLATE)).from_notebook_node(nb)
+    assert str(BeautifulSoup(ours, features="html.parser")) == theirs
+    assert ours.count(f'alt="{NO_ALT}"') == 3 and 'ALT="kept"' in ours and 'alt="described"' in ours
+    assert warnings == ["Alternative text is missing on 3 image(s)."]
 
 
 def test_the_runners_checks_do_not_import_torch():
