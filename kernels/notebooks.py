@@ -166,6 +166,8 @@ class Preempted(RuntimeError):
 
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+# what each of the lab's notebooks imports first: its kernel imports them while Papermill gets ready
+KERNEL_PRELOAD = ("pandas",)
 PARAMS_MARK = '# %% tags=["parameters"]'
 
 
@@ -292,7 +294,9 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
     handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
     env = {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
-    kernel = notebook_kernel.start(env)  # boots while the parameters are checked and Papermill gets ready
+    own = notebook.resolve().parent == NOTEBOOK_DIR  # the lab's own notebooks
+    # boots while the parameters are checked and Papermill gets ready
+    kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if own else ())
     try:
         return _checked_run(notebook, papermill_args, timeout_s, staged, handoff_file, env, kernel)
     finally:

@@ -256,6 +256,43 @@ def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     assert [e["ename"] for e in errors] == ["KeyboardInterrupt"], errors
 
 
+def test_the_kernel_started_ahead_runs_without_the_debugger_and_preloads_what_it_is_asked():
+    """The runner's kernel is ipykernel's without debugpy imported at start (a cell may still import it), and it
+    imports the preload modules in a thread; a module that fails to import there does not stop the kernel."""
+    from jupyter_core.utils import run_sync
+
+    from kernels import notebook_kernel
+
+    kernel = notebook_kernel.start({}, preload=("pandas", "no_such_module_for_this_test"))
+    assert kernel is not None
+    client, printed = kernel.km.client(), []
+    client.start_channels()
+    code = ("import sys, threading\n"
+            "print(sorted(m for m in ('debugpy', 'pandas') if m in sys.modules))\n"  # as the first cell finds it
+            "[t.join() for t in threading.enumerate() if t.name == 'preload']\n"
+            "import ipykernel.debugger, debugpy\n"
+            "print('pandas' in sys.modules, ipykernel.debugger._is_debugpy_available, debugpy.__name__)")
+    try:
+        run_sync(client._async_wait_for_ready)(timeout=60)
+        reply = run_sync(client._async_execute_interactive)(
+            code, timeout=120, output_hook=lambda m: printed.append(m["content"].get("text", "")))
+    finally:
+        client.stop_channels()
+        kernel.stop()
+    assert reply["content"]["status"] == "ok", reply["content"]
+    first, then = "".join(printed).splitlines()
+    assert "debugpy" not in first and then == "True False debugpy"
+
+
+def test_what_the_kernel_preloads_is_what_each_of_the_labs_notebooks_imports():
+    import ast
+
+    for py in sorted((ROOT / "notebooks").glob("*.py")):
+        imported = {a.name.split(".")[0] for node in ast.walk(ast.parse(py.read_text()))
+                    if isinstance(node, ast.Import) for a in node.names}
+        assert set(notebooks.KERNEL_PRELOAD) <= imported, py.name
+
+
 def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
     from kernels.notebook_html import HtmlRenderer
 
