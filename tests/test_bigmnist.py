@@ -147,13 +147,17 @@ def test_the_elastic_field_has_simards_magnitude_and_one_field_per_image():
     assert 0.2 < shift.mean() < 4 * expect
 
 
-def _stream_epoch(shards, cache: str, epoch: int = 1):
-    """Both ranks' batches of one epoch (window 0.2 MiB, reads of 1 MiB) and the sources, closed."""
+def _stream_epoch(shards, cache: str, epoch: int = 1, labels: list | None = None):
+    """Both ranks' batches of one epoch (window 0.2 MiB, reads of 1 MiB) and the sources, closed; the batches'
+    labels are appended to `labels`."""
     srcs = [StreamSource(shards, None, 96, r, 2, 7, torch.device("cpu"), cache=cache, window_mb=0.2, read_mb=1)
             for r in range(2)]
     xs = []
     for src in srcs:
-        xs += [x.reshape(x.shape[0], -1).numpy() for x, _ in src.batches(epoch)]
+        for x, y in src.batches(epoch):
+            xs.append(x.reshape(x.shape[0], -1).numpy())
+            if labels is not None:
+                labels.append(y.numpy())
         src.close()
     return np.concatenate(xs), srcs
 
@@ -161,11 +165,14 @@ def _stream_epoch(shards, cache: str, epoch: int = 1):
 def test_streamed_epoch_covers_every_sample_once_over_two_ranks(small_set):
     shards = ShardSet(small_set)
     allrec = np.concatenate([np.load(p) for p in shards.paths])
-    xs, srcs = _stream_epoch(shards, "warm")
+    labels = []
+    xs, srcs = _stream_epoch(shards, "warm", labels=labels)
     ids = np.concatenate([src.stream_to_sample(1, src.indices(1)) for src in srcs])
     steps = 6000 // 96
     assert len(ids) == steps * 96 == len(set(ids.tolist()))  # each sample at most once; 6000 - 62*96 dropped
     assert (xs == allrec["image"].reshape(6000, -1)[ids]).all()  # the bytes are those samples'
+    assert (np.concatenate(labels) == allrec["label"][ids]).all()  # and so are the labels, as int64
+    assert labels[0].dtype == np.int64 and all(len(y) == 48 for y in labels)  # 96 over two ranks
     # each byte of the kept samples was read once, in reads of at least 1 MiB or whole pieces
     read = sum(s.counters["bytes_read"] for s in srcs)
     assert read == len(ids) * 785 and read / shards.data_bytes <= 1.05
