@@ -92,7 +92,8 @@ def _commit(tree: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=3, help="pairs (default 3)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="pairs (default 5: the ranks' own time varies from run to run by as much as the overhead)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout to time (default: this one)")
     args = ap.parse_args()
