@@ -168,6 +168,14 @@ class Preempted(RuntimeError):
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
 # what each of the lab's notebooks imports first: its kernel imports them while Papermill gets ready
 KERNEL_PRELOAD = ("pandas",)
+
+
+def labs_own(notebook: Path) -> bool:
+    """One of the lab's own notebooks (notebooks/), whose cells the runner knows: they import KERNEL_PRELOAD and
+    leave nothing for the kernel's exit to finish."""
+    return notebook.resolve().parent == NOTEBOOK_DIR
+
+
 PARAMS_MARK = '# %% tags=["parameters"]'
 
 
@@ -294,9 +302,8 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
     staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
     handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
     env = {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
-    own = notebook.resolve().parent == NOTEBOOK_DIR  # the lab's own notebooks
     # boots while the parameters are checked and Papermill gets ready
-    kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if own else ())
+    kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if labs_own(notebook) else ())
     try:
         return _checked_run(notebook, papermill_args, timeout_s, staged, handoff_file, env, kernel)
     finally:
@@ -331,8 +338,7 @@ def _execute(args: list[str], env: dict[str, str], kernel: notebook_kernel.Kerne
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     from kernels import papermill_cli
 
-    rc = papermill_cli.execute(args, env, kernel=kernel,
-                               stop_now=notebook.resolve().parent == NOTEBOOK_DIR)  # the lab's own notebooks
+    rc = papermill_cli.execute(args, env, kernel=kernel, stop_now=labs_own(notebook))
     run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
     handoff_file.unlink(missing_ok=True)
     if not staged.exists():
