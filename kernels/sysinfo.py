@@ -46,8 +46,20 @@ def git_info(root: Path = PROJECT_ROOT) -> dict:
     return {"commit": commit, "dirty": dirty}
 
 
-def software_versions() -> dict:
+def software_versions(import_torch: bool = True) -> dict:
+    """Versions a record keeps. import_torch=False (a process that never uses torch, e.g. an MPI rank): torch's
+    version from its installed metadata, and no CUDA, cuDNN or NCCL, which only an imported torch can tell."""
     import numpy
+
+    if not import_torch:
+        from importlib import metadata
+
+        try:
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch_version = None
+        return {"python": platform.python_version(), "torch": torch_version, "numpy": numpy.__version__,
+                "cuda": None, "cudnn": None, "nccl": None}
     import torch
 
     nccl = None

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from kernels import sysinfo
 from kernels.comm import bench, predict
 from kernels.comm.collectives import OPS
 from kernels.params import ConfigError
@@ -116,9 +117,14 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
     from scratch into an empty cache on first use (mpicc comes with libopenmpi-dev), or mpi4py in a Python loop."""
     records = tmp_path / "records"
     p = comm("bench", "--backend", "mpi", "--gpus", 2, *SMALL, "--results_dir", records,
-             env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+             env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "launcher: mpirun -np 2" in p.stdout
+    # neither the driver nor a rank imports torch (seconds per process on a small CPU); the ranks' import
+    # timings reach us through mpirun, so the check sees them all
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in (p.stdout + p.stderr).splitlines()
+                if ln.startswith("import time:")}
+    assert "mpi4py.MPI" in imported and "torch" not in imported
     run = only_record(records)
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "complete" and s["wrong"] == 0 and s["backend"] == "mpi"
@@ -126,7 +132,9 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
     assert s["timed_by"].startswith(want) and f"timed by: {want}" in p.stdout, s["timed_by"]
     assert (loop == "auto") == bool(list((tmp_path / "cache").rglob("mpi_loop-*.so"))) or not shutil.which("mpicc")
     cfg = json.loads((run / "config.json").read_text())
-    assert "Open MPI" in cfg["versions"]["mpi_library"] or "MPICH" in cfg["versions"]["mpi_library"]
+    lib = cfg["versions"]["mpi_library"]
+    assert ("Open MPI" in lib or "MPICH" in lib) and "\x00" not in lib
+    assert cfg["versions"]["torch"] and {r["device"] for r in cfg["rank_list"]} == {sysinfo.cpu_device_name()}
     rows = bench.read_record(run)["rows"]
     # MPI has the in-place forms torch.distributed lacks: all_reduce both ways, checked
     ar = [r for r in rows if r["op"] == "all_reduce"]

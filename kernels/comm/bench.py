@@ -222,8 +222,8 @@ def load_mpi():
 
 def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
     """Resolve backend=auto and refuse what this machine cannot run, before any process or file."""
-    import torch
-
+    if cfg.backend in ("auto", "nccl"):  # MPI runs never import torch: its import is seconds on a small CPU
+        import torch
     if cfg.backend == "auto":
         cfg = cfg.replace(backend="nccl" if torch.cuda.is_available() else "gloo")
     if cfg.backend == "nccl":
@@ -337,13 +337,14 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 def _versions(backend: str) -> dict:
     from kernels.sysinfo import software_versions
 
-    v = software_versions()
+    v = software_versions(import_torch=backend != "mpi")
     if backend == "mpi":
         import mpi4py
         from mpi4py import MPI
 
         v["mpi4py"] = mpi4py.__version__
-        v["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        # Open MPI ends the string with a NUL byte
+        v["mpi_library"] = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
         v["mpi_standard"] = "%d.%d" % MPI.Get_version()
     return v
 
@@ -379,15 +380,13 @@ def worker(cfg: CommConfig) -> int:
 
 
 def _measure(cfg: CommConfig, runner, device) -> int:
-    from kernels.sysinfo import device_name
-
-    import torch
+    from kernels.sysinfo import cpu_device_name, device_name
 
     n, rank = runner.n, runner.rank
     if n != cfg.gpus:
         raise ConfigError(f"parameter 'gpus': {cfg.gpus}, but {n} ranks were started; start gpus ranks")
-    dev = torch.device(device) if isinstance(device, str) else device
-    me = {"rank": rank, "host": _node_name(), "pid": os.getpid(), "device": device_name(dev),
+    name = cpu_device_name() if device == "cpu" else device_name(device)  # MPI ranks pass "cpu" and skip torch
+    me = {"rank": rank, "host": _node_name(), "pid": os.getpid(), "device": name,
           "local_rank": int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
                             or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0)}
     ranks = runner.gather_object(me)
