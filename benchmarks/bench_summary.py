@@ -67,9 +67,16 @@ def dcrnn_rows(h: dict) -> list[tuple]:
 
 
 def comm_rows(h: dict) -> list[tuple]:
-    return [(f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", "-" if r["target"] is None else f"<= {r['target']:.2f}x",
-             f"{r['lab_over_c']:.2f}x", "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"]))
-            for r in h["rows"]]
+    rows = []
+    for r in h["rows"]:
+        target = "-" if r["target"] is None else f"<= {r['target']:.2f}x"
+        if r["lab_over_c"] is None:  # no round whose C runs around it agreed
+            figure, verdict = "not resolved", "-" if r["target"] is None else "not resolved"
+        else:
+            figure = f"{r['lab_over_c']:.2f}x"
+            verdict = "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"])
+        rows.append((f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", target, figure, verdict))
+    return rows
 
 
 SECTIONS = (("notebook", "bench_notebook.py", notebook_rows), ("io", "bench_io.py", io_rows),
