@@ -70,8 +70,8 @@ def comm_rows(h: dict) -> list[tuple]:
     rows = []
     for r in h["rows"]:
         target = "-" if r["target"] is None else f"<= {r['target']:.2f}x"
-        if r["lab_over_c"] is None:  # no round whose C runs around it agreed
-            figure, verdict = "not resolved", "-" if r["target"] is None else "not resolved"
+        if r["lab_over_c"] is None:  # no lab run in the fast placement
+            figure, verdict = "no lab run in the fast placement", "-" if r["target"] is None else _verdict(False)
         else:
             figure = f"{r['lab_over_c']:.2f}x"
             verdict = "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"])
