@@ -67,16 +67,9 @@ def dcrnn_rows(h: dict) -> list[tuple]:
 
 
 def comm_rows(h: dict) -> list[tuple]:
-    rows = []
-    for r in h["rows"]:
-        target = "-" if r["target"] is None else f"<= {r['target']:.2f}x"
-        if r["lab_over_c"] is None:  # no lab run in the fast placement
-            figure, verdict = "no lab run in the fast placement", "-" if r["target"] is None else _verdict(False)
-        else:
-            figure = f"{r['lab_over_c']:.2f}x"
-            verdict = "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"])
-        rows.append((f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", target, figure, verdict))
-    return rows
+    return [(f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", "-" if r["target"] is None else f"<= {r['target']:.2f}x",
+             f"{r['lab_over_c']:.2f}x", "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"]))
+            for r in h["rows"]]
 
 
 SECTIONS = (("notebook", "bench_notebook.py", notebook_rows), ("io", "bench_io.py", io_rows),
