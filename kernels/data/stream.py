@@ -102,6 +102,14 @@ def _by_offset(flat: torch.Tensor, record: int) -> torch.Tensor:
     return flat.as_strided((flat.numel() - record + 1, record), (1, 1))
 
 
+def _window_batches(raw: torch.Tensor, where: torch.Tensor, record: int):
+    """(images by offset, labels in `where`'s order) of one window: a batch is then one gather of contiguous
+    784-byte images and a slice of the labels. Cutting gathered 785-byte records into a strided image view and
+    a label column cost more than the gather (256-record batches: 2.7 M against 4.7 M samples/s, one thread)."""
+    image = record - 1
+    return _by_offset(raw, image), gather_rows(raw, where + image).long()
+
+
 def _split_records(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x uint8 n,1,28,28, y int64 n) from records (n, 785), wherever raw lives."""
     n = raw.shape[0]
@@ -328,11 +336,12 @@ class StreamSource(TrainSource):
                     self._free.append(buf)  # the reader waits for the event before refilling it
                     current = None
                 submit()
-                rows = _by_offset(raw, self.shards.record)
+                images, labels = _window_batches(raw, where, self.shards.record)
                 lo = pos if first else 0
                 first = False
                 for i in range(lo, n, self.b):
-                    x, y = _split_records(gather_rows(rows, where[i:i + self.b]))  # a copy, never a view of buf
+                    x = gather_rows(images, where[i:i + self.b]).view(-1, 1, 28, 28)  # a copy, never a view of buf
+                    y = labels[i:i + self.b]
                     if self.transform is not None:
                         x = self.transform.apply(x, None, self.consts)
                     with self._lock:
