@@ -59,7 +59,8 @@ COMMANDS: dict[str, str] = {
         "skip: needs the two recordings above; test_architecture.py compares a recording with itself and with a "
         "copy whose one loss differs in its last bit",
     # --- benchmarks
-    "make bench": "skip: about 25 minutes of tables on 2 cores (23 min at 924da67); test_bench.py runs each benchmark with tiny sizes",
+    "make bench": "skip: about 25 minutes of tables on 2 cores (23 min at 924da67); test_bench.py runs each "
+                  "benchmark with tiny sizes",
     "make bench-gpu": "skip: needs a GPU; test_bench.py runs its plan on a CPU (--device cpu --tiny) and checks it "
                       "refuses to start without a GPU",
     # --- training
