@@ -11,9 +11,8 @@ host moves the virtual cores, for a second to tens of seconds at a time, between
 call takes about 1x or about 2x as long (64 KiB: about 23 or 45 us; the C reference alone flips between them
 inside one process), so a median over all runs says mostly how the runs fell. Each side is therefore judged in
 the fast placement: its runs within FAST of its own fastest run, whose median is divided by the C runs' median
-taken the same way; the table says how many runs of each side were in it, and gives every side's median over all runs
-with its range beside it. Targets: lab / C <= 1.5x at 8 B and
-<= 1.05x from 64 KiB up.
+taken the same way. The table says how many runs of each side were in it, and gives every side's median over
+all runs with its range beside it. Targets: lab / C <= 1.5x at 8 B and <= 1.05x from 64 KiB up.
 """
 from __future__ import annotations
 
