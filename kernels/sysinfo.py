@@ -94,9 +94,11 @@ def cpu_device_name() -> str:
 
 
 def device_name(device) -> str:
-    import torch
+    """The GPU's name for a CUDA device, else this host's CPU; `device` a torch.device or its string ("cpu",
+    "cuda:1"). Only a CUDA device imports torch, so a process that never uses torch (an MPI rank) can ask."""
+    if str(device).split(":")[0] == "cuda":
+        import torch
 
-    if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_device_name()
 

@@ -380,13 +380,12 @@ def worker(cfg: CommConfig) -> int:
 
 
 def _measure(cfg: CommConfig, runner, device) -> int:
-    from kernels.sysinfo import cpu_device_name, device_name
+    from kernels.sysinfo import device_name
 
     n, rank = runner.n, runner.rank
     if n != cfg.gpus:
         raise ConfigError(f"parameter 'gpus': {cfg.gpus}, but {n} ranks were started; start gpus ranks")
-    name = cpu_device_name() if device == "cpu" else device_name(device)  # MPI ranks pass "cpu" and skip torch
-    me = {"rank": rank, "host": _node_name(), "pid": os.getpid(), "device": name,
+    me = {"rank": rank, "host": _node_name(), "pid": os.getpid(), "device": device_name(device),
           "local_rank": int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
                             or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0)}
     ranks = runner.gather_object(me)
