@@ -66,12 +66,34 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
     diff = float(re.search(r"forecasts differ by at most ([\d.e+-]+) mph", p.stdout).group(1))
     assert diff < 1e-3  # the same weights in both implementations give the same forecasts
     text = next(tmp_path.glob("dcrnn-*.md")).read_text()
-    for label in ("public", "lab", "lab, dense supports"):
+    for label in ("public", "lab (auto: sparse supports)", "lab, dense supports"):
         assert f"| {label} |" in text, label
     record = json.loads(next(tmp_path.glob("dcrnn-*.json")).read_text())
     assert set(record["rows"]) == {"public", "lab", "lab, dense supports"} and record["rows"]["public"]["speedup"] == 1
+    assert [record["rows"][r]["supports"] for r in ("public", "lab", "lab, dense supports")] == [None, "sparse", "dense"]
     # the public pipeline holds every window twice over in float64; the lab the series once in float32
     assert record["rows"]["public"]["data_bytes"] > 10 * record["rows"]["lab"]["data_bytes"]
+
+
+def test_dcrnn_benchmark_sets_auto_beside_the_form_it_did_not_choose():
+    """On a CPU supports=auto holds a road graph sparse, so the third row is dense; on a GPU auto holds it dense,
+    so the third row is sparse: each device's table shows whether auto chose the faster form there."""
+    import types
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_dcrnn
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rng = np.random.default_rng(0)
+    adj = (rng.random((207, 207)) < 0.02).astype(np.float32)  # about METR-LA's density, 207 sensors
+    np.fill_diagonal(adj, 1)
+    road = types.SimpleNamespace(adj=adj)
+    assert bench_dcrnn.variants(road, torch.device("cpu")) == ["public", "lab", "lab, dense supports"]
+    assert bench_dcrnn.variants(road, torch.device("cuda")) == ["public", "lab", "lab, sparse supports"]
 
 
 def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
