@@ -237,8 +237,8 @@ def _product(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 # supports=auto holds a support dense when it is small (at most DENSE_LIMIT entries, 16 MiB in fp32) and, on a
 # CPU, not too sparse (at least DENSE_MIN_DENSITY non-zeros): there road graphs (METR-LA: 4 % non-zero) are held
 # sparse. On a GPU a small support is dense whatever its density: a DCRNN step on METR-LA (2 x 64 units, K=2,
-# batch 64) took 243 ms with dense supports against 309 ms with COO ones on an NVIDIA H200 (bench_dcrnn.py, one
-# run, results/bench/dcrnn-nvidia-h200.md).
+# batch 64) took 198 ms with dense supports against 258 ms with COO ones on an NVIDIA H200, side by side in one
+# run (bench_dcrnn.py, results/bench/dcrnn-nvidia-h200.md; an earlier run read 243 against 309 ms).
 DENSE_LIMIT = 1 << 22
 DENSE_MIN_DENSITY = 0.10
 
