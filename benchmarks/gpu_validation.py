@@ -76,6 +76,17 @@ class Plan:
         self.workers = 1 if args.tiny else min(8, sysinfo.usable_cores())
 
 
+def missing_prerequisites() -> list[str]:
+    """What the plan's runs need beyond torch, missing here: each with what needs it and the fix. A machine's own
+    Python (a GPU image, not `make setup`'s .venv) can lack them, and a row would fail only after the runs before it."""
+    try:
+        import tables  # noqa: F401
+    except ImportError:
+        return ["PyTables (`import tables`) is missing: the DCRNN rows read and write the synthetic traffic set's "
+                "pandas HDF5 files. `make setup` installs it; or `pip install -c constraints.txt tables`"]
+    return []
+
+
 def run_lab(plan: Plan, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:
     """One run of the lab's loop: {name, summary, params}, or {name, error}."""
     per = plan.batch
@@ -203,6 +214,10 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         print("error: no GPU visible (torch.cuda.is_available() is False); run on a GPU node, or --device cpu --tiny "
               "to check the harness", file=sys.stderr)
+        return 2
+    missing = missing_prerequisites()
+    if missing:
+        print("\n".join(f"error: {m}" for m in missing), file=sys.stderr)
         return 2
     v = versions(cuda)
     plan = Plan(args, cuda)

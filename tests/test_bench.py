@@ -144,6 +144,18 @@ def test_bench_gpu_refuses_without_a_gpu():
     assert p.returncode == 2 and "no GPU visible" in p.stderr and "--device cpu --tiny" in p.stderr
 
 
+def test_gpu_validation_refuses_without_pytables_before_any_run(tmp_path):
+    """A GPU image's own Python can lack PyTables; the DCRNN rows need it, so the validation says so and how to
+    get it before its first run, rather than failing a row minutes in."""
+    hide = ("import runpy, sys; sys.modules['tables'] = None; sys.argv = sys.argv[1:]; "
+            "sys.path.insert(0, 'benchmarks'); runpy.run_path(sys.argv[0], run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", hide, "benchmarks/gpu_validation.py", "--device", "cpu", "--tiny",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "PyTables" in p.stderr and "make setup" in p.stderr and "DCRNN" in p.stderr
+    assert "+ " not in p.stdout and not list(tmp_path.iterdir())
+
+
 def test_bench_notebook_prints_the_overhead_and_where_it_goes(tmp_path):
     """One pair: `lab train` and `lab run notebooks/01_train.ipynb` with the same run, the overhead and the
     notebook's phases from Papermill's cell timestamps."""
