@@ -79,8 +79,10 @@ class Plan:
 def missing_prerequisites() -> list[str]:
     """What the plan's runs need beyond torch, missing here: each with what needs it and the fix. A machine's own
     Python (a GPU image, not `make setup`'s .venv) can lack them, and a row would fail only after the runs before it."""
+    import importlib
+
     try:
-        import tables  # noqa: F401
+        importlib.import_module("tables")
     except ImportError:
         return ["PyTables (`import tables`) is missing: the DCRNN rows read and write the synthetic traffic set's "
                 "pandas HDF5 files. `make setup` installs it; or `pip install -c constraints.txt tables`"]
