@@ -92,8 +92,9 @@ def test_dcrnn_benchmark_sets_auto_beside_the_form_it_did_not_choose():
     adj = (rng.random((207, 207)) < 0.02).astype(np.float32)  # about METR-LA's density, 207 sensors
     np.fill_diagonal(adj, 1)
     road = types.SimpleNamespace(adj=adj)
-    assert bench_dcrnn.variants(road, torch.device("cpu")) == ["public", "lab", "lab, dense supports"]
-    assert bench_dcrnn.variants(road, torch.device("cuda")) == ["public", "lab", "lab, sparse supports"]
+    cpu, gpu = (bench_dcrnn.auto_form(road, torch.device(d)) for d in ("cpu", "cuda"))
+    assert bench_dcrnn.variants(cpu) == ["public", "lab", "lab, dense supports"]
+    assert bench_dcrnn.variants(gpu) == ["public", "lab", "lab, sparse supports"]
 
 
 def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
