@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tiers", "schedule", "durations"]  # tiers and their guard; xdist groups and order; the table
 
 # Small enough for 2 cores: ResNet-18 topology at width 8, a few steps.
 TINY = ["--width", "8", "--precision", "fp32", "--log_every", "0", "--timing_warmup_steps", "1",
@@ -41,6 +42,28 @@ def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cli_in_process(capsys, monkeypatch, *args) -> tuple[int, str, str]:
+    """`lab train ARGS` called in this process: (exit status, stdout, stderr).
+
+    For input that must be refused before any work: a one-rank run that got past the checks would run
+    here (and its status be 0, which the caller's assertion refuses); ranks are never started in a unit
+    test (tests/tiers.py). The real process's exit status is checked by one subprocess test per CLI.
+    """
+    import signal
+
+    from kernels import train
+
+    monkeypatch.setattr(train, "leave", lambda rc: None)  # a rank's os._exit would end pytest itself
+    usr1 = signal.getsignal(signal.SIGUSR1)
+    capsys.readouterr()
+    try:
+        rc = train.main([str(a) for a in args])
+    finally:
+        signal.signal(signal.SIGUSR1, usr1)
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 def write_cifar_tarball(directory: Path, per_batch: int = 20, seed: int = 0) -> tuple[Path, dict]:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 
@@ -169,6 +171,7 @@ def test_readme_names_each_layer(layer):
     assert layer in section
 
 
+@pytest.mark.integration
 def test_trace_runs_records_bit_exact_losses_and_tells_a_one_bit_change(tmp_path):
     """benchmarks/trace_runs.py, the evidence that a restructuring changed no arithmetic: a recording equals
     itself, and a copy with one loss changed in its last bit is reported as different."""

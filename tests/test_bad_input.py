@@ -7,7 +7,9 @@ from kernels import config, params
 from kernels.params import ConfigError
 from kernels.config import check_environment, resolve
 
-from conftest import run_cli
+from conftest import cli_in_process, run_cli
+
+pytestmark = pytest.mark.unit
 
 DIGITS = ["--dataset", "digits"]
 
@@ -32,14 +34,24 @@ DIGITS = ["--dataset", "digits"]
     (["--gpus", "16", "--batch", "64"], "parameter 'gpus': 16 CPU ranks on this node but only \\d+ core"),
     (["--startup_timeout_min", "0"], "parameter 'startup_timeout_min': must be > 0"),
 ])
-def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, args, needle):
+def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch, args, needle):
     import re
 
     results = tmp_path / "results"
-    p = run_cli(*(DIGITS if "--dataset" not in args else []), *args, "--results_dir", results)
-    assert p.returncode == 2, p.stderr
-    assert re.search(needle, p.stderr), p.stderr
+    rc, _, err = cli_in_process(capsys, monkeypatch, *(DIGITS if "--dataset" not in args else []), *args,
+                                "--results_dir", results)
+    assert rc == 2, err
+    assert re.search(needle, err), err
     assert not results.exists()
+
+
+@pytest.mark.integration
+def test_the_process_exits_2_on_bad_input_and_writes_nothing(tmp_path):
+    """The cases above call the CLI in-process; this one is the real process and its exit status."""
+    results = tmp_path / "results"
+    p = run_cli(*DIGITS, "--gpu", "2", "--results_dir", results)
+    assert p.returncode == 2 and "unknown parameter 'gpu'" in p.stderr and "did you mean 'gpus'" in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and not results.exists()  # one line, no traceback
 
 
 def test_fp16_on_a_machine_without_gpu(tmp_path, monkeypatch):
@@ -56,42 +68,46 @@ def test_more_gpus_than_visible(tmp_path, monkeypatch):
     check_environment(cfg, ranks_on_this_node=2)  # spread over nodes by srun: fine here
 
 
-def test_cuda_requested_without_gpu(tmp_path):
-    p = run_cli(*DIGITS, "--device", "cuda", "--results_dir", tmp_path / "r")
-    if p.returncode == 2:
-        assert "parameter 'device'" in p.stderr or "parameter 'gpus'" in p.stderr
-    else:  # pragma: no cover - a GPU machine
+def test_cuda_requested_without_gpu(tmp_path, capsys, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():  # pragma: no cover - a GPU machine
         pytest.skip("a GPU is visible")
+    rc, _, err = cli_in_process(capsys, monkeypatch, *DIGITS, "--device", "cuda", "--results_dir", tmp_path / "r")
+    assert rc == 2 and ("parameter 'device'" in err or "parameter 'gpus'" in err), err
 
 
-def test_unwritable_results_dir(tmp_path):
+def test_unwritable_results_dir(tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    p = run_cli(*DIGITS, "--results_dir", blocker / "runs")
-    assert p.returncode == 2 and "parameter 'results_dir'" in p.stderr and "not writable" in p.stderr
+    rc, _, err = cli_in_process(capsys, monkeypatch, *DIGITS, "--results_dir", blocker / "runs")
+    assert rc == 2 and "parameter 'results_dir'" in err and "not writable" in err
 
 
-def test_missing_dataset_names_fetch_command(tmp_path):
-    p = run_cli("--dataset", "cifar10", "--data_dir", tmp_path / "empty", "--results_dir", tmp_path / "r")
-    assert p.returncode == 2
-    assert "lab fetch cifar10" in p.stderr
+def test_missing_dataset_names_fetch_command(tmp_path, capsys, monkeypatch):
+    rc, _, err = cli_in_process(capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", tmp_path / "empty",
+                                "--results_dir", tmp_path / "r")
+    assert rc == 2
+    assert "lab fetch cifar10" in err
     assert not (tmp_path / "r").exists()
 
 
-def test_corrupt_dataset_rejected_before_any_record(cifar_root, tmp_path):
+def test_corrupt_dataset_rejected_before_any_record(cifar_root, tmp_path, capsys, monkeypatch):
     from kernels.data import cifar10
 
     root, _ = cifar_root
     f = cifar10.batch_dir(root) / "test_batch"
     f.write_bytes(f.read_bytes()[:-10])
-    p = run_cli("--dataset", "cifar10", "--data_dir", root, "--results_dir", tmp_path / "r")
-    assert p.returncode == 2 and "test_batch" in p.stderr and "checksum mismatch" in p.stderr
+    rc, _, err = cli_in_process(capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", root,
+                                "--results_dir", tmp_path / "r")
+    assert rc == 2 and "test_batch" in err and "checksum mismatch" in err
     assert not (tmp_path / "r").exists()
 
 
-def test_batch_larger_than_dataset_fails_before_record(tmp_path):
-    p = run_cli(*DIGITS, "--batch", "512", "--train_samples", "100", "--width", "4", "--results_dir", tmp_path / "r")
-    assert p.returncode == 2 and "fewer than one global batch" in p.stderr
+def test_batch_larger_than_dataset_fails_before_record(tmp_path, capsys, monkeypatch):
+    rc, _, err = cli_in_process(capsys, monkeypatch, *DIGITS, "--batch", "512", "--train_samples", "100",
+                                "--width", "4", "--results_dir", tmp_path / "r")
+    assert rc == 2 and "fewer than one global batch" in err
     assert not (tmp_path / "r").exists()
 
 
@@ -104,8 +120,10 @@ def test_notebook_style_values_are_typed_strictly():
         resolve({"batch": 64.5})
 
 
-def test_help_lists_every_parameter():
-    p = run_cli("--help")
-    assert p.returncode == 0
+def test_help_lists_every_parameter(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as stop:
+        cli_in_process(capsys, monkeypatch, "--help")
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
     for prm in config.table():
-        assert f"--{prm.name}" in p.stdout
+        assert f"--{prm.name}" in out

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 def test_core_benchmark_prints_its_tables(tmp_path):
@@ -75,6 +75,7 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
     assert record["rows"]["public"]["data_bytes"] > 10 * record["rows"]["lab"]["data_bytes"]
 
 
+@pytest.mark.unit
 def test_dcrnn_benchmark_sets_auto_beside_the_form_it_did_not_choose():
     """On a CPU supports=auto holds a road graph sparse, so the third row is dense; on a GPU auto holds it dense,
     so the third row is sparse: each device's table shows whether auto chose the faster form there."""
@@ -114,6 +115,7 @@ def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
     assert f"{threads} OMP threads at 2 ranks" in text  # a rank's cores, as Slurm's --cpus-per-task gives them
 
 
+@pytest.mark.unit
 def test_seed_baseline_is_the_usual_script():
     src = (ROOT / "benchmarks" / "seed_baseline.py").read_text()
     for part in ("Image.fromarray", "ImageOps.expand(img, border=4", "FLIP_LEFT_RIGHT", "pin_memory=cuda",
@@ -189,6 +191,7 @@ def test_bench_comm_sets_the_lab_beside_the_c_loop(tmp_path):
     assert rec["timed_by"]["python"].startswith("python loop")
 
 
+@pytest.mark.unit
 def test_bench_comm_compares_the_runs_in_the_fast_placement():
     """The host moves the VM's cores between placements about 2x apart: the ratio sets each side's runs in the
     fast placement against the C runs there, and a side slower than that gap in every run keeps all its runs."""

@@ -22,6 +22,8 @@ from kernels.params import ConfigError
 
 from conftest import ROOT, merge_args, run_cli
 
+pytestmark = pytest.mark.integration
+
 # 1,500 real images x 2 versions x 2 replicas = 6,000 samples in 6 shards of 1,000 (4.7 MB)
 SMALL = ["--source", "fashion-mnist", "--source-samples", "1500", "--versions", "2", "--replicas", "2",
          "--shard-samples", "1000", "--seed", "3"]
@@ -245,7 +247,6 @@ STREAM = ["--workload", "cnn", "--dataset", "bigmnist", "--gpus", "2", "--batch"
           "--sync_check_steps", "1"]
 
 
-@pytest.mark.slow
 def test_two_rank_streamed_run_records_io_and_resumes_mid_epoch_identically(small_set, tmp_path):
     runs = tmp_path / "runs"
     p = run_cli(*STREAM, "--data_dir", small_set, "--results_dir", runs, "--run_id", "whole", "--cache", "cold")
@@ -279,7 +280,6 @@ def test_two_rank_streamed_run_records_io_and_resumes_mid_epoch_identically(smal
     assert 0 <= extra <= 2 * (2 + 1 + 1) * window, (extra, window)
 
 
-@pytest.mark.slow
 def test_dataloader_baseline_trains_on_the_shards(small_set, tmp_path):
     p = run_cli(*merge_args(*STREAM, "--data_dir", small_set, "--results_dir", tmp_path, "--run_id", "dl",
                             "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1"))
@@ -322,7 +322,7 @@ def test_bad_sets_and_parameters_are_refused_before_work(small_set, fashion_root
     assert p.returncode == 2 and "built with other parameters (seed 3 vs 4)" in p.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_job_array_build_then_two_node_streamed_notebook_run(slurm, small_set, fashion_root, tmp_path):
     """The done-when of the I/O issue: built by a job array on Slurm, trained on by a 2-node sbatch run."""
     from test_slurm import sbatch

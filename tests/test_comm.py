@@ -17,6 +17,8 @@ from kernels.comm import bench, predict
 from kernels.comm.collectives import OPS
 from kernels.params import ConfigError
 
+pytestmark = pytest.mark.unit
+
 SMALL = ["--max_bytes", "4K", "--iters", "3", "--warmup", "1", "--repeats", "1"]
 
 
@@ -62,25 +64,45 @@ def test_sizes_and_parameters_are_checked_before_anything_runs():
             bench.resolve(raw)
 
 
-def test_bad_input_exits_2_and_leaves_no_record(tmp_path):
-    cases = [(["--backend", "nccl"], "nccl needs GPUs"),
-             (["--ops", "all_reduce,alltoall"], "did you mean"),
-             (["--launcher", "srun"], "srun needs a Slurm allocation"),
-             (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
-             (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
-             (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "LAB_MPI_LOOP"}
-    for args, words in cases:
-        extra = {"LAB_MPI_LOOP": args.pop()} if "--loop-env" in args else {}
-        args = [a for a in args if a != "--loop-env"]
-        p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", *args, "--results_dir", str(tmp_path)],
-                           cwd=ROOT, capture_output=True, text=True, env={**env, **extra}, timeout=120)
-        assert p.returncode == 2 and words in p.stderr, (args, p.stderr)
+@pytest.mark.parametrize("args,words", [
+    (["--backend", "nccl"], "nccl needs GPUs"),
+    (["--ops", "all_reduce,alltoall"], "did you mean"),
+    (["--launcher", "srun"], "srun needs a Slurm allocation"),
+    (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
+    (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
+    (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto")])
+def test_bad_input_exits_2_and_leaves_no_record(tmp_path, capsys, monkeypatch, args, words):
+    """In-process, so each case costs no interpreter start; the words come before any MPI library is loaded,
+    so they are the same where none is installed."""
+    import torch
+
+    from kernels.comm.__main__ import main
+
+    if args == ["--backend", "nccl"] and torch.cuda.is_available():  # pragma: no cover - a GPU machine
+        pytest.skip("a GPU is visible")
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.delenv("LAB_MPI_LOOP", raising=False)
+    if "--loop-env" in args:
+        monkeypatch.setenv("LAB_MPI_LOOP", args[-1])
+        args = args[:-2]
+    rc = main(["bench", *args, "--results_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err, (args, err)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.integration
+def test_the_process_exits_2_on_bad_input(tmp_path):
+    """The cases above in-process; this one is the real `python -m kernels.comm` and its exit status."""
+    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--ops", "all_reduce,alltoall", "--results_dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "did you mean" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert not any(tmp_path.iterdir())
 
 
 # ------------------------------------------------------------------ real runs
-@pytest.mark.slow
+@pytest.mark.integration
 def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
     p = comm("bench", "--backend", "gloo", "--gpus", 2, "--dtypes", "fp32,bf16,fp16", *SMALL,
              "--results_dir", tmp_path)
@@ -109,7 +131,7 @@ def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
     assert cfg["versions"]["torch"] and len(cfg["rank_list"]) == 2 and cfg["params"]["backend"] == "gloo"
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
 @pytest.mark.parametrize("loop", ["auto", "python"])
 def test_mpi_commbench_under_mpirun(tmp_path, loop):
@@ -141,7 +163,7 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
     assert ar and all(r["wrong_out"] == 0 and r["wrong_in"] == 0 for r in ar)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_failing_rank_leaves_a_failed_record_not_a_running_one(tmp_path):
     """A rank killed mid-benchmark: the launcher ends the other and marks the record failed."""
     import time
@@ -163,7 +185,7 @@ def test_a_failing_rank_leaves_a_failed_record_not_a_running_one(tmp_path):
     assert s["status"] == "failed" and s["error"] and s["finished_utc"], s
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("ranks", [4])  # 2 ranks on two nodes: test_predictor_validation_on_the_local_slurm
 def test_commbench_notebook_on_two_slurm_nodes(slurm, tmp_path, ranks):
     from test_slurm import sbatch
@@ -319,7 +341,7 @@ def test_all_reduce_algorithm_is_the_cheaper_under_the_fits():
 
 
 # ------------------------------------------------------------------ validation on the local Slurm
-@pytest.mark.slow
+@pytest.mark.system
 def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     """The two studies of the validation, shrunk (fewer sizes and steps, one repeat), through `lab study` on the
     local two-node Slurm: commbench all_reduce at 2 ranks on one node, 2 on two nodes and 4 on two nodes; weak

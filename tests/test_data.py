@@ -13,6 +13,8 @@ from kernels.params import ConfigError
 
 from conftest import write_cifar_tarball
 
+pytestmark = pytest.mark.unit
+
 
 def test_cifar_fetch_from_url_verifies_and_reads_real_format(cifar_root):
     root, truth = cifar_root
@@ -100,6 +102,7 @@ def _tiny_split(n=48):
 AUG = ImageTransform(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), pad=2, flip=True)
 
 
+@pytest.mark.integration  # DataLoader worker processes
 def test_pipeline_batches_independent_of_world_size_and_of_pipeline():
     """The global batch (samples and augmentation) is the same for 1 or 2 ranks and for both pipelines."""
     split, dev = _tiny_split(), torch.device("cpu")

@@ -12,7 +12,7 @@ from kernels.workloads import Metric
 
 from conftest import TINY, merge_args, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 BASE = [*TINY, "--dataset", "digits", "--train_samples", "128", "--test_samples", "64", "--batch", "32",
         "--seed", "3"]

@@ -24,6 +24,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 DOCS = ("README.md", "reproduce.md", "data/README.md")
 COMMAND_WORDS = ("make", "lab", ".", "sbatch", "srun", "torchrun", "git", "ls", "python")
 
@@ -210,7 +212,6 @@ def _sh(cmd: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
     return p
 
 
-@pytest.mark.slow
 def _complete(summaries) -> bool:
     for p in summaries:
         try:
@@ -242,6 +243,7 @@ def cpu_hog_until(done, timeout_s: float = 300):
         hog.wait()
 
 
+@pytest.mark.system
 def test_documented_commands_run_as_written(tmp_path):
     """The commands marked RUN, in the order a reader meets them, each checked for what the docs promise."""
     venv_bin = ROOT / ".venv" / "bin"

@@ -25,7 +25,7 @@ import torch
 
 from conftest import ROOT, record_fault
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 BASE = ["--dataset", "digits", "--width", "4", "--batch", "32", "--precision", "fp32", "--train_samples", "512",
         "--test_samples", "64", "--log_every", "0", "--timing_warmup_steps", "1", "--comm_probe_steps", "0",
@@ -342,6 +342,7 @@ def _kill_the_writer_at(point: str, run: Path) -> None:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (point, status)
 
 
+@pytest.mark.integration  # a forked writer
 @pytest.mark.parametrize("point", ["start", "prev-removed", "next-half-written", "next-written", "rotated", "done"])
 def test_a_writer_killed_anywhere_in_the_checkpoint_write_leaves_one_that_verifies(tmp_path, point):
     """checkpoint.pt and checkpoint.prev.pt were renamed one after the other, their checksums beside them after
@@ -624,6 +625,7 @@ def _wait_job(slurm, tmp_path, job: str, timeout=300) -> str:
     return re.search(r"JobState=(\S+)", out).group(1)
 
 
+@pytest.mark.system
 def test_slurm_usr1_checkpoints_requeues_and_finishes_identically(slurm, tmp_path, reference):
     """The preemption warning, as `#SBATCH --signal=B:USR1@...` delivers it, sent by hand mid-run."""
     job = _submit(slurm, tmp_path)
@@ -644,6 +646,7 @@ def test_slurm_usr1_checkpoints_requeues_and_finishes_identically(slurm, tmp_pat
     assert_same_result(run, reference)
 
 
+@pytest.mark.system
 def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
     """A real time limit (--time=1) on a run far longer than a minute, with no requeue allowed: the run
     checkpoints (on the warning or on the limit's SIGTERM) and records 'preempted'; the same run id resumes."""
@@ -667,6 +670,7 @@ def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
     assert summary(run)["resumed_from_step"] == step and summary(run)["steps_done"] == step + 16
 
 
+@pytest.mark.system
 def test_slurm_scancel_term_checkpoints_and_a_resubmission_resumes(slurm, tmp_path, reference):
     """SIGTERM with no warning (scancel; a limit without --signal): a checkpoint within KillWait (5 s here)."""
     job = _submit(slurm, tmp_path)
@@ -686,6 +690,7 @@ def test_slurm_scancel_term_checkpoints_and_a_resubmission_resumes(slurm, tmp_pa
     assert_same_result(run, reference)
 
 
+@pytest.mark.system
 def test_slurm_stopped_rank_ends_the_job(slurm, tmp_path):
     """A rank stopped under srun: the other's watchdog fails the run, srun ends the step, the job fails."""
     job = _submit(slurm, tmp_path, "--time=00:05:00", extra_p=("-p", "hang_timeout_min", "0.25"))
@@ -706,6 +711,7 @@ def test_slurm_stopped_rank_ends_the_job(slurm, tmp_path):
     assert summary(run)["status"] == "failed"
 
 
+@pytest.mark.system
 def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, reference):
     """A study point (an array task) warned by USR1: the task requeues itself and its point completes."""
     import yaml
@@ -733,6 +739,7 @@ def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, referen
     assert_same_result(run, reference)
 
 
+@pytest.mark.unit
 def test_free_space_figures_never_print_alike_when_they_differ():
     """'has 20 MiB free, needs about 20 MiB' explained nothing: two different sizes always print differently,
     in one unit (KiB below 100 MiB)."""

@@ -1,11 +1,14 @@
 """FLOP counting, device peaks, MFU, and the rank environment."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kernels.dist import expand_hostlist, rank_env, slurm_port
 from kernels.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.workloads.convnets import ResNet18Cifar
+
+pytestmark = pytest.mark.unit
 
 
 def test_resnet18_cifar_forward_is_056_gmacs():

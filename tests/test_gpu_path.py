@@ -17,6 +17,8 @@ from kernels.launch import srun_command
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 
 def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     cfg = resolve({"gpus": 8, "dataset": "digits"})
@@ -28,6 +30,7 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     assert "--cpu-bind=none" in srun_command(cfg, {**env, "LAB_CPU_BIND": "none"})
 
 
+@pytest.mark.integration
 def test_cpu_counts_follow_the_binding_not_the_machine():
     """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
@@ -103,6 +106,7 @@ def test_device_peaks_match_whole_names():
     assert peak_tflops("NVIDIA A10G", "bf16") is None      # unknown, not the A10's
 
 
+@pytest.mark.integration
 def test_eval_every_and_checkpoint_costs_in_the_record(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "3",
                         "--batch", "64", "--train_samples", "256", "--test_samples", "64", "--precision", "fp32",

@@ -11,7 +11,7 @@ import torch
 from conftest import merge_args, run_cli
 from test_ddp import BASE, flat, only_run, params_of
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def _get(url: str, token: str):

@@ -11,6 +11,8 @@ import pytest
 from conftest import ROOT
 from kernels import lock
 
+pytestmark = pytest.mark.unit
+
 REPORT = ROOT / "tests" / "data" / "pip-report-torch-2.13.0-pypi.json.gz"  # pip 23.2's --report, as written
 
 
@@ -45,6 +47,7 @@ def test_a_lock_that_disagrees_or_a_cpu_resolution_is_refused(tmp_path):
         lock.from_report(cpu)
 
 
+@pytest.mark.integration
 def test_verify_refuses_a_cpu_torch_under_the_cuda_lock():
     """`make setup CUDA=1` ends with `kernels.lock verify`: this CPU environment passes the base lock and fails
     the CUDA lock, saying what to do."""

@@ -17,7 +17,9 @@ import pytest
 from kernels.data import idx, mnist
 from kernels.params import ConfigError
 
-from conftest import run_cli
+from conftest import cli_in_process, run_cli
+
+pytestmark = pytest.mark.unit
 
 
 
@@ -118,19 +120,21 @@ def test_mnist_files_that_are_not_mnist_are_refused(tmp_path):
         mnist.verify("mnist", tmp_path / "nowhere")
 
 
-def test_training_on_missing_or_corrupt_data_fails_before_any_record(tmp_path, fashion_root):
+def test_training_on_missing_or_corrupt_data_fails_before_any_record(tmp_path, fashion_root, capsys, monkeypatch):
     res = tmp_path / "runs"
-    p = run_cli("--workload", "cnn", "--dataset", "mnist", "--data_dir", tmp_path / "empty", "--results_dir", res)
-    assert p.returncode == 2 and "lab fetch mnist" in p.stderr and not res.exists()
+    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "cnn", "--dataset", "mnist", "--data_dir",
+                                tmp_path / "empty", "--results_dir", res)
+    assert rc == 2 and "lab fetch mnist" in err and not res.exists()
     bad = tmp_path / "bad"
     shutil.copytree(fashion_root / "fashion-mnist", bad / "fashion-mnist")
     f = bad / "fashion-mnist" / "train-labels-idx1-ubyte.gz"
     f.write_bytes(f.read_bytes()[:-100])
-    p = run_cli("--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir", bad, "--results_dir", res)
-    assert p.returncode == 2 and "train-labels-idx1-ubyte.gz" in p.stderr and not res.exists()
+    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir",
+                                bad, "--results_dir", res)
+    assert rc == 2 and "train-labels-idx1-ubyte.gz" in err and not res.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_cnn_learns_fashion_mnist_with_two_ranks(tmp_path, fashion_root):
     """A subset of the real Fashion-MNIST, 2 gloo ranks, the workload's own recipe: well above chance."""
     p = run_cli("--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir", fashion_root, "--gpus", "2",

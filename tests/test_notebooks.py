@@ -14,6 +14,8 @@ from kernels.config import table
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 NB = ROOT / "notebooks" / "01_train.ipynb"
 TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "32",
           "-p", "precision", "fp32", "-p", "train_samples", "128", "-p", "test_samples", "64",
@@ -106,6 +108,7 @@ def test_parameters_cell_is_generated_from_the_one_definition():
                         "# --- workload dcrnn: its own parameters, used only when workload is 'dcrnn'"]
 
 
+@pytest.mark.integration
 def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     res = tmp_path / "runs"
     p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res)
@@ -187,6 +190,7 @@ def test_the_page_gets_htmlexporters_alt_text_and_tabindex_without_its_second_pa
     assert warnings == ["Alternative text is missing on 3 image(s)."]
 
 
+@pytest.mark.integration
 def test_the_runners_checks_do_not_import_torch():
     """The runner checks the parameters and the launcher picks the run id and port before any rank starts;
     none of it imports torch (seconds on a small machine, paid by every notebook run's runner and kernel), nor
@@ -202,6 +206,7 @@ def test_the_runners_checks_do_not_import_torch():
     assert p.returncode == 0 and p.stdout.splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
+@pytest.mark.integration
 def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     """Any notebook, outside the lab's: exit status 1, the cell's error in the log, the executed copy with the
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
@@ -220,6 +225,7 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     assert out.read_text() == "kept"
 
 
+@pytest.mark.integration
 def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
     """Any notebook: Ctrl-C interrupts the running cell, whose cleanup may take longer (3 s here) than the 2.5 s
     after which a kernel asked to stop gets SIGTERM; the kernel is asked only once the cell has ended, and the next
@@ -237,6 +243,7 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
     assert "\nTraceback (most recent call last):" not in log.read_text(), log.read_text()[-3000:]
 
 
+@pytest.mark.integration
 def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
@@ -256,6 +263,7 @@ def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     assert [e["ename"] for e in errors] == ["KeyboardInterrupt"], errors
 
 
+@pytest.mark.integration
 def test_the_kernel_started_ahead_runs_without_the_debugger_and_preloads_what_it_is_asked():
     """The runner's kernel is ipykernel's without debugpy imported at start (a cell may still import it), and it
     imports the preload modules in a thread; a module that fails to import there does not stop the kernel."""
@@ -293,6 +301,7 @@ def test_what_the_kernel_preloads_is_what_each_of_the_labs_notebooks_imports():
         assert set(notebooks.KERNEL_PRELOAD) <= imported, py.name
 
 
+@pytest.mark.integration
 def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
     from kernels.notebook_html import HtmlRenderer
 
@@ -304,6 +313,7 @@ def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
     assert helper.proc.returncode is not None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args,needle", [
     (["-p", "gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
     (["-p", "epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
@@ -318,6 +328,7 @@ def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, need
     assert not res.exists() and not list(tmp_path.glob("**/01_train-*"))
 
 
+@pytest.mark.integration
 def test_the_notebook_itself_refuses_what_the_runner_would(tmp_path):
     """Papermill run directly (no runner): the notebook's resolve cell gives the same error before any record."""
     res = tmp_path / "runs"
@@ -328,6 +339,7 @@ def test_the_notebook_itself_refuses_what_the_runner_would(tmp_path):
     assert not res.exists()
 
 
+@pytest.mark.integration
 def test_unknown_notebook_path_fails_fast(tmp_path):
     p = run_notebook(tmp_path, notebook=ROOT / "notebooks" / "nope.ipynb")
     assert p.returncode == 2 and "notebook" in p.stderr and "not found" in p.stderr

@@ -20,6 +20,8 @@ from kernels.workloads import Metric
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 SYSTEMS = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
 PLAN = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
 
@@ -297,7 +299,7 @@ def assert_documents_look_finished(pdfs: dict, tmp: Path):
         assert "n/a" not in text, f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     _need_tex()
     res = tmp_path / "res"
@@ -356,7 +358,7 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert "321" in pdf_text(pdfs["paper"])
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_make_paper_with_no_records_still_builds_and_says_so(tmp_path):
     _need_tex()
     res = tmp_path / "res"
@@ -371,6 +373,7 @@ def test_make_paper_with_no_records_still_builds_and_says_so(tmp_path):
     assert "Leonardo Booster" in pdf_text(res / "pdf" / "proposal.pdf")
 
 
+@pytest.mark.integration
 def test_lab_paper_without_tex_names_the_packages(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # the venv only: no latexmk on it
     p = subprocess.run([sys.executable, "-m", "kernels.cli", "paper", "--results", str(tmp_path)], cwd=ROOT, env=env,

@@ -20,6 +20,8 @@ from kernels.stats import median_ci
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 NB = ROOT / "notebooks" / "02_profile.ipynb"
 HZ = 5.0
 PROFILE_P = ["-p", "gpus", "2", "-p", "dataset", "digits", "-p", "width", "8", "-p", "epochs", "2", "-p", "batch", "64",
@@ -42,6 +44,7 @@ def profiled(tmp_path_factory):
     return run, json.loads((run / "summary.json").read_text()), p.stdout + p.stderr
 
 
+@pytest.mark.integration
 def test_one_valid_trace_per_rank_carrying_its_rank(profiled):
     run, summary, _ = profiled
     traces = sorted((run / "traces").glob("*.pt.trace.json.gz"))
@@ -57,6 +60,7 @@ def test_one_valid_trace_per_rank_carrying_its_rank(profiled):
     assert summary["profile"]["traces"] == [f"traces/{t.name}" for t in traces]
 
 
+@pytest.mark.integration
 def test_breakdown_covers_the_profiled_time_with_a_resnet_steps_categories(profiled):
     run, summary, _ = profiled
     bd = pd.read_csv(run / "breakdown.csv")
@@ -86,12 +90,14 @@ def test_breakdown_covers_the_profiled_time_with_a_resnet_steps_categories(profi
     assert prof["comm_crosscheck"].startswith("trace: ") and "probe: " in prof["comm_crosscheck"]
 
 
+@pytest.mark.integration
 def test_profiled_steps_are_not_timed(profiled):
     _, summary, _ = profiled
     # 16 steps: 1 timing warm-up; steps 2..5 (profile_wait 2, warm-up 1, 3 active) are profiled, not timed
     assert summary["steps_done"] == 16 and summary["timed_steps"] == 16 - 1 - 4
 
 
+@pytest.mark.integration
 def test_monitor_samples_at_the_rate_with_cpu_values_and_empty_gpu_columns(profiled):
     run, summary, _ = profiled
     mon = pd.read_csv(run / "monitor.csv")
@@ -109,6 +115,7 @@ def test_monitor_samples_at_the_rate_with_cpu_values_and_empty_gpu_columns(profi
     assert m["hz"] == pytest.approx(HZ, rel=0.15) and 0 < m["cpu_util_mean_pct"] <= 100
 
 
+@pytest.mark.integration
 def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profiled):
     run, summary, out = profiled
     b = summary["bottleneck"]
@@ -125,6 +132,7 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
     assert "profile: 3 step(s) x 2 rank(s)" in out
 
 
+@pytest.mark.integration
 def test_comm_probe_is_never_negative(profiled):
     _, summary, _ = profiled
     assert summary["comm_probe_pairs"] == 6
@@ -267,6 +275,7 @@ def test_verdict_reaches_every_class(summary, monitor, profile, want):
 
 
 # ------------------------------------------------------------- Nsight wrappers
+@pytest.mark.integration
 def test_nsys_wrapper_command():
     pre = tools.nsys_prefix({})
     assert pre == ["nsys", "profile", "--trace=cuda,nvtx,osrt,cudnn,cublas", "--capture-range=cudaProfilerApi",
@@ -281,6 +290,7 @@ def test_nsys_wrapper_command():
                                 "-p", "gpus", "4", "-p", "profile_with", "external"]
 
 
+@pytest.mark.integration
 def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path):
     env = {"LAB_NCU_RANK": "1", "LAB_NCU_KERNELS": "conv|gemm", "LAB_NCU_SKIP": "5", "LAB_NCU_COUNT": "3"}
     pre = tools.ncu_prefix(env)
@@ -300,6 +310,7 @@ def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path)
         tools.ncu_prefix({"LAB_NCU_RANK": "all"})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tool", ["nsys", "ncu"])
 def test_wrapper_refuses_to_start_without_the_tool(tool):
     p = subprocess.run(["bash", f"slurm/profile_{tool}.sbatch", "notebooks/02_profile.ipynb", "-p", "gpus", "2"],
@@ -348,6 +359,7 @@ def test_unwritable_trace_dir_and_missing_hta_fail_before_any_work(tmp_path):
         check_environment(cfg)
 
 
+@pytest.mark.integration
 def test_a_window_longer_than_the_run_fails_before_the_record(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "1",
                         "--batch", "64", "--train_samples", "256", "--precision", "fp32", "--profile_steps", "5",
@@ -376,6 +388,7 @@ def test_monitor_summary_integrates_power_per_gpu(tmp_path):
     assert summarise(path, (1001.0, 1003.0))["energy_j"] == pytest.approx(800.0)  # the training loop's window only
 
 
+@pytest.mark.integration
 def test_breakdown_cli_reads_a_run_directory_again(profiled):
     run, summary, _ = profiled
     p = subprocess.run([sys.executable, "-m", "kernels.profiling", "breakdown", str(run)], cwd=ROOT,

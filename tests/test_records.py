@@ -1,9 +1,13 @@
 """The record schema is documented from its one definition and written atomically."""
 from __future__ import annotations
 
+import pytest
+
 from kernels import records
 from kernels.workloads import Metric
 from conftest import ROOT
+
+pytestmark = pytest.mark.unit
 
 
 def test_results_readme_is_generated_from_the_schema():
@@ -22,6 +26,7 @@ def test_atomic_writes_leave_no_temp_files_and_roundtrip(tmp_path):
     assert cols.index("train_acc") == cols.index("eval_loss") + 1
 
 
+@pytest.mark.integration
 def test_records_honour_the_umask(tmp_path):
     """mkstemp makes 0600 files; a group's shared project directory must still read the records."""
     import os

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from kernels import records
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "64",
           "-p", "precision", "fp32", "-p", "train_samples", "256", "-p", "test_samples", "64",

@@ -8,6 +8,8 @@ import pytest
 
 from kernels.stats import median_ci, percentile, step_summary, thin
 
+pytestmark = pytest.mark.unit
+
 
 def test_headline_follows_the_steady_steps_not_one_slow_epoch():
     """The demo's old headline: epochs at 70, 793, 801 samples/s gave 204 as a ratio of sums.

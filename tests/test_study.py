@@ -17,6 +17,8 @@ from kernels.params import ConfigError
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration
+
 TINY = {"dataset": "digits", "width": 4, "epochs": 1, "precision": "fp32", "train_samples": 256,
         "test_samples": 64, "timing_warmup_steps": 1, "comm_probe_steps": 2, "log_every": 0}
 
@@ -87,6 +89,7 @@ def test_cluster_qos_and_missing_account(tmp_path):
     assert "has no account" in p.stderr and "account:" in p.stderr
 
 
+@pytest.mark.unit
 def test_points_strong_weak_and_sweep():
     s = study.load(ROOT / "studies" / "weak_resnet18.yaml")
     assert [(p.gpus, p.params["batch"]) for p in s.points if p.repeat == 0] == \
@@ -118,6 +121,7 @@ def test_dry_run_prints_one_array_per_geometry(tmp_path):
     assert not (tmp_path / "studies" / "strong_resnet18" / "submissions.json").exists()
 
 
+@pytest.mark.unit
 def test_moving_a_study_changes_only_the_cluster_profile(tmp_path):
     spec = yaml.safe_load((ROOT / "studies" / "strong_resnet18.yaml").read_text())
     spec.pop("name")
@@ -129,6 +133,7 @@ def test_moving_a_study_changes_only_the_cluster_profile(tmp_path):
     assert "--partition=acc" in ca and "--partition=boost_usr_prod" in cb
 
 
+@pytest.mark.unit
 def test_sweep_file_errors():
     with pytest.raises(ConfigError, match="key 'command' uses x not in 'grid'"):
         sweep.load(_tmp_yaml({"name": "s", "command": "echo {x}", "grid": {"y": [1]}}))
@@ -219,7 +224,7 @@ def wait_for(jobs: list[str], env: dict, timeout: float = 480) -> None:
     pytest.fail(f"jobs {jobs} still queued or running after {timeout} s")
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch):
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
     monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
@@ -285,7 +290,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
         assert (tmp_path / "analysis" / "figures" / f"{fig}.pdf").stat().st_size > 1000
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
@@ -300,7 +305,7 @@ def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
         assert (Path(r["stdout"]).parent / "command.txt").read_text().strip().endswith(f"{r['n']} {r['m']}")
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_mpi_allreduce_sweep_compiles_runs_and_collects_one_table(slurm, tmp_path, monkeypatch):
     """sweeps/allreduce_latency.yaml with a smaller grid: the setup compiles the C program with mpicc, each array
     task runs it under mpirun over the allocation, and collect parses every task's line into one table."""

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 RANK = ("import atexit, runpy, sys; atexit.register(lambda: print('INTERPRETER FINALIZED', flush=True)); "
         "sys.argv = ['kernels.train'] + sys.argv[1:]; runpy.run_module('kernels.train', run_name='__main__')")

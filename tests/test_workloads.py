@@ -21,7 +21,9 @@ from kernels.params import ConfigError, Param
 from kernels.config import resolve, table
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
-from conftest import ROOT, TINY, merge_args, run_cli
+from conftest import ROOT, TINY, cli_in_process, merge_args, run_cli
+
+pytestmark = pytest.mark.unit
 
 # ------------------------------------------------------------------ the toy plug-in
 TOY_PARAMS = (Param("hidden", int, 16, "width of the hidden layer", group="toy"),)
@@ -62,7 +64,7 @@ TOY = Workload(name="toy", title="a two-layer perceptron on two blobs", datasets
                primary_metric="acc")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_workload_of_this_file_trains_through_the_real_two_rank_loop(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     p = run_cli("--workload", "test_workloads:TOY", "--gpus", "2", "--hidden", "8", "--log_every", "0",
@@ -115,10 +117,11 @@ def test_the_notebook_rejects_a_parameter_of_another_workload():
         resolve_notebook_parameters({**ns, "workload": "cnn", "width": 16}, names)
 
 
-def test_help_groups_common_then_each_workload():
-    p = run_cli("--help")
-    out = p.stdout
-    assert p.returncode == 0
+def test_help_groups_common_then_each_workload(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as stop:
+        cli_in_process(capsys, monkeypatch, "--help")
+    out = capsys.readouterr().out
+    assert stop.value.code == 0
     i_common, i_res, i_cnn, i_dcrnn = (out.index(h) for h in ("common parameters:", "workload resnet18:",
                                                               "workload cnn:", "workload dcrnn:"))
     assert i_common < i_res < i_cnn < i_dcrnn
@@ -132,6 +135,7 @@ def test_param_names_are_unique_across_workloads():
     assert len(names) == len(set(names))
 
 
+@pytest.mark.integration
 def test_study_file_with_a_parameter_of_another_workload(tmp_path):
     import subprocess
     import sys
@@ -148,7 +152,7 @@ CNN = [*TINY[2:], "--workload", "cnn", "--dataset", "digits", "--train_samples",
        "--batch", "32", "--seed", "5", "--dropout", "false", "--lr_gamma", "1.0"]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_cnn_two_rank_ddp_equals_one_process_with_two_micro_batches(tmp_path):
     """As for ResNet-18: 2 gloo ranks x 16 == 1 process x 2 micro-batches of 16 (same global batch of 32).
 
