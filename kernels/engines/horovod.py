@@ -11,7 +11,10 @@ C++17 set in the three places that need it:
      fails with `multiple definition of gloo::rendezvous::Store::kDefaultTimeout`),
 and, with cmake >= 4, CMAKE_POLICY_VERSION_MINIMUM=3.5 (the bundled projects ask for cmake 2.8).
 CPU builds have the Gloo and (when an MPI is installed) MPI controllers; NCCL is added when CUDA is
-present. About 3 minutes on 2 cores.
+present. About 3 to 7 minutes on 2 cores. The wheel is kept in a per-user cache ($LAB_WHEEL_CACHE, else
+~/.cache/scaling-lab/wheels) under a key of Horovod's version, torch's build, Python, the machine and the
+controllers, with its sha256 beside it; a later build for the same key installs it in seconds, and a
+missing, altered or non-importing cached wheel is compiled again.
 
 In a run, Horovod averages the gradients (DistributedOptimizer, with backward_passes_per_step for
 micro-batches) and broadcasts rank 0's parameters at the start and its optimizer state after a resume; the lab's own
@@ -232,63 +235,167 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build(sdist: Path | None = None, jobs: int | None = None, force: bool = False) -> int:
+def wheel_cache() -> Path:
+    """Where built wheels are kept: $LAB_WHEEL_CACHE, else ~/.cache/scaling-lab/wheels (per user)."""
+    env = os.environ.get("LAB_WHEEL_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaling-lab" / "wheels"
+    return base
+
+
+def wheel_key(mpi: bool, nccl: bool) -> str:
+    """One cached build per Horovod version, torch build, Python and set of controllers: a wheel built against
+    another torch does not load (its extension links torch's C++ ABI)."""
+    import torch
+
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    controllers = "gloo" + ("-mpi" if mpi else "") + ("-nccl" if nccl else "")
+    return f"horovod-{VERSION}-torch{torch.__version__}-{py}-{os.uname().machine}-{controllers}"
+
+
+def _cached_wheel(key: str) -> Path | None:
+    folder = wheel_cache() / key
+    wheels = sorted(folder.glob("horovod-*.whl")) if folder.is_dir() and not folder.is_symlink() else []
+    if len(wheels) != 1 or wheels[0].is_symlink():
+        return None
+    digest = folder / (wheels[0].name + ".sha256")
+    if not digest.is_file() or digest.read_text().split()[0] != sha256(wheels[0]):
+        _say(f"{folder}: the cached wheel does not match its sha256; building again")
+        return None
+    return wheels[0]
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create path (it must not exist, not even as a link) and write data into it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _keep_wheel(wheel: Path, key: str) -> None:
+    """Put a freshly built wheel and its sha256 into the cache: new temporary files, then renames."""
+    folder = wheel_cache() / key
+    tmps = [folder / f".{wheel.name}.{os.getpid()}.tmp", folder / f".{wheel.name}.sha256.{os.getpid()}.tmp"]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if folder.is_symlink():
+            raise OSError(f"{folder} is a symbolic link")
+        data = wheel.read_bytes()
+        _write_new(tmps[0], data)
+        _write_new(tmps[1], f"{hashlib.sha256(data).hexdigest()}  {wheel.name}\n".encode())
+        os.replace(tmps[0], folder / wheel.name)
+        os.replace(tmps[1], folder / f"{wheel.name}.sha256")
+        _say(f"kept the wheel for the next build: {folder / wheel.name}")
+    except OSError as e:  # a cache that cannot be written costs the next build its time, nothing else
+        for t in tmps:
+            t.unlink(missing_ok=True)
+        _say(f"could not keep the wheel in {folder} ({e}); the next build compiles again")
+
+
+def _install_wheel(wheel: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index",
+                        str(wheel)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ConfigError(f"pip could not install {wheel}: {p.stderr.strip()[-400:]}")
+
+
+def _fetch_sdist(sdist: Path | None, tmp: Path) -> Path:
+    if sdist is None:
+        _say(f"downloading the horovod {VERSION} sdist from the package index")
+        p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            f"horovod=={VERSION}", "-d", str(tmp)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise ConfigError(f"pip could not download horovod=={VERSION}: {p.stderr.strip()[-400:]}; "
+                              f"pass a downloaded sdist with --sdist FILE")
+        sdist = tmp / f"horovod-{VERSION}.tar.gz"
+    sdist = Path(sdist)
+    if not sdist.is_file():
+        raise ConfigError(f"--sdist {sdist}: no such file")
+    got = sha256(sdist)
+    if got != SDIST_SHA256:
+        raise ConfigError(f"{sdist}: sha256 {got} is not that of the horovod {VERSION} sdist ({SDIST_SHA256})")
+    _say(f"{sdist.name}: sha256 verified")
+    return sdist
+
+
+def _compile_wheel(src: Path, env: dict, out: Path) -> Path:
+    """`pip wheel` of the patched tree into out/, with a line of progress every 15 s; the wheel's path."""
+    t0 = time.time()
+    log = out.parent / "build.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                                 "--no-cache-dir", "-v", "-w", str(out), str(src)], env=env, stdout=f,
+                                stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            time.sleep(15)
+            built = len(re.findall(r"Building CXX object", log.read_text(errors="replace")))
+            _say(f"{time.time() - t0:5.0f} s, {built} objects compiled")
+    if proc.returncode != 0:
+        text = log.read_text(errors="replace").splitlines()
+        errors = [ln for ln in text if re.search(r"CMake Error|error:|Error \d", ln)][:20]
+        raise ConfigError(f"the horovod build failed (exit {proc.returncode}); its errors:\n" + "\n".join(errors) +
+                          "\nand the end of its log:\n" + "\n".join(text[-15:]))
+    (wheel,) = out.glob("horovod-*.whl")
+    _say(f"compiled in {time.time() - t0:.0f} s")
+    return wheel
+
+
+def _build_env(jobs: int) -> dict:
+    env = {**os.environ, **_cmake_env()}
+    env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1",
+               HOROVOD_WITH_GLOO="1", MAKEFLAGS=f"-j{jobs}", HOROVOD_BUILD_PARALLELISM=str(jobs))
+    if shutil.which("mpicxx") or shutil.which("mpicc"):
+        env["HOROVOD_WITH_MPI"] = "1"
+    import torch
+
+    if torch.version.cuda and (torch.cuda.is_available() or shutil.which("nvcc")):
+        env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+    else:  # a CPU build of torch: no GPU operations, whatever nvcc may be on PATH
+        env.pop("HOROVOD_GPU_OPERATIONS", None)
+    return env
+
+
+def _check_import() -> None:
+    check = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise ConfigError(f"horovod was installed but does not import: {check.stderr.strip()[-400:]}")
+
+
+def build(sdist: Path | None = None, jobs: int | None = None, force: bool = False, cache: bool = True) -> int:
+    """Install Horovod into this environment: from the wheel cache when a build for this torch is there,
+    else compiled from the sdist (and the wheel kept in the cache for the next environment)."""
     if not force and import_error() is None:
         _say(f"horovod already imports in {sys.prefix}; nothing to do (--force rebuilds)")
         return 0
-    env = {**os.environ, **_cmake_env()}
     jobs = jobs or usable_cores()
+    env = _build_env(jobs)
+    key = wheel_key("HOROVOD_WITH_MPI" in env, "HOROVOD_GPU_OPERATIONS" in env)
+    t0 = time.time()
+    cached = _cached_wheel(key) if cache and not force else None
+    if cached:
+        _say(f"installing the cached build {cached} (--no-cache compiles again)")
+        _install_wheel(cached)
+        if import_error() is None:
+            _check_import()
+            _say(f"done in {time.time() - t0:.0f} s from the cache")
+            return 0
+        _say(f"the cached build does not import ({import_error()}); compiling")
     with tempfile.TemporaryDirectory(prefix="horovod-build-") as tmp:
         tmp = Path(tmp)
-        if sdist is None:
-            _say(f"downloading the horovod {VERSION} sdist from the package index")
-            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                                f"horovod=={VERSION}", "-d", str(tmp)], capture_output=True, text=True)
-            if p.returncode != 0:
-                raise ConfigError(f"pip could not download horovod=={VERSION}: {p.stderr.strip()[-400:]}; "
-                                  f"pass a downloaded sdist with --sdist FILE")
-            sdist = tmp / f"horovod-{VERSION}.tar.gz"
-        sdist = Path(sdist)
-        if not sdist.is_file():
-            raise ConfigError(f"--sdist {sdist}: no such file")
-        got = sha256(sdist)
-        if got != SDIST_SHA256:
-            raise ConfigError(f"{sdist}: sha256 {got} is not that of the horovod {VERSION} sdist ({SDIST_SHA256})")
-        _say(f"{sdist.name}: sha256 verified")
+        sdist = _fetch_sdist(sdist, tmp)
         with tarfile.open(sdist) as tf:
             tf.extractall(tmp, filter="data")
         src = tmp / f"horovod-{VERSION}"
         patch_tree(src)
-        env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1",
-                   HOROVOD_WITH_GLOO="1", MAKEFLAGS=f"-j{jobs}", HOROVOD_BUILD_PARALLELISM=str(jobs))
-        if shutil.which("mpicxx") or shutil.which("mpicc"):
-            env["HOROVOD_WITH_MPI"] = "1"
         import torch
 
-        if torch.version.cuda and (torch.cuda.is_available() or shutil.which("nvcc")):
-            env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
-        else:  # a CPU build of torch: no GPU operations, whatever nvcc may be on PATH
-            env.pop("HOROVOD_GPU_OPERATIONS", None)
         _say(f"building with {jobs} job(s): torch {torch.__version__}, Gloo"
              f"{', MPI' if 'HOROVOD_WITH_MPI' in env else ''}{', NCCL' if 'HOROVOD_GPU_OPERATIONS' in env else ''}"
              f" (log: {tmp}/build.log while it runs)")
-        t0 = time.time()
-        log = tmp / "build.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
-                                     "--no-cache-dir", "-v", str(src)], env=env, stdout=out, stderr=subprocess.STDOUT)
-            while proc.poll() is None:
-                time.sleep(15)
-                built = len(re.findall(r"Building CXX object", log.read_text(errors="replace")))
-                _say(f"{time.time() - t0:5.0f} s, {built} objects compiled")
-        if proc.returncode != 0:
-            text = log.read_text(errors="replace").splitlines()
-            errors = [ln for ln in text if re.search(r"CMake Error|error:|Error \d", ln)][:20]
-            raise ConfigError(f"the horovod build failed (exit {proc.returncode}); its errors:\n" + "\n".join(errors) +
-                              "\nand the end of its log:\n" + "\n".join(text[-15:]))
-    check = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True)
-    if check.returncode != 0:
-        raise ConfigError(f"horovod built but does not import: {check.stderr.strip()[-400:]}")
+        wheel = _compile_wheel(src, env, tmp / "wheel")
+        _install_wheel(wheel)
+        _check_import()
+        if cache:
+            _keep_wheel(wheel, key)
     _say(f"done in {time.time() - t0:.0f} s; `horovodrun --check-build` lists the controllers and operations")
     return 0
 
@@ -303,7 +410,10 @@ def main(argv=None) -> int:
     ap.add_argument("command", choices=["build", "check"])
     ap.add_argument("--sdist", type=Path, help="a downloaded horovod-0.28.1.tar.gz (default: download it)")
     ap.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
-    ap.add_argument("--force", action="store_true", help="rebuild even if horovod already imports")
+    ap.add_argument("--force", action="store_true", help="compile again even if horovod imports or a cached wheel fits")
+    ap.add_argument("--no-cache", dest="cache", action="store_false",
+                    help="neither install from nor keep a wheel in the cache ($LAB_WHEEL_CACHE, else "
+                         "~/.cache/scaling-lab/wheels)")
     a = ap.parse_args(argv)
 
     def body() -> int:
@@ -311,7 +421,7 @@ def main(argv=None) -> int:
             check_built()
             print(f"horovod imports in {sys.prefix}")
             return 0
-        return build(a.sdist, a.jobs, a.force)
+        return build(a.sdist, a.jobs, a.force, a.cache)
 
     return exit_status(body)
 
