@@ -236,11 +236,11 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
     if cfg.backend == "mpi":
         from kernels.comm.native import requested_loop
 
-        load_mpi()
         requested_loop()  # a bad LAB_MPI_LOOP is named here, before any rank starts
         if launcher == "local":
             raise ConfigError("parameter 'launcher': local starts torch ranks; MPI ranks start with launcher=mpirun "
                               "(here) or srun (in an allocation), or auto")
+        load_mpi()  # after the checks of what was asked: a mistake in it is named even where no MPI library loads
         if launcher == "mpirun" and not shutil.which("mpirun"):
             raise ConfigError("parameter 'launcher': mpirun is not on PATH; install an MPI (Debian: apt-get install "
                               "openmpi-bin) or use srun inside an allocation")
