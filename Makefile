@@ -15,8 +15,8 @@ help:
 	@echo "make setup   create .venv with the locked dependencies (torch 2.13.0); CUDA=1 [TORCH_INDEX=URL] on a GPU cluster"
 	@echo "make lock-cuda  constraints-cuda.txt: the CUDA runtime packages pip resolves for torch (TORCH_INDEX=URL for another CUDA)"
 	@echo "make horovod build Horovod 0.28.1 into .venv (patched for C++17; ~3 min; engine=horovod)"
-	@echo "make test    run the test suite (sets up first)"
-	@echo "make test-quick  the tests not marked slow (a few minutes)"
+	@echo "make test    run the whole suite on two workers and write tests/DURATIONS.md (sets up and builds Horovod first)"
+	@echo "make test-quick  the unit tier: in-process tests only, about 2 minutes, needs nothing but make setup"
 	@echo "make reliability the fault-injection suite, and its measured table into README.md"
 	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop)"
 	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
@@ -59,11 +59,15 @@ $(HOROVOD_STAMP): $(STAMP)
 	$(BIN)/python -m kernels.engines.horovod build
 	touch $@
 
+# The tiers (tests/tiers.py): unit (in-process), integration (ranks, Papermill), system (Slurm, LaTeX, MPI,
+# Horovod). `make test` runs all three on TEST_WORKERS workers (tests/schedule.py keeps each shared fixture on
+# one worker) and writes where the time went into tests/DURATIONS.md and README.md's test section.
+TEST_WORKERS ?= 2
 test: setup horovod
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations-table tests/DURATIONS.md --durations-readme
 
 test-quick: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m unit
 
 # The fault-injection suite (needs root and the local Slurm, as make test), then its table into README.md.
 reliability: setup
