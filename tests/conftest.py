@@ -124,11 +124,20 @@ def fashion_root(tmp_path_factory):
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true but Debian's dataset-fashion-mnist is not installed")
         pytest.skip("needs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist; .ci/run does)")
+    import contextlib
+
+    from kernels import cli
+
     root = tmp_path_factory.mktemp("data")
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "fetch", "fashion-mnist", "--from", str(DEBIAN),
-                        "--root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "fashion-mnist ready and verified" in p.stdout
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    try:  # `lab fetch` in-process: the unit tier reads the real files without starting a process
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.main(["fetch", "fashion-mnist", "--from", str(DEBIAN), "--root", str(root)])
+    finally:
+        sys.argv = argv
+    assert rc == 0, err.getvalue()
+    assert "fashion-mnist ready and verified" in out.getvalue()
     return root
 
 

@@ -243,16 +243,22 @@ def cpu_hog_until(done, timeout_s: float = 300):
         hog.wait()
 
 
-@pytest.mark.system
-def test_documented_commands_run_as_written(tmp_path):
-    """The commands marked RUN, in the order a reader meets them, each checked for what the docs promise."""
+@pytest.fixture
+def docs_env(tmp_path):
+    """The environment a reader's shell has after `. .venv/bin/activate`, with the results, the PDFs and the
+    tables in this test's own folder. The RUN commands are split into independent tests, so the workers of
+    `make test` share them out; within a test they run in the order a reader meets them."""
     venv_bin = ROOT / ".venv" / "bin"
     if not (venv_bin / "lab").exists():
         pytest.skip("run `make setup` first: .venv/bin/lab is missing")
-    env = {**os.environ, "LAB_RESULTS": str(tmp_path), "PAPER_OUT": str(tmp_path / "pdf"),
-           "SLIDES_OUT": str(tmp_path / "pdf"), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
-    runs = tmp_path / "runs"
+    return {**os.environ, "LAB_RESULTS": str(tmp_path), "PAPER_OUT": str(tmp_path / "pdf"),
+            "SLIDES_OUT": str(tmp_path / "pdf"), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
 
+
+@pytest.mark.system
+def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
+    """The README's first command, on a machine shared with foreign work, and the documents built from it."""
+    env, runs = docs_env, tmp_path / "runs"
     with cpu_hog_until(lambda: _complete(runs.glob("*-g1-demo-*/summary.json"))):
         _sh("make demo", env)  # a busy loop shares the cores with the 1-rank run only, as on a shared machine
     demo = [json.loads(p.read_text()) for p in runs.glob("*-demo-*/summary.json")]
@@ -312,6 +318,11 @@ def test_documented_commands_run_as_written(tmp_path):
     _sh("make paper STUDY=strong_resnet18", env)  # no such records here: the documents say so and still build
     assert (tmp_path / "pdf" / "proposal.pdf").stat().st_size > 10_000
 
+
+@pytest.mark.system
+def test_the_training_commands_as_written(tmp_path, docs_env):
+    env, runs, venv_bin = docs_env, tmp_path / "runs", ROOT / ".venv" / "bin"
+    runs.mkdir()
     before = set(runs.iterdir())
     _sh("lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 2 --profile_steps 3", env)
     (new,) = set(runs.iterdir()) - before
@@ -334,6 +345,10 @@ def test_documented_commands_run_as_written(tmp_path):
     s = json.loads((new / "summary.json").read_text())
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "~95 % test accuracy in seconds"
 
+
+@pytest.mark.system
+def test_the_communication_commands_as_written(tmp_path, docs_env):
+    env = docs_env
     _sh("lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M", env)
     if shutil.which("mpirun") or os.environ.get("CI") == "true":
         _sh("lab comm bench --backend mpi --gpus 2 --max_bytes 1M", env)
@@ -342,6 +357,11 @@ def test_documented_commands_run_as_written(tmp_path):
     fit = _sh("lab comm fit", env).stdout
     assert "all_reduce" in fit and "intra-node" in fit, fit
 
+
+@pytest.mark.system
+def test_the_horovod_commands_as_written(tmp_path, docs_env):
+    env, runs = docs_env, tmp_path / "runs"
+    runs.mkdir()
     from kernels.engines.horovod import import_error
 
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
@@ -355,6 +375,11 @@ def test_documented_commands_run_as_written(tmp_path):
     p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
     assert p.stdout.count("sbatch --parsable") == 5 and "--nodes=4 --ntasks-per-node=16" in p.stdout
 
+
+@pytest.mark.system
+def test_the_dcrnn_commands_as_written(tmp_path, docs_env):
+    env, runs = docs_env, tmp_path / "runs"
+    runs.mkdir()
     p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
     assert "traffic-synthetic-metr-la" in p.stdout
     assert "34,272 steps x 207 sensors" in _sh("python -m kernels.data.traffic info synthetic", env).stdout
@@ -364,20 +389,30 @@ def test_documented_commands_run_as_written(tmp_path):
     s = json.loads((new / "summary.json").read_text())
     assert s["status"] == "complete" and s["final_eval_mae_60min"] > 0 and s["workload"]["historical_average"], s
 
-    if Path("/usr/share/datasets/fashion-mnist").is_dir() or os.environ.get("CI") == "true":
-        p = _sh("lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist", env)
-        assert "fashion-mnist ready and verified" in p.stdout
-        shutil.rmtree("/tmp/bigmnist-small", ignore_errors=True)
-        p = _sh("lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 "
-                "--versions 2 --replicas 2 --shard-samples 1000", env)
-        assert "manifest written" in p.stdout
-        assert "every shard matches" in _sh("lab bigmnist verify /tmp/bigmnist-small", env).stdout
-        before = set(runs.iterdir())
-        _sh("lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1", env)
-        (new,) = set(runs.iterdir()) - before
-        s = json.loads((new / "summary.json").read_text())
-        assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards", s
 
+@pytest.mark.system
+def test_the_data_commands_as_written(tmp_path, docs_env):
+    env, runs = docs_env, tmp_path / "runs"
+    runs.mkdir()
+    if not Path("/usr/share/datasets/fashion-mnist").is_dir() and os.environ.get("CI") != "true":
+        pytest.skip("needs Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist; .ci/run does)")
+    p = _sh("lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist", env)
+    assert "fashion-mnist ready and verified" in p.stdout
+    shutil.rmtree("/tmp/bigmnist-small", ignore_errors=True)
+    p = _sh("lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 "
+            "--versions 2 --replicas 2 --shard-samples 1000", env)
+    assert "manifest written" in p.stdout
+    assert "every shard matches" in _sh("lab bigmnist verify /tmp/bigmnist-small", env).stdout
+    before = set(runs.iterdir())
+    _sh("lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1", env)
+    (new,) = set(runs.iterdir()) - before
+    s = json.loads((new / "summary.json").read_text())
+    assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards", s
+
+
+@pytest.mark.system
+def test_the_submission_dry_runs_as_written(tmp_path, docs_env):
+    env = docs_env
     p = _sh("lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5",
             env)
     readme = (ROOT / "README.md").read_text()
