@@ -8,11 +8,13 @@
   documented commands as written.
 
 Every test has one tier: its own marker, else its module's `pytestmark`; a test with none, or
-with two of its own, is a collection error. While a test runs, the guard refuses what its tier
-does not allow, with the fix in the message: a unit test that starts a process, an integration
-test that starts one of the system tier's programs directly, and any test below the system tier
-that asks for the Slurm cluster. The guard sees the processes a test starts itself, not their
-children: `make paper` from an integration test is caught by the word `paper`, not by latexmk.
+with two of its own, is a collection error. A test below the system tier that asks for the Slurm
+cluster is a collection error too. While a test runs, the guard refuses what its tier does not
+allow, with the fix in the message: a unit test that starts a process (git aside), an integration
+test that starts one of the system tier's programs directly. The guard sees the processes a test
+starts itself, not their children: `make paper` from an integration test is caught by the word
+`paper`, not by latexmk. Session fixtures are set up before it: they start no process in the unit
+tier (fashion_root fetches in-process).
 """
 from __future__ import annotations
 
@@ -48,10 +50,12 @@ def pytest_collection_modifyitems(config, items):
         own = [m.name for m in item.own_markers if m.name in TIERS]
         if tier_of(item) is None or len(own) > 1:
             bad.append(f"{item.nodeid}: {'two tier markers ' + ', '.join(own) if own else 'no tier marker'}")
+        elif "slurm" in getattr(item, "fixturenames", ()) and tier_of(item) != "system":
+            bad.append(f"{item.nodeid}: asks for the Slurm cluster but is marked {tier_of(item)}; mark it system")
         resolved[item] = tier_of(item)
     if bad:
-        raise pytest.UsageError("every test needs one tier marker (unit, integration or system; tests/tiers.py says "
-                                "what each allows):\n  " + "\n  ".join(bad))
+        raise pytest.UsageError("every test needs one tier marker (unit, integration or system), and only the system "
+                                "tier may ask for the Slurm cluster (tests/tiers.py):\n  " + "\n  ".join(bad))
     # `-m unit` matches any marker on the way up: leave each test its one resolved tier and no other
     for item, tier in resolved.items():
         for node in item.listchain():
@@ -88,8 +92,6 @@ def _tier_guard(request, monkeypatch):
     tier = tier_of(request.node)
     request.node.user_properties.append(("tier", tier))
     where = request.node.nodeid
-    if "slurm" in request.fixturenames and tier != "system":
-        raise TierError(f"{where} asks for the Slurm cluster but is marked {tier}: mark it system")
     if tier == "unit":
         def refuse(*_a, **_k):
             raise TierError(f"{where} is marked unit but starts a process: mark it integration (or system), or "
