@@ -61,6 +61,7 @@ def pytest_collection_modifyitems(config, items):
         for node in item.listchain():
             node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
         item.add_marker(tier)
+        item.user_properties.append(("tier", tier))  # for the durations table (tests/durations.py)
 
 
 def _argv(args) -> list[str]:
@@ -90,7 +91,6 @@ class TierError(AssertionError):
 @pytest.fixture(autouse=True)
 def _tier_guard(request, monkeypatch):
     tier = tier_of(request.node)
-    request.node.user_properties.append(("tier", tier))
     where = request.node.nodeid
     if tier == "unit":
         def refuse(*_a, **_k):
