@@ -30,7 +30,7 @@ import jupytext  # noqa: F401  (imported before any guard is set)
 
 TIERS = ("unit", "integration", "system")
 # programs (or `make` targets) that belong to the system tier
-SYSTEM_PROGRAMS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "sinfo", "slurmctld", "slurmd",
+SYSTEM_PROGRAMS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "slurmctld", "slurmd",
                    "munged", "mpirun", "mpiexec", "mpicc", "latexmk", "pdflatex", "horovodrun"}
 SYSTEM_MAKE_TARGETS = {"paper", "horovod", "test", "reliability", "bench", "bench-gpu"}
 # what a unit test may still start: git, which the records' provenance asks for the commit (read-only, ~5 ms)
