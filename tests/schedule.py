@@ -1,7 +1,9 @@
 """How `make test` spreads the suite over workers (pytest-xdist, `-n 2 --dist loadgroup`).
 
-Many tests mostly wait (Slurm polling, a watchdog's timeout, a stopped rank), so two workers on two
-cores finish sooner than one. Two rules keep that from costing more than it saves:
+Some tests mostly wait (Slurm polling, a watchdog's timeout, a stopped rank), so two workers on two
+cores finish sooner than one: 34.8 min against 48.6 min in the first measured runs (most of the
+suite keeps both cores busy, so the gain is what the waits leave free). Three rules keep the
+workers from costing more than they save:
 
 - A fixture that is expensive and shared (the Slurm cluster, the faults suite's reference run, the
   profiled run, the small bigMNIST set) would be built once per worker that needs it: every test that
@@ -9,10 +11,17 @@ cores finish sooner than one. Two rules keep that from costing more than it save
   in SHARED that a test uses names its group.
 - The system tier starts first, then integration, then unit: the long tests begin while the short
   ones are still there to fill the other worker at the end.
+- Each worker's processes get its share of the cores: OMP_NUM_THREADS = cores // workers, unless
+  it is set already. A one-rank run with two OpenMP threads beside another worker's work ran 3.7x
+  slower than alone (217 s against 58 s: threads waiting at barriers for a core the other worker
+  holds), where its fair share would be 2x. The launcher keeps a value it finds in the environment,
+  and test_gpu_path checks the default without it.
 
 Without xdist (`pytest` alone, `make test-quick`) the groups are inert and only the order applies.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -32,6 +41,12 @@ def group_of(item) -> str | None:
         if fixture in names:
             return group
     return None
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist (trylast) reads the groups into the test ids
