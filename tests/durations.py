@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from kernels.sysinfo import cpu_name
 
 SLOWEST = 30
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,16 +67,6 @@ def pytest_configure(config):
         config.pluginmanager.register(Recorder(Path(path), config), "durations-table")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _memory_gib() -> str:
     try:
         kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
@@ -85,15 +76,12 @@ def _memory_gib() -> str:
 
 
 def _commit() -> str:
-    root = ROOT
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    from kernels.sysinfo import git_info
+
+    g = git_info(ROOT)
+    if not g["commit"]:
         return "unknown"
-    return f"{head}{' (with uncommitted changes)' if dirty else ''}" if head else "unknown"
+    return g["commit"][:7] + (" (with uncommitted changes)" if g["dirty"] else "")
 
 
 def _m_s(seconds: float) -> str:
@@ -124,7 +112,7 @@ def totals_line(seconds: dict, tier: dict, outcome: dict, wall: float, config, t
     tiers = _by_tier(seconds, tier)
     per = "; ".join(f"{t} {tiers[t][0]} tests, {_m_s(tiers[t][1])}" for t in TIER_ORDER if t in tiers)
     return (f"The last whole run (`{table.relative_to(ROOT) if table.is_relative_to(ROOT) else table}`, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, {_cpu_model()}, {os.cpu_count()} cores, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, {cpu_name()}, {os.cpu_count()} cores, "
             f"{_workers(config)} workers): {_outcomes(outcome)} in {_m_s(wall)} wall; {per}.")
 
 
@@ -146,7 +134,7 @@ def render(seconds: dict, tier: dict, outcome: dict, wall: float, config, commit
     lines = ["# Test durations", "",
              "Written by the test suite itself (`make test` passes `--durations-table tests/DURATIONS.md`; "
              "tests/durations.py). Times are setup + call + teardown per test.", "",
-             f"- machine: {_cpu_model()}, {os.cpu_count()} cores, {_memory_gib()}, "
+             f"- machine: {cpu_name()}, {os.cpu_count()} cores, {_memory_gib()}, "
              f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
              f"- run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit}, "
              f"`pytest {args}`, {workers} worker{'s' if workers > 1 else ''}"
