@@ -23,7 +23,7 @@ def test_a_unit_test_cannot_start_a_process():
 @pytest.mark.integration
 def test_an_integration_test_starts_processes_but_not_the_system_tiers_programs(tmp_path):
     assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
-    for argv in (["sbatch", "--version"], ["make", "-C", str(tmp_path), "paper"], ["bash", "-c", "mpirun -np 2 x"]):
+    for argv in (["sbatch", "job.sh"], ["make", "-C", str(tmp_path), "paper"], ["bash", "-c", "mpirun -np 2 x"]):
         with pytest.raises(TierError, match="is marked integration but runs .*: mark it system"):
             subprocess.run(argv)
 
@@ -34,6 +34,7 @@ def test_the_system_tiers_programs_are_recognised():
     assert _system_word(["make", "demo"]) is None  # Papermill and gloo ranks: integration
     assert _system_word(["latexmk", "-pdf"]) == "latexmk"
     assert _system_word([sys.executable, "-m", "kernels.train"]) is None
+    assert _system_word(["srun", "--version"]) is None  # a version query (SYSTEM.md's probe) uses nothing
 
 
 def test_a_test_has_its_own_tier_else_its_modules(request):

@@ -71,7 +71,7 @@ def _argv(args) -> list[str]:
 
 
 def _system_word(argv: list[str]) -> str | None:
-    if not argv:
+    if not argv or argv[1:] in (["--version"], ["-V"]):  # asking a tool its version probes the machine
         return None
     prog = Path(argv[0]).name
     if prog in SYSTEM_PROGRAMS:
