@@ -1,9 +1,9 @@
 """How `make test` spreads the suite over workers (pytest-xdist, `-n 2 --dist loadgroup`).
 
 Some tests mostly wait (Slurm polling, a watchdog's timeout, a stopped rank), so two workers on two
-cores finish sooner than one: 34.8 min against 48.6 min in the first measured runs (most of the
-suite keeps both cores busy, so the gain is what the waits leave free). Three rules keep the
-workers from costing more than they save:
+cores finish sooner than one. Most of the suite keeps both cores busy, so the gain is what the waits
+leave free: tests/DURATIONS.md sets the wall time beside the tests' summed time. Three rules keep
+the workers from costing more than they save:
 
 - A fixture that is expensive and shared (the Slurm cluster, the faults suite's reference run, the
   profiled run, the small bigMNIST set) would be built once per worker that needs it: every test that
