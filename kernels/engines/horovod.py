@@ -374,11 +374,13 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
     if cached:
         _say(f"installing the cached build {cached} (--no-cache compiles again)")
         _install_wheel(cached)
-        if import_error() is None:
-            _check_import()
+        try:
+            _check_import()  # in a new process: this one may hold the import it tried before the install
+        except ConfigError as e:
+            _say(f"the cached build does not import ({str(e).splitlines()[0]}); compiling")
+        else:
             _say(f"done in {time.time() - t0:.0f} s from the cache")
             return 0
-        _say(f"the cached build does not import ({import_error()}); compiling")
     with tempfile.TemporaryDirectory(prefix="horovod-build-") as tmp:
         tmp = Path(tmp)
         sdist = _fetch_sdist(sdist, tmp)
