@@ -243,6 +243,14 @@ def cpu_hog_until(done, timeout_s: float = 300):
         hog.wait()
 
 
+def _new_record(runs: Path, cmd: str, env: dict) -> tuple[dict, Path, subprocess.CompletedProcess]:
+    """Run a documented command that makes one run record under runs/: (its summary, its folder, the process)."""
+    before = set(runs.iterdir())
+    p = _sh(cmd, env)
+    (new,) = set(runs.iterdir()) - before
+    return json.loads((new / "summary.json").read_text()), new, p
+
+
 @pytest.fixture
 def docs_env(tmp_path):
     """The environment a reader's shell has after `. .venv/bin/activate`, with the results, the PDFs and the
@@ -323,26 +331,19 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
 def test_the_training_commands_as_written(tmp_path, docs_env):
     env, runs, venv_bin = docs_env, tmp_path / "runs", ROOT / ".venv" / "bin"
     runs.mkdir()
-    before = set(runs.iterdir())
-    _sh("lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 2 --profile_steps 3", env)
-    (new,) = set(runs.iterdir()) - before
-    s = json.loads((new / "summary.json").read_text())
+    s, new, _ = _new_record(runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 "
+                                  "--epochs 2 --profile_steps 3", env)
     assert s["profile"]["status"] == "complete" and (new / "breakdown.csv").exists() and s["bottleneck"]["verdict"]
 
     p = _sh(". .venv/bin/activate && command -v lab && command -v python", env)
     assert str(venv_bin / "lab") in p.stdout
 
     assert "--precision" in _sh("lab train --help", env).stdout
-    before = set(runs.iterdir())
-    _sh("lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3", env)
-    (new,) = set(runs.iterdir()) - before
-    s = json.loads((new / "summary.json").read_text())
+    s, _, _ = _new_record(runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 "
+                                "--precision fp32 --epochs 3", env)
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "about 96 % test accuracy"
 
-    before = set(runs.iterdir())
-    _sh("lab train --workload examples.mlp_workload:WORKLOAD --gpus 2 --hidden 64", env)
-    (new,) = set(runs.iterdir()) - before
-    s = json.loads((new / "summary.json").read_text())
+    s, _, _ = _new_record(runs, "lab train --workload examples.mlp_workload:WORKLOAD --gpus 2 --hidden 64", env)
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "~95 % test accuracy in seconds"
 
 
@@ -366,11 +367,9 @@ def test_the_horovod_commands_as_written(tmp_path, docs_env):
 
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
         assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild
-        before = set(runs.iterdir())
-        p = _sh("lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2", env)
+        s, _, p = _new_record(runs, "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 "
+                                    "--precision fp32 --epochs 2", env)
         assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
-        (new,) = set(runs.iterdir()) - before
-        s = json.loads((new / "summary.json").read_text())
         assert s["status"] == "complete", s
     p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
     assert p.stdout.count("sbatch --parsable") == 5 and "--nodes=4 --ntasks-per-node=16" in p.stdout
@@ -383,10 +382,8 @@ def test_the_dcrnn_commands_as_written(tmp_path, docs_env):
     p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
     assert "traffic-synthetic-metr-la" in p.stdout
     assert "34,272 steps x 207 sensors" in _sh("python -m kernels.data.traffic info synthetic", env).stdout
-    before = set(runs.iterdir())
-    _sh("lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16", env)
-    (new,) = set(runs.iterdir()) - before
-    s = json.loads((new / "summary.json").read_text())
+    s, _, _ = _new_record(runs, "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 "
+                                "--test_samples 256 --rnn_units 16", env)
     assert s["status"] == "complete" and s["final_eval_mae_60min"] > 0 and s["workload"]["historical_average"], s
 
 
@@ -403,10 +400,8 @@ def test_the_data_commands_as_written(tmp_path, docs_env):
             "--versions 2 --replicas 2 --shard-samples 1000", env)
     assert "manifest written" in p.stdout
     assert "every shard matches" in _sh("lab bigmnist verify /tmp/bigmnist-small", env).stdout
-    before = set(runs.iterdir())
-    _sh("lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1", env)
-    (new,) = set(runs.iterdir()) - before
-    s = json.loads((new / "summary.json").read_text())
+    s, _, _ = _new_record(runs, "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small "
+                                "--gpus 2 --epochs 1", env)
     assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards", s
 
 
