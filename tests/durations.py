@@ -31,6 +31,12 @@ def pytest_addoption(parser):
                      help="with --durations-table: also write the totals into README.md's test section")
 
 
+def _without_group(nodeid: str) -> str:
+    """A test's id without the "@group" that --dist loadgroup appends (tests/schedule.py)."""
+    head, at, group = nodeid.rpartition("@")
+    return head if at and "]" not in group and "::" in head else nodeid
+
+
 class Recorder:
     def __init__(self, path: Path, config):
         self.path = path
@@ -42,13 +48,14 @@ class Recorder:
         self.outcome: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] += report.duration
+        nodeid = _without_group(report.nodeid)
+        self.seconds[nodeid] += report.duration
         for key, value in report.user_properties:
             if key == "tier" and value:
-                self.tier[report.nodeid] = value
+                self.tier[nodeid] = value
         if report.when == "call" or report.outcome != "passed":
-            if self.outcome.get(report.nodeid) in (None, "passed"):
-                self.outcome[report.nodeid] = report.outcome
+            if self.outcome.get(nodeid) in (None, "passed"):
+                self.outcome[nodeid] = report.outcome
 
     def pytest_sessionfinish(self, session, exitstatus):
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the table

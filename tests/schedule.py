@@ -8,7 +8,10 @@ the workers from costing more than they save:
 - A fixture that is expensive and shared (the Slurm cluster, the faults suite's reference run, the
   profiled run, the small bigMNIST set) would be built once per worker that needs it: every test that
   uses one is put in that fixture's group, and a group runs on one worker. The first fixture listed
-  in SHARED that a test uses names its group.
+  in SHARED that a test uses names its group. xdist 3.8 marks a test's group by appending
+  "@group" to item._nodeid, which pytest 9 ignores (node ids live in item._id): without the suffix
+  set here, --dist loadgroup spread the groups like --dist load, and every worker started its own
+  Slurm cluster (two munged daemons racing at the start).
 - The system tier starts first, then integration, then unit: the long tests begin while the short
   ones are still there to fill the other worker at the end.
 - Each worker's processes get its share of the cores: OMP_NUM_THREADS = cores // workers, unless
@@ -53,8 +56,13 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     from tiers import tier_of
 
+    suffix = getattr(config.option, "loadgroup", False) and hasattr(items[0] if items else None, "_id")
     for item in items:
         group = group_of(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+            if suffix:  # xdist 3.8 writes the group into item._nodeid, which pytest 9 no longer reads: do it here
+                from _pytest.nodeid import coerce_node_id
+
+                item._id = coerce_node_id(f"{item.nodeid}@{group}")
     items.sort(key=lambda item: ORDER.get(tier_of(item), 3))  # stable: the file order within a tier
