@@ -155,9 +155,11 @@ def _flat(prefix: str, obj, out: list) -> None:
 
 
 def checksums(run_dir: Path) -> dict:
-    import torch
+    from kernels import checkpoint
 
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state, problem = checkpoint.read_state(run_dir / "checkpoint.pt")
+    if state is None:
+        raise RuntimeError(f"{run_dir / 'checkpoint.pt'}: {problem}")
     out = {}
     for key in ("model", "rank_buffers", "optimizer"):
         flat: list = []

@@ -3,21 +3,30 @@
 Model, optimizer, GradScaler, LR scheduler, position (epoch, step in epoch,
 global step), every rank's RNG states, the config, and the record rows so far.
 
-One checkpoint is one self-verifying file: it carries the sha256 of its own content
-(`content_sha256`, over every tensor's dtype, shape and bytes and every other value),
-computed before it is saved and recomputed after it is loaded, so damage anywhere in
-its bytes (a torn write, bit rot, an edit) is found whatever the file's zip CRCs or a
-checksum beside it say. Global rank 0 writes in an order that always leaves a complete
-checkpoint on disk, with at most two checkpoints' worth of space:
+One checkpoint is one self-verifying file: a first line with the sha256 of the
+bytes that follow (torch.save's zip), then those bytes. Loading reads the file once,
+checks the sha256 before anything is unpickled, and only then loads it with
+torch.load(weights_only=True), which builds tensors, numbers, strings and containers
+and, from the allow-list SAFE_GLOBALS, numpy's arrays (the RNG states): a checkpoint
+in a shared folder can be damaged or replaced, but reading it never runs code it
+holds. Global rank 0 writes in an order that always leaves a complete checkpoint on
+disk, with at most two checkpoints' worth of space:
 
   1. remove checkpoint.prev.pt (the oldest)   4. rename checkpoint.pt -> checkpoint.prev.pt
   2. write checkpoint.next.pt, fsync           5. rename checkpoint.next.pt -> checkpoint.pt
   3. (the new one is complete on disk)         6. fsync the directory
 
+checkpoint.next.pt is created new (O_EXCL|O_NOFOLLOW, after removing whatever had
+the name): a link planted there is removed, never written through; renames move
+names, not what a link points to.
+
 Loading tries checkpoint.next.pt (complete only when a write was interrupted after
 step 3: the newest; the interrupted renames are then finished), checkpoint.pt, then
 checkpoint.prev.pt, and uses the first that verifies; the others' problems come back
 as notes. When none verifies it is a clear error naming the files and the fix.
+Earlier formats: a file with its content's sha256 inside (`content_sha256`, over every
+tensor's bytes and every value) is loaded as data only and then checked; a file with
+no checksum is refused unless the run passes resume_unverified=true.
 
 Fault injection (the fault suite): LAB_CHECKPOINT_FAULT=POINT[@N] kills the writing
 process with SIGKILL at POINT of its N-th write (default 1); POINTS lists them.
@@ -37,6 +46,7 @@ import torch
 
 from kernels.files import FILE_MODE, write_error
 
+MAGIC = b"scaling-lab checkpoint 2 sha256="
 FILENAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 NEXT = "checkpoint.next.pt"
@@ -115,13 +125,35 @@ def content_digest(state: dict) -> str:
 
 
 def serialise(rng: list[dict], **payload) -> bytes:
-    """The checkpoint's bytes, its content checksum inside. rng: every rank's RNG state, by global rank (each
-    resumes its own stream)."""
-    state = {**payload, "rng": rng}
-    state[DIGEST_KEY] = content_digest(state)
+    """The checkpoint's bytes: the line with the sha256 of the rest, then torch.save's zip. rng: every rank's RNG
+    state, by global rank (each resumes its own stream)."""
     buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
+    torch.save({**payload, "rng": rng}, buf)
+    body = buf.getvalue()
+    return MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def safe_globals() -> list:
+    """What a checkpoint may hold beyond tensors, numbers, strings and containers: numpy's RNG state (an
+    array of uint32 and its dtype), under numpy 2's module names and numpy 1's."""
+    reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), (reconstruct, "numpy._core.multiarray._reconstruct"),
+            (reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def load_bytes(data: bytes, what: str) -> dict:
+    """torch.load of a checkpoint's zip as data only (tensors, containers, SAFE globals): a pickle naming anything
+    else is refused before it is called. Raises ValueError naming `what` and the global it asked for."""
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        import re
+
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what_it_asks = f"it asks for {named.group(1)}" if named else str(e).splitlines()[0][:200]
+        raise ValueError(f"{what} holds something other than data ({what_it_asks}); it was not written by the lab, "
+                         f"or by a plug-in that saves objects in it rather than state_dicts") from None
 
 
 # ------------------------------------------------------------------ writing
@@ -136,7 +168,9 @@ def _fault(point: str) -> None:
 def _write_file(path: Path, data: bytes) -> None:
     view = memoryview(data)
     half = len(data) // 2 if os.environ.get(FAULT_ENV, "").startswith("next-half-written") else 0
-    with open(path, "wb") as f:
+    path.unlink(missing_ok=True)  # a link (or anything) planted at the name goes; the file is made here, new
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), FILE_MODE)
         if half:  # the fault suite: a writer killed with half the file on disk
             f.write(view[:half])
@@ -187,35 +221,62 @@ def exists(run_dir: Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in (FILENAME, PREVIOUS, NEXT))
 
 
-def _read(path: Path) -> tuple[dict | None, str | None]:
-    """(state, None) when the file loads and its content matches its checksum, else (None, the problem)."""
+def read_state(path: Path, allow_unverified: bool = False) -> tuple[dict | None, str | None]:
+    """(state, None) when the file verifies and loads as data, else (None, the problem). The file is read once:
+    its checksum is checked on the bytes that are then loaded."""
+    if Path(path).is_symlink():
+        return None, f"is a symbolic link (to {os.readlink(path)}): the lab writes checkpoints as files, never links"
     try:
-        # weights_only=False: the checkpoint holds RNG states and plain dicts we wrote ourselves.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        data = Path(path).read_bytes()
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    if not data.startswith(MAGIC):
+        return _earlier_format(Path(path), data, allow_unverified)
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + 80)
+    if end < 0:
+        return None, "has a damaged first line (no checksum to check it by)"
+    want, body = data[len(MAGIC):end].decode("ascii", "replace"), memoryview(data)[end + 1:]
+    got = hashlib.sha256(body).hexdigest()
+    if got != want:
+        return None, f"checksum mismatch (sha256 {got[:12]}... of its bytes, its first line says {want[:12]}...)"
+    return _as_state(body)
+
+
+def _as_state(data) -> tuple[dict | None, str | None]:
+    try:
+        state = load_bytes(data, "it")
+    except ValueError as e:
+        return None, str(e)
     except Exception as e:  # truncated, torn, or not a checkpoint at all
         return None, f"cannot be loaded ({type(e).__name__}: {str(e)[:120]})"
     if not isinstance(state, dict):
         return None, f"holds a {type(state).__name__}, not a checkpoint"
-    want = state.get(DIGEST_KEY)
-    if want is None:
-        return _legacy(path, state)
-    got = content_digest(state)
-    if got != want:
-        return None, f"content checksum mismatch (sha256 {got[:12]}... of what it holds, it says {want[:12]}...)"
     return state, None
 
 
-def _legacy(path: Path, state: dict) -> tuple[dict | None, str | None]:
-    """A checkpoint of an earlier version: its checksum is over its bytes, in a file beside it."""
+def _earlier_format(path: Path, data: bytes, allow_unverified: bool) -> tuple[dict | None, str | None]:
+    """A checkpoint of an earlier version: a checksum beside it (checked before loading), or its content's
+    checksum inside (checked after loading as data only), or none (refused unless the run allows it)."""
     side = path.with_name(path.name + ".sha256")
     if side.exists():
-        want, got = side.read_text().strip(), hashlib.sha256(path.read_bytes()).hexdigest()
+        want, got = side.read_text().strip(), hashlib.sha256(data).hexdigest()
         if got != want:
             return None, f"checksum mismatch (sha256 {got[:12]}..., {side.name} says {want[:12]}...)"
+    state, problem = _as_state(data)
+    if state is None:
+        return None, problem
+    want = state.get(DIGEST_KEY)
+    if want is not None:
+        got = content_digest(state)
+        if got != want:
+            return None, f"content checksum mismatch (sha256 {got[:12]}... of what it holds, it says {want[:12]}...)"
+    elif not side.exists() and not allow_unverified:
+        return None, ("carries no checksum (a lab before checksums wrote it, or something else did): nothing "
+                      "vouches for it. If it is your own run's, resume with resume_unverified=true")
     return state, None
 
 
-def load(run_dir: Path) -> tuple[dict, Path, list[str]]:
+def load(run_dir: Path, allow_unverified: bool = False) -> tuple[dict, Path, list[str]]:
     """(state, the file it came from, notes on the files passed over). Raises ConfigError when none verifies.
     A complete checkpoint.next.pt (a write killed between its fsync and its renames) is the newest: its renames
     are finished here, so it is loaded as checkpoint.pt."""
@@ -224,7 +285,7 @@ def load(run_dir: Path) -> tuple[dict, Path, list[str]]:
     run_dir, notes = Path(run_dir), []
     cur, prev, nxt = run_dir / FILENAME, run_dir / PREVIOUS, run_dir / NEXT
     if nxt.exists():
-        state, problem = _read(nxt)
+        state, problem = read_state(nxt, allow_unverified)
         if state is not None:
             if cur.exists():
                 os.replace(cur, prev)
@@ -236,7 +297,7 @@ def load(run_dir: Path) -> tuple[dict, Path, list[str]]:
     for path in (cur, prev):
         if not path.exists():
             continue
-        state, problem = _read(path)
+        state, problem = read_state(path, allow_unverified)
         if state is not None:
             return state, path, notes
         notes.append(f"{path} is unusable: {problem}")

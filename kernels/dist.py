@@ -159,6 +159,11 @@ def rendezvous_store(renv: RankEnv, startup_timeout_min: float):
         return dist.TCPStore(renv.master_addr, renv.master_port, renv.world_size, is_master=renv.is_rank0,
                              timeout=timeout, wait_for_workers=True)
     except (RuntimeError, OSError) as e:
+        if renv.is_rank0 and ("EADDRINUSE" in str(e) or "address already in use" in str(e).lower()):
+            raise ConfigError(
+                f"rank 0: MASTER_PORT={renv.master_port} on {socket.gethostname()} is taken by another process "
+                f"(address already in use); the lab's launchers draw a free random port unless MASTER_PORT is set: "
+                f"unset MASTER_PORT, or set it to a free one") from None
         what = ("not every rank connected to the rendezvous this rank serves" if renv.is_rank0 else
                 "this rank could not reach the rendezvous")
         raise ConfigError(

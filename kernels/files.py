@@ -68,6 +68,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def create(path: Path, mode: str = "w", **kw):
+    """Open `path` as a new file for writing (text, or "wb"), whatever had the name removed first: a link planted
+    there is removed, never written through (O_EXCL|O_NOFOLLOW). For files written as they grow (a monitor's
+    samples); a file written whole goes through atomic_write_bytes."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    return os.fdopen(fd, mode, **kw)
+
+
+def foreign(path: Path, own_link_ok: bool = False) -> str | None:
+    """Why the lab must not write into the directory `path`, or None: it is a symbolic link (one of the user's
+    own is accepted where own_link_ok: a results folder linked to scratch), or it (or where it leads) belongs to
+    another user. A path that does not exist yet is fine: the lab makes it."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    uid = os.getuid()
+    if stat.S_ISLNK(st.st_mode):
+        if not own_link_ok or st.st_uid != uid:
+            return f"{path} is a symbolic link (to {os.readlink(path)}) owned by uid {st.st_uid}"
+        st = os.stat(path)
+    if st.st_uid != uid:
+        return f"{path} belongs to another user (uid {st.st_uid}; you are {uid})"
+    return None
+
+
 def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
     """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
     err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; free space there or "

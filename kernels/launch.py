@@ -279,9 +279,13 @@ def run_srun(cfg: RunConfig, stdout=None, cmd: list[str] | None = None) -> int:
     stdout = stdout or sys.stdout
     cmd = cmd or srun_command(cfg)
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
+    # the rendezvous port: one random free port for every rank (srun passes the environment on), unless set;
     # LAB_RUN_DIR: where a rank wrapper (nsys -o %q{LAB_RUN_DIR}/...) puts its reports
+    from kernels.ports import free_port
+
+    port = {} if os.environ.get("MASTER_PORT") else {"MASTER_PORT": str(free_port())}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **port,
                                  **({"LAB_RUN_DIR": str(cfg.results_root / cfg.run_id)}
                                     if isinstance(cfg, RunConfig) else {})})
     _pump(proc.stdout, "", stdout)
@@ -302,6 +306,7 @@ def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig
     check_environment(cfg, ranks_on_this_node=ranks_here)
     # the ranks get the resolved run id and results folder, not whatever their environment would give
     cfg = replace(cfg, run_id=make_run_id(cfg), launcher=launcher, results_dir=str(cfg.results_root))
+    records.refuse_foreign(cfg.results_root, cfg.results_root / cfg.run_id)
     ensure_not_complete(cfg.results_root / cfg.run_id)
     if launcher != "none":  # fail fast, before starting ranks, when a live run holds the directory
         records.RunLock(cfg.results_root / cfg.run_id).check()

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kernels import files
+
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "lab_alt.html.j2"
 SERVE = "--serve"
 
@@ -98,7 +100,7 @@ def render(notebook: Path, html_exporter=None) -> Path:
     notebook = Path(notebook)
     body, _ = (html_exporter or exporter()).from_filename(str(notebook))
     out = notebook.with_suffix(".html")
-    out.write_text(body, encoding="utf-8")
+    files.atomic_write_text(out, body)
     return out
 
 

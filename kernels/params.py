@@ -128,6 +128,9 @@ COMMON: tuple[Param, ...] = (
                                        "giving up"),
     Param("allow_config_change", bool, False, "resume even though a parameter that alters the run changed "
                                               "(the change is recorded)"),
+    Param("resume_unverified", bool, False, "resume from a checkpoint that carries no checksum (one written by "
+                                            "a lab before checksums): nothing vouches for its bytes; it is read "
+                                            "as data only (tensors, numbers, containers) all the same"),
     Param("oversubscribe", bool, False, "allow more CPU ranks on this node than it has cores"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
     Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),

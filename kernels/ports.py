@@ -10,18 +10,20 @@ PORT_BASE, PORT_SPAN = 20000, 12000
 
 
 def slurm_port(job_id: str) -> int:
-    """Deterministic per job, so every rank agrees without talking."""
+    """Deterministic per job, so every rank agrees without talking: only for ranks that srun starts without the
+    lab's launcher (which passes every rank a random MASTER_PORT), since anyone who sees the job id can predict it."""
     return PORT_BASE + int(job_id) % PORT_SPAN
 
 
 def free_port() -> int:
-    """A port that is free now, outside the ephemeral range (see PORT_BASE)."""
+    """A port that is free now on every interface (where rank 0's store will listen), drawn from the system's
+    random source (another user cannot predict it), outside the ephemeral range (see PORT_BASE)."""
     import random
 
-    for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), 200):
+    for port in random.SystemRandom().sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), 200):
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))
             except OSError:
                 continue
             return port

@@ -4,7 +4,7 @@ A record is a directory results/runs/<run_id>/ holding:
     config.json   resolved parameters + provenance (git, versions, hosts, devices, Slurm ids)
     metrics.csv   one row per completed epoch; units in the column names
     summary.json  the run's outcome; `status` says whether it is complete
-    checkpoint.pt latest checkpoint (a run resumes from it), its content's sha256 inside;
+    checkpoint.pt latest checkpoint (a run resumes from it), the sha256 of its bytes on its first line;
                   checkpoint.prev.pt the one before (kernels/checkpoint.py)
     failure.txt   only when a run failed and could not write its summary (a full disk): the
                   cause, written into space reserved at the start (.reserve while it runs)
@@ -217,7 +217,43 @@ def read_json(path: Path) -> dict:
     if "checksum" in obj and obj["checksum"] != _checksum(obj):
         raise RecordError(f"{path}: checksum mismatch, the file was altered or damaged after it was written; "
                           f"restore it, or remove the run directory {path.parent} and run again")
+    if "checksum" not in obj and isinstance(obj.get("schema_version"), int) and obj["schema_version"] >= 2:
+        raise RecordError(f"{path}: no checksum, which every record of schema {obj['schema_version']} carries: it "
+                          f"was edited by hand or written by another program; restore it, or remove the run "
+                          f"directory {path.parent} and run again")
     return obj
+
+
+# summary.json's figures the analysis computes with: a number (finite) or null in any record it reads
+SUMMARY_NUMBERS = ("samples_per_s", "samples_per_s_per_device", "samples_per_s_p10", "samples_per_s_p90",
+                   "final_eval_acc", "data_wait_frac", "epoch_s_median", "exposed_comm_ms",
+                   "mfu", "peak_mem_gib", "step_ms_p50", "step_ms_p90", "train_flops_per_sample")
+METRICS_REQUIRED = ("epoch", "steps", "samples", "epoch_s")  # every metrics.csv has these
+
+
+def check_types(path: Path, obj: dict, numbers=SUMMARY_NUMBERS) -> None:
+    """Each of `numbers` present in `obj` is a finite number or null: a RecordError names the first that is not
+    (a string, a NaN), so a record with a hand-made value is set aside instead of breaking a table."""
+    import math
+
+    for key in numbers:
+        v = obj.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise RecordError(f"{path}: '{key}' is {v!r}, not a finite number; the record was damaged or edited: "
+                              f"restore it, or remove the run directory {path.parent} and run again")
+
+
+def check_metrics(path: Path, rows: list[dict], header: list[str]) -> None:
+    """metrics.csv has the lab's columns and numbers (or empty cells) only."""
+    missing = [c for c in METRICS_REQUIRED if c not in header]
+    if missing:
+        raise RecordError(f"{path}: not a metrics file of the lab (no {', '.join(missing)} column); restore it, or "
+                          f"remove the record {path.parent} and run again")
+    for i, row in enumerate(rows, 2):
+        bad = [k for k, v in row.items() if isinstance(v, str)]
+        if bad:
+            raise RecordError(f"{path}: line {i}: '{bad[0]}' is {row[bad[0]]!r}, not a number; restore the file, or "
+                              f"remove the record {path.parent} and run again")
 
 
 def write_metrics(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -236,8 +272,14 @@ def read_run(run_dir: Path) -> dict:
     for name in ("config", "summary"):
         p = run_dir / f"{name}.json"
         out[name] = read_json(p) if p.exists() else None
+    if out["summary"] is not None:
+        check_types(run_dir / "summary.json", out["summary"])
     p = run_dir / "metrics.csv"
     out["metrics"] = read_csv_rows(p) if p.exists() else []
+    if p.exists():
+        with open(p, newline="") as f:
+            header = next(csv.reader(f), [])
+        check_metrics(p, out["metrics"], header)
     return out
 
 
@@ -284,6 +326,22 @@ def is_complete(run_dir: Path) -> bool:
     return status_of(run_dir) == "complete"
 
 
+def refuse_foreign(results_root: Path, run_dir: Path) -> None:
+    """The results folder and the run's own directory must be the user's: a link planted in a shared folder, or
+    a directory of another user's, would take the run's writes elsewhere. A results folder that is the user's own
+    link (to scratch) is fine; a run directory is never a link (the lab makes it)."""
+    from kernels.errors import ConfigError
+
+    why = files.foreign(results_root, own_link_ok=True)
+    if why:
+        raise ConfigError(f"parameter 'results_dir': {why}: the lab writes only into directories of yours; pass "
+                          f"results_dir=<a directory you own>")
+    why = files.foreign(run_dir)
+    if why:
+        raise ConfigError(f"parameter 'run_id': {why}: a run directory is one the lab made for you, never a link; "
+                          f"remove it if it is yours, or pass another run_id")
+
+
 def ensure_not_complete(run_dir: Path) -> None:
     """Refuse to start over a finished record (it would be silently overwritten)."""
     from kernels.errors import ConfigError
@@ -324,16 +382,23 @@ def mark_failed(run_dir: Path, cause: str) -> bool:
 
 
 class RunLock:
-    """One owner per run directory: an O_EXCL lock file holding host, pid, Slurm job id and start time.
+    """One owner per run directory: a lock file holding host, pid, Slurm job id and start time.
 
-    A lock whose owner is gone (same host and the pid is dead, or its Slurm job is no
-    longer running) is stale and taken over; a live one makes the second run fail fast
-    naming the first.
+    The lock appears whole or not at all: its content is written to a private file first, which is then
+    hard-linked to the lock's name (link fails when the name exists: the O_EXCL of file systems, NFS
+    included). A lock whose owner is gone (same host and the pid is dead, or its Slurm job is no longer
+    running) is stale and taken over; a live one makes the second run fail fast naming the first. An
+    unreadable lock is held while it is fresh (younger than UNREADABLE_STALE_S) and stale after.
+    Taking over is serialised by a second lock, `.lock.break`: whoever holds it reads the lock again and
+    removes it only if it is the stale one it judged, so two runs that both found it stale never both win.
     """
     NAME = ".lock"
+    UNREADABLE_STALE_S = 60.0
+    BREAK_STALE_S = 30.0
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / self.NAME
+        self.breaker = self.path.with_name(self.NAME + ".break")
         self.held = False
 
     @staticmethod
@@ -346,17 +411,26 @@ class RunLock:
 
     def owner(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            owner = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
+        return owner if isinstance(owner, dict) else None
+
+    def _age(self, path: Path) -> float:
+        import time
+
+        try:
+            return time.time() - os.lstat(path).st_mtime
+        except OSError:
+            return 0.0
 
     def stale(self, owner: dict | None) -> bool:
         import shutil
         import socket
         import subprocess
 
-        if not owner:
-            return True  # unreadable: a crash while it was written
+        if not owner:  # unreadable: damaged, or being written by a lab before locks were linked whole
+            return self._age(self.path) > self.UNREADABLE_STALE_S
         if owner.get("slurm_job") and shutil.which("squeue"):
             p = subprocess.run(["squeue", "-h", "-j", str(owner["slurm_job"]), "-o", "%T"], capture_output=True,
                                text=True)
@@ -365,41 +439,81 @@ class RunLock:
             return True
         return owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
 
-    def describe(self, owner: dict) -> str:
+    def describe(self, owner: dict | None) -> str:
+        if not owner:
+            return f"its lock is unreadable, {self._age(self.path):.0f} s old; stale after {self.UNREADABLE_STALE_S:.0f} s"
         job = f", Slurm job {owner['slurm_job']}" if owner.get("slurm_job") else ""
         return f"host {owner.get('host')} pid {owner.get('pid')}{job}, since {owner.get('started_utc')}"
 
-    def acquire(self) -> None:
+    def _in_use(self, owner: dict | None):
         from kernels.errors import ConfigError
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
-            except FileExistsError:
-                owner = self.owner()
-                if self.stale(owner):
-                    self.path.unlink(missing_ok=True)
-                    continue
-                raise ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run "
-                                  f"({self.describe(owner)}); wait for it, pass another run_id, or remove "
-                                  f"{self.path} if that run is dead") from None
+        return ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run ({self.describe(owner)}); "
+                           f"wait for it, pass another run_id, or remove {self.path} if that run is dead")
+
+    def _link_whole(self) -> bool:
+        """Make the lock, content and all, in one step; False when it exists."""
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.NAME}.", dir=self.path.parent)
+        try:
+            os.fchmod(fd, FILE_MODE)
             with os.fdopen(fd, "w") as f:
                 json.dump(self._me(), f)
-            self.held = True
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            os.unlink(tmp)
+
+    def _break_stale(self, judged: bytes | None) -> None:
+        """Remove the lock if it is still the stale one read as `judged`, holding the break lock meanwhile."""
+        try:
+            fd = os.open(self.breaker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, FILE_MODE)
+        except FileExistsError:  # another run is taking it over; a breaker that died leaves this behind
+            if self._age(self.breaker) > self.BREAK_STALE_S:
+                self.breaker.unlink(missing_ok=True)
             return
-        raise ConfigError(f"cannot take the lock {self.path}")
+        os.close(fd)
+        try:
+            try:
+                now = self.path.read_bytes()
+            except FileNotFoundError:
+                return
+            if now == judged:
+                self.path.unlink()
+        finally:
+            self.breaker.unlink(missing_ok=True)
+
+    def acquire(self) -> None:
+        import time
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(20):
+            if self._link_whole():
+                self.held = True
+                return
+            try:
+                judged = self.path.read_bytes()
+            except FileNotFoundError:
+                continue  # released or broken meanwhile: try again
+            owner = self.owner()
+            if not self.stale(owner):
+                raise self._in_use(owner) from None
+            self._break_stale(judged)
+            time.sleep(0.01 * attempt)
+        raise self._in_use(self.owner())
 
     def check(self) -> None:
         """Fail fast (before starting ranks) when a live run holds the directory."""
-        from kernels.errors import ConfigError
-
         if self.path.exists():
             owner = self.owner()
             if not self.stale(owner):
-                raise ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run "
-                                  f"({self.describe(owner)}); wait for it, pass another run_id, or remove "
-                                  f"{self.path} if that run is dead")
+                raise self._in_use(owner)
 
     def release(self) -> None:
         if self.held:

@@ -40,7 +40,7 @@ from kernels.errors import ConfigError, exit_status
 from kernels.files import PROJECT_ROOT, results_home
 from kernels.config import resolve, table
 from kernels.launch import geometry
-from kernels import yamlfile
+from kernels import files, yamlfile
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
               "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
@@ -211,10 +211,21 @@ def load(path: Path) -> Study:
     env = spec.get("env") or {}
     if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
         raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
+    for k, v in env.items():
+        one_line(where, f"env.{k}", v)
     serial = spec.get("serial", False)
     if not isinstance(serial, bool):
         raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
     return Study(name, path, notebook, cluster, mode, points, {str(k): str(v) for k, v in env.items()}, serial)
+
+
+def one_line(where: str, key: str, value) -> None:
+    """A value that reaches a command line holds no control character: commands.txt is one command per line, so
+    a newline would make the rest of the value a command of its own."""
+    bad = [c for c in str(value) if ord(c) < 32 or ord(c) == 127]
+    if bad:
+        raise ConfigError(f"{where}: key '{key}': {str(value)!r} holds a control character ({bad[0]!r}); values that "
+                          f"reach a command line must be one line of printable text")
 
 
 def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int) -> list[tuple[int, int, int]]:
@@ -280,7 +291,7 @@ def point_yaml(p: Point) -> str:
 def write_point(study: Study, p: Point) -> Path:
     path = point_file(study, p)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(point_yaml(p))
+    files.atomic_write_text(path, point_yaml(p))
     return path
 
 
@@ -361,7 +372,7 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
         list_file.parent.mkdir(parents=True, exist_ok=True)
         lines = [str(write_point(study, p)) for p in pts]
-        list_file.write_text("\n".join(lines) + "\n")
+        files.atomic_write_text(list_file, "\n".join(lines) + "\n")
         if dry_run:
             print(f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
                   f"from {PROJECT_ROOT}", file=out)
@@ -373,7 +384,7 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
     if subs:
         log = state / "submissions.json"
         history = json.loads(log.read_text()) if log.exists() else []
-        log.write_text(json.dumps(history + subs, indent=2) + "\n")
+        files.atomic_write_text(log, json.dumps(history + subs, indent=2) + "\n")
     return subs
 
 

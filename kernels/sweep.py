@@ -32,8 +32,8 @@ from pathlib import Path
 
 from kernels.errors import ConfigError, exit_status
 from kernels.files import PROJECT_ROOT
-from kernels import yamlfile
-from kernels.study import _check_keys, cluster_options, load_cluster, results_root, run_sbatch
+from kernels import files, yamlfile
+from kernels.study import _check_keys, cluster_options, load_cluster, one_line, results_root, run_sbatch
 
 SWEEP_KEYS = {"name": "sweep id", "cluster": "cluster profile", "command": "command template with {name} fields",
               "grid": "name -> list of values", "sbatch": "resources: nodes, ntasks_per_node, cpus_per_task, time",
@@ -53,8 +53,13 @@ def load(path: Path) -> dict:
     _check_keys(spec, SWEEP_KEYS, where)
     _check_keys(spec.get("sbatch") or {}, SBATCH_KEYS, f"{where}: key 'sbatch'")
     name = str(spec.get("name") or path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+        raise ConfigError(f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only (it names "
+                          f"the sweep's folder under results/sweeps)")
     if "command" not in spec:
         raise ConfigError(f"{where}: key 'command' is required")
+    spec["command"] = str(spec["command"]).strip()  # a YAML block scalar ends in a newline
+    one_line(where, "command", spec["command"])
     grid = spec.get("grid") or {}
     if not grid:
         raise ConfigError(f"{where}: key 'grid': an empty grid")
@@ -63,6 +68,8 @@ def load(path: Path) -> dict:
             raise ConfigError(f"{where}: key 'grid.{k}': an empty grid; give a list of values")
         if len(set(map(str, v))) != len(v):
             raise ConfigError(f"{where}: key 'grid.{k}' lists a value twice (duplicate points)")
+        for value in v:
+            one_line(where, f"grid.{k}", value)
     fields = set(re.findall(r"{(\w+)}", spec["command"])) - set(RESERVED)
     if fields - set(grid):
         raise ConfigError(f"{where}: key 'command' uses {', '.join(sorted(fields - set(grid)))} not in 'grid'")
@@ -84,8 +91,13 @@ def load(path: Path) -> dict:
         if not rx.groupindex:
             raise ConfigError(f"{where}: key 'parse' needs named groups, e.g. (?P<avg_us>\\S+): they name the columns")
     env = spec.get("env") or {}
-    if not isinstance(env, dict):
-        raise ConfigError(f"{where}: key 'env' must map variable names to values")
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
+    for k, v in env.items():
+        one_line(where, f"env.{k}", v)
+        if "," in str(v):
+            raise ConfigError(f"{where}: key 'env.{k}': {str(v)!r} holds ',', which would start another variable "
+                              f"in sbatch --export; set it in the command or the cluster's modules instead")
     combos = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
     sweep = {"name": name, "cluster": load_cluster(str(spec.get("cluster", "local"))), "combos": combos,
              "sbatch": spec.get("sbatch") or {}, "path": path, "parse": parse, "env": {str(k): str(v) for k, v in
@@ -117,8 +129,8 @@ def sbatch_command(sweep: dict) -> list[str]:
 
 
 def _write_commands(sweep: dict, out: Path) -> None:
-    (out / "commands.txt").write_text("\n".join(sweep["commands"]) + "\n")
-    (out / "grid.json").write_text(json.dumps(sweep["combos"], indent=2) + "\n")
+    files.atomic_write_text(out / "commands.txt", "\n".join(sweep["commands"]) + "\n")
+    files.atomic_write_text(out / "grid.json", json.dumps(sweep["combos"], indent=2) + "\n")
 
 
 def submit(sweep: dict, dry_run: bool = False) -> str | None:
@@ -137,7 +149,7 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
     if sweep.get("setup"):  # (sweeps built in code, such as bigMNIST's build array, have none)
         print(f"setup: {sweep['setup']}", flush=True)
         p = subprocess.run(sweep["setup"], shell=True, cwd=out, capture_output=True, text=True)
-        (out / "setup.log").write_text(p.stdout + p.stderr)
+        files.atomic_write_text(out / "setup.log", p.stdout + p.stderr)
         if p.returncode != 0:
             raise ConfigError(f"the sweep's setup failed (exit {p.returncode}), nothing submitted: "
                               f"{(p.stderr or p.stdout).strip()[-600:]}")
@@ -168,7 +180,7 @@ def collect(sweep: dict) -> list[dict]:
         import csv
 
         cols = list(dict.fromkeys(k for r in rows for k in r))
-        with open(out / "table.csv", "w", newline="") as f:
+        with files.create(out / "table.csv", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)

@@ -87,6 +87,7 @@ hang_timeout_min = 10.0         # a rank with no step (or evaluation batch) for 
 sync_check_steps = 10           # every N steps the ranks agree on a stop request (USR1 or TERM: checkpoint and stop) and on a non-finite loss; one small all-reduce each time
 term_grace_s = 60.0             # after SIGTERM, seconds to reach a step boundary and checkpoint before giving up
 allow_config_change = False     # resume even though a parameter that alters the run changed (the change is recorded)
+resume_unverified = False       # resume from a checkpoint that carries no checksum (one written by a lab before checksums): nothing vouches for its bytes; it is read as data only (tensors, numbers, containers) all the same
 oversubscribe = False           # allow more CPU ranks on this node than it has cores
 data_dir = ''                   # data root (empty: <project>/data)
 results_dir = ''                # where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)

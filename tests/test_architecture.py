@@ -26,7 +26,7 @@ KERNELS = ROOT / "kernels"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
               "kernels.flops", "kernels.alttext", "kernels.axis_labels", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile",
-              "kernels.ports")),
+              "kernels.ports", "kernels.safe_pickle")),
     ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
     ("data", ("kernels.data", "kernels.data.*")),
     ("workloads", ("kernels.workloads", "kernels.workloads.*")),

@@ -95,12 +95,12 @@ def test_missing_dataset_names_fetch_command(tmp_path, capsys, monkeypatch):
 def test_corrupt_dataset_rejected_before_any_record(cifar_root, tmp_path, capsys, monkeypatch):
     from kernels.data import cifar10
 
-    root, _ = cifar_root
-    f = cifar10.batch_dir(root) / "test_batch"
+    root, _, _ = cifar_root  # the official md5s refuse this set's files: the first checked is data_batch_1
+    f = cifar10.batch_dir(root) / "data_batch_1"
     f.write_bytes(f.read_bytes()[:-10])
     rc, _, err = cli_in_process(capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", root,
                                 "--results_dir", tmp_path / "r")
-    assert rc == 2 and "test_batch" in err and "checksum mismatch" in err
+    assert rc == 2 and "data_batch_1" in err and "checksum mismatch" in err
     assert not (tmp_path / "r").exists()
 
 

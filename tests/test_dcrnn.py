@@ -376,9 +376,9 @@ def test_a_cell_from_the_zero_state_skips_its_terms_and_computes_the_same_step()
 
 
 def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
-    """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint's content checksum covers
-    their indices and values (a CSR tensor has no flat bytes; the write failed at the first epoch's end), and a
-    changed value is found."""
+    """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint holds and verifies them, a
+    changed byte is found, and the content checksum of an earlier format's files covers their indices and values
+    (a CSR tensor has no flat bytes; that write failed at the first epoch's end)."""
     from kernels import checkpoint
 
     ids, adj = small_graph(6)
@@ -389,8 +389,13 @@ def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
     state, path, notes = checkpoint.load(tmp_path)
     assert path.name == "checkpoint.pt" and not notes and state["epoch"] == 1
     assert all(torch.equal(state["rank_buffers"][0][k].to_dense(), v.to_dense()) for k, v in held.items())
+    before = checkpoint.content_digest(state)
     state["rank_buffers"][0]["support0"].values()[0] += 1.0
-    assert checkpoint.content_digest(state) != state[checkpoint.DIGEST_KEY]
+    assert checkpoint.content_digest(state) != before
+    data = bytearray(path.read_bytes())
+    data[-300] ^= 1
+    path.write_bytes(bytes(data))
+    assert "checksum mismatch" in checkpoint.read_state(path)[1]
 
 
 def test_the_default_is_the_released_codes_recursion():

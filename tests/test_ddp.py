@@ -10,7 +10,7 @@ import torch
 from kernels import records
 from kernels.workloads import Metric
 
-from conftest import TINY, merge_args, run_cli
+from conftest import TINY, load_checkpoint, merge_args, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ BASE = [*TINY, "--dataset", "digits", "--train_samples", "128", "--test_samples"
 
 
 def params_of(run_dir):
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state = load_checkpoint(run_dir / "checkpoint.pt")
     # parameters only: BatchNorm running statistics are buffers that DDP
     # broadcasts from rank 0, so with 2 ranks they come from half the batch.
     return {k: v for k, v in state["model"].items() if "running" not in k and "num_batches" not in k}, state

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, record_fault
+from conftest import ROOT, load_checkpoint, record_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -83,7 +83,7 @@ def summary(run_dir: Path) -> dict:
 
 
 def weights(run_dir: Path) -> torch.Tensor:
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state = load_checkpoint(run_dir / "checkpoint.pt")
     return torch.cat([v.flatten().double() for v in state["model"].values()])
 
 
@@ -277,6 +277,8 @@ def test_a_second_run_on_the_same_directory_fails_fast_naming_the_first(tmp_path
 
 def _damage_tensor_bytes(path: Path) -> None:
     """Flip bytes inside the largest tensor of a checkpoint, leaving its zip whole: torch.load alone loads it."""
+    from kernels import checkpoint as ckpt
+
     import struct
     import zipfile
 
@@ -288,7 +290,7 @@ def _damage_tensor_bytes(path: Path) -> None:
     for i in range(first, first + entry.file_size, max(1, entry.file_size // 8)):
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
-    torch.load(path, map_location="cpu", weights_only=False)  # still a loadable file: only its content is wrong
+    ckpt.load_bytes(bytes(data).split(b"\n", 1)[1], path.name)  # still a loadable zip: only its content is wrong
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
@@ -368,7 +370,7 @@ def test_a_writer_killed_anywhere_in_the_checkpoint_write_leaves_one_that_verifi
     assert float(state["model"]["w"][0]) == newest
     ckpt.write(run, _state(3))  # the next write after the crash
     assert {f.name for f in run.iterdir()} == {"checkpoint.pt", "checkpoint.prev.pt"}
-    assert [ckpt.load(run)[0]["global_step"], torch.load(run / "checkpoint.prev.pt")["global_step"]] == [3, newest]
+    assert [ckpt.load(run)[0]["global_step"], load_checkpoint(run / "checkpoint.prev.pt")["global_step"]] == [3, newest]
 
 
 def test_rank0_killed_mid_checkpoint_resumes_from_the_newest_whole_one(tmp_path, reference):
@@ -662,7 +664,7 @@ def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
     s = summary(run)
     record_fault("Slurm: time limit of 1 min reached", 60 + 90, took, 75, s["status"])
     assert took < 60 + 90 and s["status"] == "preempted", (took, s["status"], s.get("error"))
-    step = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)["global_step"]
+    step = load_checkpoint(run / "checkpoint.pt")["global_step"]
     assert step == s["steps_done"] > 0
     p = lab(*BASE, "--epochs", "300", "--gpus", "2", "--stop_after_steps", str(step + 16), "--results_dir",
             tmp_path / "runs", "--run_id", run.name)
@@ -834,7 +836,7 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
 
     import yaml
 
-    from kernels import report
+    from kernels import records, report
 
     res = tmp_path / "results"
     env = {**os.environ, "LAB_RESULTS": str(res)}
@@ -858,6 +860,19 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
     shutil.copytree(good, missing_field)
     lines = (missing_field / "metrics.csv").read_text().splitlines()
     (missing_field / "metrics.csv").write_text("\n".join(lines[:-1] + [lines[-1].rsplit(",", 1)[0]]) + "\n")
+    edited = res / "runs" / "bad-summary-edited"  # by hand: numbers as strings, a NaN, and no checksum
+    shutil.copytree(good, edited)
+    s = json.loads((edited / "summary.json").read_text())
+    s.update(samples_per_s=str(s["samples_per_s"]), final_eval_acc=float("nan"))
+    del s["checksum"]
+    (edited / "summary.json").write_text(json.dumps(s))
+    rechecked = res / "runs" / "bad-summary-typed"  # the same, its checksum recomputed: the types still refuse it
+    shutil.copytree(good, rechecked)
+    s.pop("final_eval_acc")
+    records.write_json(rechecked / "summary.json", s)
+    foobar = res / "runs" / "bad-metrics-foobar"  # another program's CSV where metrics.csv belongs
+    shutil.copytree(good, foobar)
+    (foobar / "metrics.csv").write_text("foo,bar\n1,2\n")
     for name in ("results.csv", "summary.json", "config.json"):
         copy = res / "comm" / f"bad-{name.replace('.', '-')}"
         shutil.copytree(cgood, copy)
@@ -872,6 +887,8 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
     assert built["runs"]["run_id"].tolist() == ["good"]
     problems = built["problems"].set_index("run_id")
     expect = {**{f"bad-{n.replace('.', '-')}": n for n in damage}, "bad-metrics-field": "metrics.csv",
+              "bad-summary-edited": "summary.json: no checksum", "bad-summary-typed": "'samples_per_s' is '",
+              "bad-metrics-foobar": "metrics.csv: not a metrics file",
               **{f"comm/bad-{n.replace('.', '-')}": n for n in ("results.csv", "summary.json", "config.json")}}
     for run_id, name in expect.items():
         assert problems.loc[run_id, "status"] == "unreadable" and name in problems.loc[run_id, "reason"], run_id

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -126,8 +127,10 @@ def test_the_readme_four_gpu_node_form_runs_as_written(slurm, tmp_path, monkeypa
 
 def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks(slurm, tmp_path):
     """`sbatch slurm/jupyter.sbatch` as the README writes it (on the local 4-GPU-node partition): the job log
-    gives the ssh tunnel and the tokened URL; a request as the tunnel delivers it (to the node's port, Host
-    127.0.0.1) reaches JupyterLab, which opens notebooks/01_train.py as a notebook; scancel ends it."""
+    gives the ssh tunnel and where the token is (a 0600 file; the token itself never reaches the log); a request
+    as the tunnel delivers it (to the node's port, Host 127.0.0.1) reaches JupyterLab, which opens
+    notebooks/01_train.py as a notebook, and without the token is refused; scancel ends it."""
+    import urllib.error
     import urllib.request
 
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "SBATCH_PARTITION": "quad"}
@@ -137,19 +140,33 @@ def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks
     job, log = p.stdout.strip(), tmp_path / f"jl-{p.stdout.strip()}.out"
     try:
         deadline, text = time.monotonic() + 120, ""
-        while not re.search(r"token=[0-9a-f]{16}", text) and time.monotonic() < deadline:
+        while "Jupyter Server" not in text and "is running at" not in text and time.monotonic() < deadline:
             time.sleep(0.5)
             text = log.read_text(errors="replace") if log.exists() else ""
         tunnel = re.search(r"on your laptop:  ssh -N -L (\d+):(\S+):(\d+) \S+@\S+", text)
         assert tunnel and tunnel.group(1) == tunnel.group(3), text
         port, node = tunnel.group(1), tunnel.group(2)
-        token = re.search(r"token=([0-9a-f]+)", text).group(1)
-        req = urllib.request.Request(f"http://{node}:{port}/api/contents/notebooks/01_train.py?token={token}&content=0",
-                                     headers={"Host": f"127.0.0.1:{port}"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert json.loads(r.read())["type"] == "notebook"  # jupytext: the .py source opens as a notebook
+        token_file = Path(re.search(r"TOKEN from: cat (\S+) \(readable by you only\)", text).group(1))
+        token = token_file.read_text().strip()
+        assert token_file.stat().st_mode & 0o777 == 0o600 and len(token) >= 32
+        url = f"http://{node}:{port}/api/contents/notebooks/01_train.py?content=0"
+        for _ in range(60):
+            try:
+                req = urllib.request.Request(f"{url}&token={token}", headers={"Host": f"127.0.0.1:{port}"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    assert json.loads(r.read())["type"] == "notebook"  # jupytext: the .py source opens as a notebook
+                break
+            except urllib.error.URLError as e:  # the server prints its banner as it starts listening
+                if isinstance(e, urllib.error.HTTPError):
+                    raise
+                time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, headers={"Host": f"127.0.0.1:{port}"}), timeout=30)
+        assert e.value.code == 403
+        assert token not in log.read_text(errors="replace")
     finally:
         subprocess.run(["scancel", job], env=env)
+        (ROOT / "results" / "logs" / f"lab-jupyter-{job}.token").unlink(missing_ok=True)
     deadline = time.monotonic() + 60
     while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, f"job {job} still there after scancel"

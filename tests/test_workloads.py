@@ -21,7 +21,7 @@ from kernels.params import ConfigError, Param
 from kernels.config import resolve, table
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
-from conftest import ROOT, TINY, cli_in_process, merge_args, run_cli
+from conftest import ROOT, TINY, cli_in_process, load_checkpoint, merge_args, run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -165,7 +165,7 @@ def test_cnn_two_rank_ddp_equals_one_process_with_two_micro_batches(tmp_path):
         out = tmp_path / name
         p = run_cli(*merge_args(*CNN, "--epochs", "1", "--lr", "0.5", *args, "--results_dir", out))
         assert p.returncode == 0, p.stdout + p.stderr
-        state = torch.load(only_run(out) / "checkpoint.pt", map_location="cpu", weights_only=False)
+        state = load_checkpoint(only_run(out) / "checkpoint.pt")
         return flat(state["model"]), state
 
     w0, _ = weights("init", "--gpus", "1", "--lr", "1e-30", "--stop_after_steps", "2")

@@ -35,7 +35,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels import records
+from kernels import files, records
 from kernels.comm.collectives import DTYPES, FORMS, OPS, count_wrong
 from kernels.errors import ConfigError
 from kernels.files import results_home
@@ -426,14 +426,14 @@ def _measure(cfg: CommConfig, runner, device) -> int:
             traceback.print_exc()
         raise
     if is0:
-        (run_dir / "commbench.txt").write_text("\n".join(lines) + "\n")
+        files.atomic_write_text(run_dir / "commbench.txt", "\n".join(lines) + "\n")
         osu = []
         for op in cfg.op_list:
             for dt in cfg.dtype_list:
                 sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
                 if sel:
                     osu += osu_block(op, dt, sel, facts)
-        (run_dir / "osu.txt").write_text("\n".join(osu))
+        files.atomic_write_text(run_dir / "osu.txt", "\n".join(osu))
         write_csv(run_dir / "results.csv", rows)
         per = {}
         for r in rows:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels import safe_pickle
 from kernels.data.download import sha256sum
 from kernels.errors import ConfigError, exit_status
 from kernels.files import PROJECT_ROOT, sizes
@@ -88,17 +89,26 @@ def read_speeds(path: Path, key: str):
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such file")
+    refused: list[str] = []  # what PyTables was refused while reading (it hides the error for attributes)
     try:
-        with pd.HDFStore(path, mode="r") as store:
+        with safe_pickle.guarded_pytables() as refused, pd.HDFStore(path, mode="r") as store:
             keys = [k.lstrip("/") for k in store.keys()]
             if key not in keys:
                 raise ConfigError(f"{path}: no table under key '{key}' (it holds {', '.join(keys) or 'none'}); "
                                   f"metr-la.h5 keeps its speeds under 'df', pems-bay.h5 under 'speed'")
+            _refuse_object_nodes(path, store.get_node(key))
             df = store[key]
     except ConfigError:
         raise
-    except Exception as e:  # not HDF5, or not a pandas store
-        raise ConfigError(f"{path}: not a pandas HDF5 file ({type(e).__name__}: {e})") from None
+    except Exception as e:  # not HDF5, or not a pandas store, or pandas choking on what was refused
+        if isinstance(e, safe_pickle.RefusedPickle):
+            refused.append(e.name)
+        if not refused:
+            raise ConfigError(f"{path}: not a pandas HDF5 file ({type(e).__name__}: {e})") from None
+    if refused:
+        raise ConfigError(f"{path}: refused: an HDF5 attribute asks for {refused[0]}, which is not data (a pickle "
+                          f"naming a function can run any code). A speeds file holds numbers, sensor ids and "
+                          f"timestamps only; fetch the original again")
     if not isinstance(df, pd.DataFrame) or df.ndim != 2 or df.shape[0] < 2 or df.shape[1] < 1:
         raise ConfigError(f"{path}: key '{key}' is not a (time x sensors) table")
     if not isinstance(df.index, pd.DatetimeIndex):
@@ -110,6 +120,17 @@ def read_speeds(path: Path, key: str):
     return values, df.index, [str(c) for c in df.columns]
 
 
+def _refuse_object_nodes(path: Path, group) -> None:
+    """An object-typed array (a pickle per row, which PyTables would unpickle as it reads) under the key, named
+    before anything under it is read."""
+    for node in group._f_walknodes("Leaf"):
+        atom, dtype = getattr(node, "atom", None), getattr(node, "dtype", None)
+        if (atom is not None and atom.kind == "object") or (dtype is not None and dtype.kind == "O"):
+            raise ConfigError(f"{path}: refused: {node._v_pathname} is an object-typed array (pickled Python "
+                              f"objects, which could run code when read); a speeds file holds numbers, sensor ids "
+                              f"and timestamps only")
+
+
 def read_adjacency(path: Path):
     """(sensor_ids list[str], sensor_id_to_ind dict, adj float32 N x N) from an adj_mx pickle."""
     path = Path(path)
@@ -117,7 +138,10 @@ def read_adjacency(path: Path):
         raise ConfigError(f"{path}: no such file")
     try:
         with open(path, "rb") as f:
-            obj = pickle.load(f, encoding="latin1")  # Python-2 pickles keep str as bytes
+            obj = safe_pickle.load(f, encoding="latin1")  # Python-2 pickles keep str as bytes
+    except safe_pickle.RefusedPickle as e:
+        raise ConfigError(f"{path}: refused: {e}. adj_mx.pkl holds [sensor_ids, sensor_id_to_ind, adj_mx] and "
+                          f"nothing else; fetch the original again") from None
     except Exception as e:
         raise ConfigError(f"{path}: not a readable pickle ({type(e).__name__}: {e}); a file converted to CRLF "
                           f"line endings is damaged (keep *.pkl binary)") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from kernels import files
 from kernels.profiling import breakdown, hta
 
 
@@ -20,11 +21,11 @@ def write(run_dir: Path, per_rank: list[dict], traces: dict[int, Path], hta_mode
     per_rank = sorted(per_rank, key=lambda r: (r["rank"] is None, r["rank"]))
     comb = breakdown.combine(per_rank)
     rows = breakdown.rows(per_rank, comb)
-    with open(run_dir / "breakdown.csv", "w", newline="") as f:
+    with files.create(run_dir / "breakdown.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    with open(run_dir / "top_ops.csv", "w", newline="") as f:
+    with files.create(run_dir / "top_ops.csv", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["rank", "name", "category", "self_ms_per_step", "calls"])
         w.writeheader()
         for r in [*per_rank, {**comb, "rank": "all"}]:

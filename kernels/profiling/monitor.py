@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from kernels import files
 from kernels.files import atomic_write_bytes
 from kernels.sysinfo import cpu_set
 
@@ -171,7 +172,7 @@ class Monitor(threading.Thread):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         nxt = t0 + self.period
-        with open(self.path, "w", newline="") as f:
+        with files.create(self.path, newline="") as f:
             w = csv.writer(f)
             w.writerow(COLUMNS)
             while not self.stop_event.wait(max(0.0, nxt - time.monotonic())):

@@ -29,7 +29,7 @@ RECORD_ROOM = 16 << 20  # the record's own files (config, summary, metrics, moni
 OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps", "checkpoint_every",
                          "stop_after_steps", "timeout_min", "startup_timeout_min", "hang_timeout_min",
                          "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
-                         "launcher", "allow_config_change", "oversubscribe", "num_workers", "prefetch_factor",
+                         "launcher", "allow_config_change", "resume_unverified", "oversubscribe", "num_workers", "prefetch_factor",
                          "profile_steps", "profile_wait", "profile_warmup", "profile_with", "profile_memory",
                          "profile_shapes", "profile_dir", "profile_hta", "monitor_hz", "sync_debug_steps"})
 
@@ -120,7 +120,7 @@ class RunRecord:
                                                  "host": sysinfo.host(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
                                                  "resumed_from_step": 0}]
         if decision["resume"] and state is None:
-            state, _, _ = ckpt.load(self.run_dir)
+            state, _, _ = ckpt.load(self.run_dir, self.cfg.resume_unverified)
         return state if decision["resume"] else None
 
     def _decide(self, model) -> tuple[dict, dict | None]:
@@ -128,6 +128,7 @@ class RunRecord:
         cfg = self.cfg
         run_id = make_run_id(cfg)
         run_dir = cfg.results_root / run_id
+        records.refuse_foreign(cfg.results_root, run_dir)
         records.ensure_not_complete(run_dir)
         resume = ckpt.exists(run_dir)
         marked = files.failure_cause(run_dir)  # what an attempt that could not finish its summary wrote
@@ -149,7 +150,7 @@ class RunRecord:
             elif failed:
                 self.log(f"note: the previous attempt of {run_id} failed: {failed}")
             if resume:
-                state, used, notes = ckpt.load(run_dir)
+                state, used, notes = ckpt.load(run_dir, cfg.resume_unverified)
                 decision["notes"] = notes + ([f"resuming from the previous checkpoint, {used.name}"]
                                              if used.name == ckpt.PREVIOUS else [])
                 decision["changes"] = config_changes(cfg, state["config"])
