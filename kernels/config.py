@@ -107,6 +107,7 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
          f"parameter 'micro_batches': the per-rank batch {cfg.per_rank_batch} (batch/gpus) is not "
          f"divisible by micro_batches={cfg.micro_batches}")
     need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
+    need(0 <= cfg.seed < 2**32, f"parameter 'seed': must be in 0 .. 2**32 - 1 (numpy's seeds), got {cfg.seed}")
     need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
     need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
     for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps", "eval_every", "eval_batch",

@@ -29,6 +29,7 @@ from kernels.flops import model_flops_per_sample, peak_tflops
 from kernels.params import RunConfig, device_type
 from kernels.run.checkpointing import POSITION, Checkpointer, restore, start_position
 from kernels.run.guards import StopSignals, Watchdog, agree, die_hung, stop_note
+from kernels.run import memory
 from kernels.run.io_stats import IOAccount
 from kernels.run.metrics import MetricSums, detach, epoch_line, epoch_row
 from kernels.run.observe import Observers
@@ -72,12 +73,13 @@ class Loop:
         ckpt.seed_everything(cfg.seed)
         self.src, self.eval_src, self.info = wl.make_data(cfg, self.rank, self.world, dev)
         self.src.check_batch(cfg.batch)
+        px, py = self.src.probe(2)
+        memory.refuse_what_cannot_fit(wl, cfg, self.info, (px, py), dev, self.rank)
         model, self.variant = wl.build_model(cfg, self.info)
         model = model.to(dev)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
-        px, py = self.src.probe(2)
         flops = model_flops_per_sample(copy.deepcopy(model), px, wl.loss, py,
                                        forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
         name = sysinfo.device_name(dev)

@@ -104,8 +104,9 @@ def foreign(path: Path, own_link_ok: bool = False) -> str | None:
 
 def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
     """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
-    err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; free space there or "
-                               f"choose another results_dir")
+    fix = ("free space there or choose another results_dir" if e.errno in DISK_FULL else
+           "the file or its directory is read-only, immutable or not yours: choose another results_dir")
+    err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; {fix}")
     err.path = str(path)
     return err
 

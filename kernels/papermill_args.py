@@ -31,25 +31,39 @@ def injected(args: list[str]) -> dict:
         return {}  # --help and the like: Papermill prints and injects nothing
     p = ctx.params
     out: dict = {}
-    try:
-        for text in p.get("parameters_base64") or []:
-            out.update(yaml.load(base64.b64decode(text), Loader=cli.NoDatesSafeLoader) or {})
-        for path in p.get("parameters_file") or []:
-            out.update(read_yaml_file(path) or {})
-        for text in p.get("parameters_yaml") or []:
-            out.update(yaml.load(text, Loader=cli.NoDatesSafeLoader) or {})
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"papermill parameters (-f/-y/-b): {e}") from None
-    for name, value in p.get("parameters") or []:
-        out[name] = cli._resolve_type(value)
-    for name, value in p.get("parameters_raw") or []:
-        out[name] = value
+    sources = [(f"-b {t[:20]}", lambda t=t: yaml.load(base64.b64decode(t), Loader=cli.NoDatesSafeLoader))
+               for t in p.get("parameters_base64") or []]
+    sources += [(f"-f {f}", lambda f=f: read_yaml_file(f)) for f in p.get("parameters_file") or []]
+    sources += [(f"-y {t[:40]!r}", lambda t=t: yaml.load(t, Loader=cli.NoDatesSafeLoader))
+                for t in p.get("parameters_yaml") or []]
+    for where, read in sources:
+        try:
+            values = read() or {}
+        except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8, not base64
+            raise ConfigError(f"papermill parameters {where}: {str(e).splitlines()[0][:200]}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"papermill parameters {where}: holds a {type(values).__name__}, not a mapping of "
+                              f"name: value")
+        out.update(values)
+    seen: dict = {}
+    for flag, key in (("-p", "parameters"), ("-r", "parameters_raw")):
+        for name, value in p.get(key) or []:
+            if name in seen:
+                raise ConfigError(f"parameter '{name}' is given twice ({seen[name]}, {flag} {name} {value}); keep "
+                                  f"one")
+            seen[name] = f"{flag} {name} {value}"
+            out[name] = cli._resolve_type(value) if flag == "-p" else value
     return out
 
 
 def defaults(notebook: Path) -> dict:
     """The literal assignments of the notebook's parameters cell; ConfigError when it has none."""
-    cells = json.loads(Path(notebook).read_text()).get("cells", [])
+    try:
+        cells = json.loads(Path(notebook).read_text()).get("cells", [])
+    except (ValueError, AttributeError) as e:  # not UTF-8, not JSON, or JSON that is not a notebook
+        raise ConfigError(f"{notebook}: not a Jupyter notebook ({str(e).splitlines()[0][:120]}); pass an .ipynb "
+                          f"file (notebooks/*.ipynb, or `lab notebooks sync` to write them from the .py "
+                          f"sources)") from None
     cell = next((c for c in cells if "parameters" in (c.get("metadata", {}).get("tags") or [])), None)
     if cell is None:
         raise ConfigError(f"{notebook}: no cell is tagged 'parameters', so Papermill cannot inject parameters into it")

@@ -490,6 +490,16 @@ class RunLock:
             self.breaker.unlink(missing_ok=True)
 
     def acquire(self) -> None:
+        try:
+            self._acquire()
+        except OSError as e:  # read-only, immutable (chattr +i), another user's: nothing can be written there
+            from kernels.errors import ConfigError
+
+            raise ConfigError(f"parameter 'run_id': cannot write in {self.path.parent} ({e.strerror or e}): the "
+                              f"directory is read-only, immutable (lsattr shows 'i') or not yours; pass another "
+                              f"run_id or results_dir") from None
+
+    def _acquire(self) -> None:
         import time
 
         self.path.parent.mkdir(parents=True, exist_ok=True)

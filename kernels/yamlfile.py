@@ -56,5 +56,12 @@ def loads(text: str, where: str = "<string>"):
 def read(path: Path, what: str = "") -> dict:
     """A YAML file holding a mapping (empty file: {}); errors name the file, and `what` it is."""
     path = Path(path)
-    data = loads(path.read_text(), f"{what + ' ' if what else ''}{path}")
-    return data or {}
+    where = f"{what + ' ' if what else ''}{path}"
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not a text file ({e.reason} at byte {e.start}); pass the YAML file") from None
+    data = loads(text, where) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: holds a {type(data).__name__}, not a mapping of key: value")
+    return data

@@ -296,3 +296,81 @@ def test_sweep_values_that_would_inject_are_refused(tmp_path, change, needle):
     path.write_text(yaml.safe_dump(spec))
     msg = refused(lambda: sweep.load(path), str(path), needle)
     assert not (tmp_path / "x").exists(), msg
+
+
+# ------------------------------------------------------------------ one line, not a traceback
+def test_unreadable_inputs_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    from conftest import ROOT, cli_in_process
+    from kernels import papermill_args, study, sweep
+
+    binary, listed = tmp_path / "binary.yaml", tmp_path / "list.yaml"
+    binary.write_bytes(bytes(range(256)))
+    listed.write_text("- batch\n- 64\n")
+    truncated = tmp_path / "cut.ipynb"
+    truncated.write_text((ROOT / "notebooks" / "01_train.ipynb").read_text()[:500])
+    refused(lambda: papermill_args.defaults(binary), "binary.yaml", "not a Jupyter notebook")
+    refused(lambda: papermill_args.defaults(truncated), "cut.ipynb", "not a Jupyter notebook")
+    refused(lambda: papermill_args.injected(["-f", str(listed)]), "-f", "list.yaml", "not a mapping")
+    refused(lambda: papermill_args.injected(["-p", "batch", "64", "-p", "batch", "1e3"]),
+            "parameter 'batch' is given twice", "-p batch 1e3")
+    refused(lambda: study.load(binary), "study file", "binary.yaml", "not a text file")
+    refused(lambda: sweep.load(binary), "sweep file", "binary.yaml", "not a text file")
+    rc, _, err = cli_in_process(capsys, monkeypatch, *TINY_RUN, "--seed", "-1", "--results_dir", tmp_path / "r")
+    assert rc == 2 and err.strip() == "error: parameter 'seed': must be in 0 .. 2**32 - 1 (numpy's seeds), got -1"
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.integration  # chattr is a process
+def test_an_immutable_run_directory_is_one_line_and_the_record_keeps_its_status(tmp_path, capsys, monkeypatch):
+    import json
+    import shutil
+    import subprocess
+
+    from conftest import cli_in_process
+
+    run = tmp_path / "runs" / "r"
+    args = [*TINY_RUN[:TINY_RUN.index("--epochs")], *TINY_RUN[TINY_RUN.index("--epochs") + 2:], "--epochs", "2",
+            "--results_dir", tmp_path / "runs", "--run_id", "r"]
+    rc, _, err = cli_in_process(capsys, monkeypatch, *args, "--stop_after_steps", "1")
+    assert rc == 0 and json.loads((run / "summary.json").read_text())["status"] == "stopped", err
+    chattr = shutil.which("chattr")
+    if not chattr or subprocess.run([chattr, "+i", str(run)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root, on a file system with immutable files)")
+    try:
+        rc, _, err = cli_in_process(capsys, monkeypatch, *args)
+    finally:
+        subprocess.run([chattr, "-i", str(run)], check=True)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "cannot write in" in err and "immutable" in err and "free space" not in err, err
+    assert json.loads((run / "summary.json").read_text())["status"] == "stopped"
+
+
+# ------------------------------------------------------------------ memory
+def test_a_model_that_cannot_fit_is_refused_before_it_is_built(tmp_path, capsys, monkeypatch):
+    """--width 4096 grew to 23.5 GB resident before the kernel killed it; now the estimate (on the meta device)
+    refuses it in one line, naming the figures, before the model exists."""
+    import resource
+
+    from conftest import cli_in_process
+    from kernels.config import resolve
+    from kernels.run import memory
+    from kernels.train import parse_args
+    from kernels.workloads import get_workload
+
+    t0 = time.monotonic()
+    wide = [a if a != "4" else "4096" for a in TINY_RUN]  # --width 4 -> --width 4096
+    rc, _, err = cli_in_process(capsys, monkeypatch, *wide, "--results_dir", tmp_path / "r")
+    record_fault("--width 4096 (a model that cannot fit in memory)", 30, time.monotonic() - t0, rc,
+                 "refused before the model is built")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "parameter 'width'" in err and "GiB of memory per rank" in err and "available" in err, err
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: never near the model's size
+    assert not (tmp_path / "r").exists()
+    # the weights part is exact: 4 x the parameters' bytes (weights, gradients, two moments)
+    cfg = resolve(parse_args(["--workload", "cnn", "--dataset", "digits", "--batch", "64", "--precision", "fp32"]))
+    wl = get_workload("cnn")
+    src, _, info = wl.make_data(cfg, 0, 1, torch.device("cpu"))
+    est = memory.estimate(wl, cfg, info, *src.probe(2))
+    model, _ = wl.build_model(cfg, info)
+    assert est["params"] == sum(p.numel() * 4 for p in model.parameters()) and 0 < est["activations"] < 2**30
+    assert memory.check(est, torch.device("cpu"), 2, cfg) is None
