@@ -40,7 +40,8 @@ def main(argv=None) -> int:
         if a.dataset == "cifar10":
             if a.from_dir is not None:
                 raise ConfigError("--from: for CIFAR-10 copy the official tarball into <root>/cifar10/ instead")
-            d = cifar10.fetch(a.root, url=a.url, md5=a.md5, force=a.force)
+            cifar10.fetch(a.root, url=a.url, md5=a.md5, force=a.force)
+            d = cifar10.verify(a.root)  # a mirror's tarball (--md5) too: its files must be the official ones
         elif a.dataset in traffic.SETS:
             d = traffic.fetch(a.dataset, a.root, from_dir=a.from_dir, force=a.force)
         else:
