@@ -233,10 +233,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         runs = [run_lab(plan, f"resnet18-{p}", precision=p) for p in plan.precisions]
-        runs.append(run_lab(plan, "resnet18-bf16-nocompile" if cuda else "resnet18-fp32-nocompile",
-                            precision=plan.precisions[0], compile=False))
-        runs.append(run_lab(plan, "resnet18-bf16-nchw" if cuda else "resnet18-fp32-nchw",
-                            precision=plan.precisions[0], compile=False, channels_last=False))
+        if cuda:
+            runs.append(run_lab(plan, "resnet18-bf16-nocompile", precision="bf16", compile=False))
+            runs.append(run_lab(plan, "resnet18-bf16-nchw", precision="bf16", compile=False, channels_last=False))
+        else:  # compile and channels_last are off on a CPU already: both rows would run resnet18-fp32 again
+            runs += [{**runs[0], "name": f"resnet18-fp32-{v} (= resnet18-fp32 on a CPU)"} for v in ("nocompile", "nchw")]
         lines += ["## One GPU: precision, channels_last, compile", "", *LAB_HEAD, *map(lab_row, runs), ""]
         partial(lines, args.out, name, cuda, "the other workloads")
         best = max((r["summary"]["samples_per_s"] for r in runs[:1] if "error" not in r), default=None)
