@@ -38,6 +38,25 @@ def merge_args(*args) -> list[str]:
     return [a for pair in out.values() for a in pair]
 
 
+def merge_p(*args) -> list[str]:
+    """Papermill arguments where a later `-p NAME VALUE` replaces an earlier one (`lab run` refuses a parameter
+    given twice); everything else passes through in order."""
+    flat, out, where = [str(a) for a in args], [], {}
+    i = 0
+    while i < len(flat):
+        if flat[i] == "-p" and i + 2 < len(flat) and flat[i + 1] in where:
+            out[where[flat[i + 1]] + 2] = flat[i + 2]
+            i += 3
+        elif flat[i] == "-p" and i + 2 < len(flat):
+            where[flat[i + 1]] = len(out)
+            out += flat[i:i + 3]
+            i += 3
+        else:
+            out.append(flat[i])
+            i += 1
+    return out
+
+
 def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, env=full_env,

@@ -12,7 +12,7 @@ import pytest
 from kernels import notebooks
 from kernels.config import table
 
-from conftest import ROOT
+from conftest import ROOT, merge_p
 
 pytestmark = pytest.mark.unit
 
@@ -248,7 +248,7 @@ def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
     res = tmp_path / "runs"
-    p, log = interrupted_run(tmp_path, NB, [*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res],
+    p, log = interrupted_run(tmp_path, NB, merge_p(*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res),
                              when="epoch 1/200 done", limit_s=300)
     assert p.wait(timeout=120) == 75, log.read_text()[-3000:]
     (run,) = [d for d in res.iterdir() if d.is_dir()]
@@ -322,7 +322,7 @@ def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
 def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, needle):
     """Refused by the runner before Papermill starts a kernel: exit 2, one line, no record, no executed copy."""
     res = tmp_path / "runs"
-    p = run_notebook(tmp_path, *TINY_P, "-p", "results_dir", res, *args)
+    p = run_notebook(tmp_path, *merge_p(*TINY_P, "-p", "results_dir", res, *args))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert re.search(needle, p.stderr), p.stdout[-3000:] + p.stderr[-3000:]
     assert not res.exists() and not list(tmp_path.glob("**/01_train-*"))

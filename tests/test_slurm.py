@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, merge_p
 from kernels import records
 
 pytestmark = pytest.mark.system
@@ -176,8 +176,8 @@ def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks
 def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_verdict(slurm, tmp_path):
     """The issue's acceptance run: 02_profile through the batch script, 4 ranks on the two emulated nodes."""
     res = tmp_path / "runs"
-    p = [*TINY_P, "-p", "epochs", "2", "-p", "profile_wait", "1", "-p", "profile_warmup", "1", "-p", "profile_steps",
-         "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res, "-p", "monitor_hz", "5"]
+    p = merge_p(*TINY_P, "-p", "epochs", "2", "-p", "profile_wait", "1", "-p", "profile_warmup", "1", "-p",
+                "profile_steps", "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res, "-p", "monitor_hz", "5")
     # the training loop must span several sampling intervals for the summary's monitor to have samples in it:
     # 8 steps of this tiny model took 0.43 s once, under one 2 Hz interval
     p[p.index("train_samples") + 1] = "1024"
