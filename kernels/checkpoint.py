@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels import files
 from kernels.files import FILE_MODE, write_error
 
 MAGIC = b"scaling-lab checkpoint 2 sha256="
@@ -168,9 +169,7 @@ def _fault(point: str) -> None:
 def _write_file(path: Path, data: bytes) -> None:
     view = memoryview(data)
     half = len(data) // 2 if os.environ.get(FAULT_ENV, "").startswith("next-half-written") else 0
-    path.unlink(missing_ok=True)  # a link (or anything) planted at the name goes; the file is made here, new
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    with os.fdopen(fd, "wb") as f:
+    with files.create(path, "wb") as f:  # a link planted at the name is removed, never written through
         os.fchmod(f.fileno(), FILE_MODE)
         if half:  # the fault suite: a writer killed with half the file on disk
             f.write(view[:half])
