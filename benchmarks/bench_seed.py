@@ -38,11 +38,11 @@ import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels import ports, sysinfo  # noqa: E402
 
 
-def run_seed(args, ranks: int = 1) -> dict:
+def run_seed(args, ranks: int = 1, channels_last: bool = False) -> dict:
     """The seed-style script as one process, or as `ranks` processes under torchrun on this node."""
     script = [str(ROOT / "benchmarks" / "seed_baseline.py"), "--batch", str(args.batch), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--workers", str(args.workers), "--width", str(args.width),
-              "--precision", args.precision]
+              "--precision", args.precision, *(["--channels_last"] if channels_last else [])]
     env = os.environ.copy()
     if ranks == 1:
         cmd = [sys.executable, *script]

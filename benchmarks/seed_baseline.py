@@ -12,8 +12,8 @@ What it does, as the seed plans and the PyTorch tutorials do, and deliberately n
 - the same model as the lab (kernels/workloads/resnet18_cifar.py, CIFAR stem), DDP with its
   defaults (buffers broadcast every forward, gradients copied into buckets), SGD with
   momentum 0.9 (nesterov), weight decay 5e-4 (torch's default for-each kernels);
-- torch.autocast for bf16/fp16 (GradScaler for fp16), contiguous NCHW (no channels_last), no
-  torch.compile; `loss.item()` every step for the running loss (a host sync per step).
+- torch.autocast for bf16/fp16 (GradScaler for fp16), contiguous NCHW (no channels_last; `--channels_last`
+  makes the one-line change such a script can make), no torch.compile; `loss.item()` every step for the running loss (a host sync per step).
 
 It prints one JSON line: samples/s as the lab defines it (global batch / median step time over
 the timed steps), with p10/p90 and the step times' spread. The data are synthetic, CIFAR-shaped
@@ -79,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=64 if cuda else 16)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16" if cuda else "fp32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--channels_last", action="store_true",
+                    help="the one-line change the usual script can make: channels_last model and inputs")
     args = ap.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -101,6 +103,8 @@ def main(argv=None) -> int:
                                          num_workers=args.workers, pin_memory=cuda,
                                          persistent_workers=args.workers > 0, drop_last=True)
     model = ResNet18Cifar(width=args.width).to(device)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
     times, running = [], 0.0
     t_last = None
     for step, (x, y) in enumerate(loader):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = x.to(device, non_blocking=True).contiguous(memory_format=fmt), y.to(device, non_blocking=True)
         opt.zero_grad()
         with torch.autocast(device.type, dtype=DTYPES.get(args.precision, torch.bfloat16), enabled=args.precision in DTYPES):
             loss = F.cross_entropy(model(x), y)
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
         med = statistics.median(times)
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
     out = {"what": "seed-style baseline", "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-           "world_size": world, "batch": args.batch, "precision": args.precision, "width": args.width,
+           "world_size": world, "batch": args.batch, "precision": args.precision, "width": args.width, "channels_last": args.channels_last,
            "workers": args.workers, "timed_steps": len(times), "step_ms_p50": round(med, 3),
            "step_ms_p10": round(q[0], 3), "step_ms_p90": round(q[-1], 3),
            "samples_per_s": round(args.batch * 1e3 / med, 2),

@@ -77,6 +77,8 @@ def resolve(raw: dict) -> RunConfig:
     for p in COMMON:  # recorded resolved: the record says what ran
         if p.default is PER_DEVICE and values[p.name] is None:
             values[p.name] = cuda
+    if raw.get("cuda_graphs") in (None, PER_DEVICE):  # only through compile, and only where shapes are static
+        values["cuda_graphs"] = bool(cuda and values["compile"] and wl.static_shapes)
     if raw.get("channels_last") in (None, PER_DEVICE):
         if values["engine"] == "horovod":  # its collectives take contiguous tensors only (kernels/engines/horovod)
             values["channels_last"] = False
@@ -132,6 +134,13 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     for name in ("startup_timeout_min", "hang_timeout_min"):
         need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
     need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
+    need(not cfg.cuda_graphs or cfg.compile,
+         "parameter 'cuda_graphs': the graphs are captured through torch.compile (mode reduce-overhead); set "
+         "compile=true, or cuda_graphs=false")
+    need(not cfg.cuda_graphs or params.device_type(cfg) == "cuda",
+         "parameter 'cuda_graphs': CUDA graphs need a GPU; set cuda_graphs=false (or leave it unset) on a CPU")
+    need(cfg.backend != "nccl" or params.device_type(cfg) == "cuda",
+         "parameter 'backend': nccl needs GPUs and none is in use here; use backend=auto or gloo")
     need(cfg.device != "cpu" or cfg.precision != "fp16",
          "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
          "use precision=bf16 or fp32 on CPU")
@@ -178,11 +187,12 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None) 
         local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
         if n == 0:
             raise ConfigError("parameter 'device': cuda requested but no GPU is visible; use device=auto or cpu")
-        if local > n:
+        if local > n and cfg.backend != "gloo":
             raise ConfigError(
                 f"parameter 'gpus': {local} ranks on this node but only {n} GPU(s) visible "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-                f"ask for fewer gpus or run across nodes with srun")
+                f"ask for fewer gpus or run across nodes with srun (backend=gloo lets ranks share a GPU: a check of "
+                f"the multi-rank path, not for speed)")
     elif cfg.precision == "fp16":
         raise ConfigError(
             "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")

@@ -23,13 +23,14 @@ import torch.distributed as dist
 from kernels import checkpoint as ckpt
 from kernels import sysinfo
 from kernels.data.pipeline import micro_batches
-from kernels.dist import all_gather_object, enable_tf32, process_group, rank_env, select_device
+from kernels.dist import all_gather_object, process_group, rank_env, select_device
 from kernels.engines import make_engine
-from kernels.flops import model_flops_per_sample, peak_tflops
+from kernels.flops import model_flops_per_sample
 from kernels.params import RunConfig, device_type
 from kernels.run.checkpointing import POSITION, Checkpointer, restore, start_position
 from kernels.run.guards import StopSignals, Watchdog, agree, die_hung, stop_note
 from kernels.run import memory
+from kernels.run.capture import Capture
 from kernels.run.io_stats import IOAccount
 from kernels.run.metrics import MetricSums, detach, epoch_line, epoch_row
 from kernels.run.observe import Observers
@@ -46,10 +47,8 @@ def run(cfg: RunConfig) -> str:
     stops = StopSignals(cfg.term_grace_s)
     renv = rank_env()
     renv.check_world(cfg.gpus)
-    device = select_device(device_type(cfg), renv.local_rank)
-    if device.type == "cuda":
-        enable_tf32()
-    with process_group(renv, device, cfg.timeout_min, cfg.startup_timeout_min) as backend:
+    device = select_device(device_type(cfg), renv.local_rank, cfg.precision)  # on a GPU: TF32, cuDNN autotuner
+    with process_group(renv, device, cfg.timeout_min, cfg.startup_timeout_min, cfg.backend) as backend:
         return Loop(cfg, renv, device, backend, stops).run()
 
 
@@ -88,27 +87,26 @@ class Loop:
         # Weights come from the common seed (and the engine broadcasts rank 0's anyway); from here on each rank
         # draws its own random numbers (dropout), or all ranks would drop the same units of different samples.
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.rank + 1))
-        self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
+        self.capture = Capture(cfg)
+        self.train_model = self.capture.compile(self.ddp, cfg)
         self.steps_per_epoch = self.src.steps_per_epoch
         self.obs.check_window(cfg.epochs * self.steps_per_epoch, self.steps_per_epoch)
         self.recipe = wl.build_optimizer(cfg, model, self.steps_per_epoch)
-        if self.recipe.schedule_unit not in ("step", "epoch"):
-            raise ValueError(f"workload {wl.name}: schedule_unit must be 'step' or 'epoch'")
         opt = self.engine.wrap_optimizer(model, self.recipe.optimizer, cfg.micro_batches)
         scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
         self.parts = SimpleNamespace(model=model, opt=opt, sched=self.recipe.scheduler, scaler=scaler)
         self.autocast = torch.autocast(dev.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES \
             else nullcontext()
         self.ms, self.io = MetricSums(wl, dev), IOAccount(self.src, self.rank, name)
-        self.record.set_facts(model, wl, dev, name, flops, peak_tflops(name, cfg.precision) if dev.type == "cuda"
-                              else None, self.ms.cols)
+        self.record.set_facts(model, wl, dev, name, flops, cfg.precision, self.ms.cols)
         src = self.src  # config.json's derived facts
         self.derived = {"per_rank_batch": cfg.per_rank_batch, "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
                         "steps_per_epoch": self.steps_per_epoch, "train_samples_used": src.num_samples,
                         "test_samples_used": self.eval_src.num_samples, "dropped_per_epoch": src.dropped_per_epoch,
                         "data_source": src.describe(), "backend": self.backend, "device_type": dev.type,
                         "launch_source": self.renv.source, "model_variant": self.variant, "tf32": dev.type == "cuda",
-                        **flops, "peak_tflops": self.record.facts["peak"], **self.engine.facts()}
+                        **flops, "peak_tflops": self.record.facts["peak"], "peak_note": self.record.facts["peak_note"],
+                        **self.engine.facts()}
 
     def _open(self) -> None:
         """The record, fresh or resumed from its checkpoint; rank 0 writes config.json and a 'running' summary."""
@@ -196,6 +194,7 @@ class Loop:
         wl, eng, phase, p, mb = self.wl, self.engine, self.obs.phase, self.parts, self.cfg.micro_batches
         eng.zero_grad(p.opt)
         for i, (xm, ym) in enumerate(zip(micro_batches(x, mb), micro_batches(y, mb))):
+            self.capture.step_begin()
             with eng.no_sync(i, mb):  # gradients are averaged once per step, on the last micro-batch
                 with phase("forward"), self.autocast:
                     out = wl.forward(self.train_model, xm, ym, global_step, True)
@@ -278,7 +277,8 @@ class Loop:
         """After training: the comm probe, the profile, I/O and the workload's report, then the summary."""
         probe = (run_probe(self.cfg, self.world, self.engine, self.ddp, self.train_model, self.wl, self.autocast,
                            self.parts.opt, self.src, self.device, self.log) if status == "complete" else {})
-        self.seen.update(probe=probe, profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]))
+        self.seen.update(probe=probe, cuda_graphs=self.capture.summary(),
+                         profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]))
         self.seen["io"] = self.io.summary(all_gather_object(self.io.state()), self.st["rows"])
         self.seen.update(workload_report(self.wl, self.parts.model, self.info, self.rank, self.device))
         self.obs.stop_monitor()

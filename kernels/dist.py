@@ -98,6 +98,22 @@ def gpu_index(local_rank: int, visible: int) -> int:
     return local_rank % visible
 
 
+def bf16_refusal(precision: str, name: str, capability: tuple[int, int]) -> str | None:
+    """Why `precision` cannot run on this GPU, or None: bf16 needs compute capability 8.0 (Ampere) or newer; a V100
+    (7.0) or T4 (7.5) would emulate it at a fraction of fp16's speed, or fail inside a kernel."""
+    if precision != "bf16" or capability >= (8, 0):
+        return None
+    return (f"parameter 'precision': bf16 needs a GPU of compute capability 8.0 or newer, and this {name} is "
+            f"{capability[0]}.{capability[1]}; use precision=fp16 (with its GradScaler) or fp32")
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if device.type == "cuda":
+        why = bf16_refusal(precision, torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+        if why:
+            raise ConfigError(why)
+
+
 def enable_tf32() -> None:
     """TF32 matmuls and convolutions, and cuDNN's autotuner: the lab's CUDA defaults for training."""
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -105,12 +121,17 @@ def enable_tf32() -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def select_device(device_type: str, local_rank: int) -> torch.device:
+def select_device(device_type: str, local_rank: int, precision: str = "fp32") -> torch.device:
+    """This rank's device; a GPU that cannot run `precision` is refused here, before any work, and a GPU gets the
+    lab's CUDA defaults (enable_tf32)."""
     if device_type == "cpu":
         return torch.device("cpu")
     index = gpu_index(local_rank, torch.cuda.device_count())
     torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    device = torch.device("cuda", index)
+    check_precision(precision, device)
+    enable_tf32()
+    return device
 
 
 def gpu_uuid(device: torch.device) -> str | None:
@@ -119,9 +140,12 @@ def gpu_uuid(device: torch.device) -> str | None:
     return str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "") or None
 
 
-def check_distinct_gpus(ranks: list[dict]) -> None:
+def check_distinct_gpus(ranks: list[dict], backend: str = "nccl") -> None:
     """Every rank on its own GPU: two ranks that share one (a binding that left both the same device) fail here,
-    naming them, instead of running at half speed."""
+    naming them, instead of running at half speed. Over gloo, asked for by name (backend=gloo), sharing is the
+    point: the multi-rank path checked on one GPU."""
+    if backend == "gloo":
+        return
     seen: dict[tuple, int] = {}
     for r in ranks:
         if not r.get("gpu_uuid"):
@@ -174,12 +198,16 @@ def rendezvous_store(renv: RankEnv, startup_timeout_min: float):
 
 
 @contextmanager
-def process_group(renv: RankEnv, device: torch.device, timeout_min: float, startup_timeout_min: float = 5.0):
-    """init_process_group (nccl on CUDA, gloo on CPU) ... destroy, always.
+def process_group(renv: RankEnv, device: torch.device, timeout_min: float, startup_timeout_min: float = 5.0,
+                  backend: str = "auto"):
+    """init_process_group (auto: nccl on CUDA, gloo on CPU) ... destroy, always.
 
     Rendezvous through a store with the startup timeout; collectives with timeout_min.
     """
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    elif backend == "nccl" and device.type != "cuda":
+        raise ConfigError("parameter 'backend': nccl needs GPUs; use backend=auto or gloo on a CPU")
     timeout = timedelta(minutes=timeout_min)
     kwargs = {}
     if backend == "nccl":

@@ -15,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 # "L40S", "h200" is not "GH200"); the first match wins, so the more specific names come first.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("gh200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
-    ("h200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("h200 nvl", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("h200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
     ("h100 pcie", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
     ("h100 nvl", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
     ("h100", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
@@ -38,11 +39,25 @@ def peak_tflops(device_name: str, precision: str, tf32: bool = True) -> float | 
     import re
 
     name = device_name.lower()
+    if re.search(r"(?<![a-z0-9])mig(?![a-z0-9])", name):
+        return None  # peak_note says why
     for key, table in PEAK_TFLOPS:
         if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):
             if precision == "fp32" and tf32 and "tf32" in table:
                 return table["tf32"]
             return table.get(precision)
+    return None
+
+
+def peak_note(device_name: str, precision: str) -> str | None:
+    """Why a device has no peak (and so no MFU), in words; None where it has one or is a CPU."""
+    import re
+
+    if re.search(r"(?<![a-z0-9])mig(?![a-z0-9])", device_name.lower()):
+        return (f"{device_name} is a MIG slice: its share of the chip's tensor-core peak is not published, so MFU "
+                f"is left empty rather than computed against the whole chip")
+    if peak_tflops(device_name, precision) is None:
+        return f"no datasheet peak for {device_name} at {precision} in kernels/flops.py: MFU is left empty"
     return None
 
 

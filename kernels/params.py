@@ -84,6 +84,10 @@ COMMON: tuple[Param, ...] = (
     Param("test_samples", int, 0, "use the first N test samples (0: all); for quick runs"),
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
+    Param("cuda_graphs", bool, PER_DEVICE, "CUDA: replay the compiled forward and backward as CUDA graphs (torch.compile "
+                                           "mode reduce-overhead): a step is a few graph launches, not hundreds of "
+                                           "kernel launches (None: on with CUDA and compile where the workload's "
+                                           "shapes are static; needs compile)"),
     Param("channels_last", bool, PER_DEVICE, "channels_last memory format for model and inputs (convolutional "
                                              "models; None: on with CUDA; on a CPU where the workload measured it "
                                              "faster: ResNet-18 from width 16)"),
@@ -131,6 +135,9 @@ COMMON: tuple[Param, ...] = (
     Param("resume_unverified", bool, False, "resume from a checkpoint that carries no checksum (one written by "
                                             "a lab before checksums): nothing vouches for its bytes; it is read "
                                             "as data only (tensors, numbers, containers) all the same"),
+    Param("backend", str, "auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo; gloo on CUDA "
+                                  "lets several ranks share one GPU (a check of the multi-rank path on one GPU, not a "
+                                  "way to train fast)", ("auto", "nccl", "gloo")),
     Param("oversubscribe", bool, False, "allow more CPU ranks on this node than it has cores"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
     Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),

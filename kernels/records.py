@@ -92,7 +92,7 @@ SUMMARY_FIELDS: dict[str, str] = {
     "peak_mem_gib": "max peak_mem_gib over epochs",
     "fwd_flops_per_sample": "forward FLOPs per sample, counted by torch.utils.flop_counter (2 per MAC)",
     "train_flops_per_sample": "forward + backward FLOPs per sample, counted",
-    "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown)",
+    "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown or a MIG slice: config.json's peak_note says why)",
     "tflops_per_device": "achieved TFLOP/s per device at the headline throughput",
     "mfu": "tflops_per_device / peak_tflops (empty when the peak is unknown)",
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run, and "
@@ -111,12 +111,14 @@ SUMMARY_FIELDS: dict[str, str] = {
     "monitor": "the resource monitor over the training loop: samples, hz, gpus, gpu_util_mean_pct, gpu_util_p95_pct, "
                "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
                "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
-    "bottleneck": "the verdict (data | communication | compute | launch-overhead | unknown), its reason, the evidence "
+    "bottleneck": "the verdict (data | communication | compute | host-bound (launch) | unknown), its reason, the evidence "
                   "(data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the thresholds "
                   "(kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "host_syncs_per_step": "CUDA with sync_debug_steps > 0: host-device synchronisations per training step "
                            "(torch.cuda.set_sync_debug_mode), else empty",
+    "cuda_graphs": "CUDA graphs of the compiled step (kernels/run/capture.py): mode (reduce-overhead or off), "
+                   "graphs_not_captured (compiled graphs Inductor ran without capture) and status in words",
     "checkpoints": "this attempt's checkpoints: count, async (written in a background thread), bytes, "
                    "snapshot_ms_median/max (copying the state to host memory: the training loop waits for this) and "
                    "write_ms_median/max (the file write and checksum: in the background when async)",

@@ -21,7 +21,7 @@
 # category and the top operators. Every run, profiled or not, also carries the resource monitor
 # (`monitor.csv`: GPU utilisation, memory, power, temperature, SM clock per GPU; CPU, memory,
 # network and disk per node) and a bottleneck verdict (data, communication, compute,
-# launch-overhead or unknown) with its evidence.
+# host-bound (launch) or unknown) with its evidence.
 #
 # - On a Slurm cluster: `sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8`.
 #   Under Nsight Systems instead: `sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8`
@@ -60,6 +60,7 @@ train_samples = 0               # use the first N training samples (0: all); for
 test_samples = 0                # use the first N test samples (0: all); for quick runs
 seed = 0                        # seed of model init, data order and augmentation; same seed, same run
 compile = None                  # torch.compile the model (None: on with CUDA, off on CPU)
+cuda_graphs = None              # CUDA: replay the compiled forward and backward as CUDA graphs (torch.compile mode reduce-overhead): a step is a few graph launches, not hundreds of kernel launches (None: on with CUDA and compile where the workload's shapes are static; needs compile)
 channels_last = None            # channels_last memory format for model and inputs (convolutional models; None: on with CUDA; on a CPU where the workload measured it faster: ResNet-18 from width 16)
 device = 'auto'                 # auto (cuda when visible, else cpu), cuda or cpu
 timing_warmup_steps = 5         # first steps of the run excluded from throughput (compilation, autotuning)
@@ -87,6 +88,7 @@ sync_check_steps = 10           # every N steps the ranks agree on a stop reques
 term_grace_s = 60.0             # after SIGTERM, seconds to reach a step boundary and checkpoint before giving up
 allow_config_change = False     # resume even though a parameter that alters the run changed (the change is recorded)
 resume_unverified = False       # resume from a checkpoint that carries no checksum (one written by a lab before checksums): nothing vouches for its bytes; it is read as data only (tensors, numbers, containers) all the same
+backend = 'auto'                # process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo; gloo on CUDA lets several ranks share one GPU (a check of the multi-rank path on one GPU, not a way to train fast)
 oversubscribe = False           # allow more CPU ranks on this node than it has cores
 data_dir = ''                   # data root (empty: <project>/data)
 results_dir = ''                # where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)

@@ -121,7 +121,10 @@ def test_seed_baseline_is_the_usual_script():
     for part in ("Image.fromarray", "ImageOps.expand(img, border=4", "FLIP_LEFT_RIGHT", "pin_memory=cuda",
                  "persistent_workers=args.workers > 0", "DistributedDataParallel(model, device_ids", "loss.item()"):
         assert part in src, part
-    assert "channels_last" not in src.split('"""', 2)[2] and "torch.compile" not in src.split('"""', 2)[2]
+    body = src.split('"""', 2)[2]
+    assert "torch.compile" not in body
+    # channels_last only behind --channels_last, the one-line change such a script can make
+    assert body.count("torch.channels_last") == 1 and "torch.channels_last if args.channels_last else" in body
 
 
 def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
@@ -138,6 +141,8 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     assert re.search(r"\| median \| [\d,]+ \| [\d,]+ \| \*\*[\d.]+x\*\*", text)       # seed-style vs lab
     assert "| convolution |" in text and "host timeline" in text                      # the profiled run
     assert "gloo, 2 ranks, fp32" in text and "| 65,536 |" in text                      # the all_reduce sweep
+    assert text.count("**pass**") == 2 and "DDP pair (2 gloo ranks" in text            # the GPU paths' checks
+    assert "bf16 stopped at step 3 and resumed" in text
 
 
 def test_bench_gpu_refuses_without_a_gpu():

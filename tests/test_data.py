@@ -181,3 +181,23 @@ def test_eval_shards_cover_the_test_set_exactly_once():
 def test_synthetic_small_set_and_shapes(tmp_path):
     train, test, k = load_image_dataset("synthetic", tmp_path, samples=256)
     assert len(train) == 256 and train.x.shape[1:] == (3, 32, 32) and k == 10 and len(test) >= 1
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_chunked_device_batches_equal_the_step_by_step_ones(channels_last):
+    """On a GPU the device-resident source transforms many steps' batches at once (fewer launches per step); the
+    batches are the same values, for every rank, from any start step, and keep the memory format."""
+    g = torch.Generator().manual_seed(3)
+    train = Split(torch.randint(0, 256, (203, 3, 8, 8), generator=g, dtype=torch.uint8),
+                  torch.randint(0, 10, (203,), generator=g))
+    t = ImageTransform(mean=(120.0, 110.0, 100.0), std=(60.0, 61.0, 62.0), pad=2, flip=True)
+    for rank in (0, 1):
+        ref = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=0)
+        chunked = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=5 * 4 * 192 * 8)
+        assert ref.chunk_steps == 1 and chunked.chunk_steps == 5
+        for start in (0, 7):
+            a, b = list(ref.batches(1, start)), list(chunked.batches(1, start))
+            assert len(a) == len(b) == ref.steps_per_epoch - start == 12 - start
+            for (xa, ya), (xb, yb) in zip(a, b):
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
+                assert xb.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

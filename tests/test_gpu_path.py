@@ -123,3 +123,41 @@ def test_eval_every_and_checkpoint_costs_in_the_record(tmp_path):
     c = s["checkpoints"]
     assert c["count"] == 3 and c["async"] is True and c["bytes"] > 0
     assert c["snapshot_ms_median"] > 0 and c["write_ms_median"] > 0
+
+
+def test_cuda_graphs_default_on_with_cuda_and_compile_where_shapes_are_static():
+    assert resolve({"dataset": "digits", "device": "cuda"}).cuda_graphs is True
+    assert resolve({"dataset": "digits", "device": "cuda", "compile": False}).cuda_graphs is False
+    assert resolve({"dataset": "digits", "device": "cpu"}).cuda_graphs is False
+    # DCRNN draws its teacher-forcing coins on the host each step: not captured by default
+    assert resolve({"workload": "dcrnn", "device": "cuda"}).cuda_graphs is False
+    assert resolve({"dataset": "digits", "device": "cuda", "cuda_graphs": False}).cuda_graphs is False
+    with pytest.raises(ConfigError, match=r"parameter 'cuda_graphs': .*set compile=true"):
+        resolve({"dataset": "digits", "device": "cuda", "compile": False, "cuda_graphs": True})
+    with pytest.raises(ConfigError, match=r"parameter 'cuda_graphs': CUDA graphs need a GPU"):
+        resolve({"dataset": "digits", "device": "cpu", "compile": True, "cuda_graphs": True})
+
+
+def test_backend_gloo_lets_ranks_share_a_gpu_and_nccl_needs_one():
+    check_distinct_gpus([{"node": "n", "gpu_uuid": "G", "global_rank": 0},
+                         {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "gloo")
+    with pytest.raises(ConfigError, match="ranks 0 and 1 share GPU G"):
+        check_distinct_gpus([{"node": "n", "gpu_uuid": "G", "global_rank": 0},
+                             {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "nccl")
+    with pytest.raises(ConfigError, match=r"parameter 'backend': nccl needs GPUs"):
+        resolve({"dataset": "digits", "device": "cpu", "backend": "nccl"})
+
+
+def test_device_facts_hopper_peaks_mig_slices_and_bf16_capability():
+    from kernels.dist import bf16_refusal
+    from kernels.flops import peak_note
+
+    assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.0 and peak_tflops("NVIDIA H200", "bf16") == 989.0
+    assert peak_tflops("NVIDIA H100 NVL", "bf16") == 835.0 and peak_tflops("NVIDIA H100 PCIe", "fp32") == 378.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None
+    assert "MIG slice" in peak_note("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16")
+    assert peak_note("NVIDIA H200", "bf16") is None
+    assert bf16_refusal("bf16", "NVIDIA H100 80GB HBM3", (9, 0)) is None
+    assert bf16_refusal("fp16", "Tesla V100-SXM2-32GB", (7, 0)) is None
+    why = bf16_refusal("bf16", "Tesla V100-SXM2-32GB", (7, 0))
+    assert why.startswith("parameter 'precision': bf16 needs") and "7.0" in why and "precision=fp16" in why

@@ -221,6 +221,10 @@ def test_an_h200_trace_of_a_compiled_step_is_measured_on_its_whole_device_step()
     ms = a["ms_per_step"]
     assert max(ms, key=lambda c: ms[c] if c != "idle" else 0) == "convolution"
     assert a["top_ops"][0]["name"].startswith("sm90_xmma_")
+    # that run's data wait was 6.4 % of the step (results/bench/nvidia-h200.md): the trace shows the bound
+    v = verdict.decide({"timed_steps": 100, "world_size": 1, "data_wait_frac": 0.064, "device_type": "cuda"},
+                       None, {**a, "gpu_kernels": True})
+    assert v["verdict"] == verdict.LAUNCH, v
 
 
 def test_category_rules(tmp_path):
@@ -254,7 +258,7 @@ GPU_BUSY = {"gpus": 4, "gpu_util_mean_pct": 95.0}
     (_summary(data_wait_frac=0.12), GPU_BUSY, None, "data"),
     (_summary(exposed_comm_ms=35.0), GPU_BUSY, None, "communication"),
     (_summary(), GPU_BUSY, None, "compute"),
-    (_summary(), {"gpus": 4, "gpu_util_mean_pct": 55.0}, None, "launch-overhead"),
+    (_summary(), {"gpus": 4, "gpu_util_mean_pct": 55.0}, None, "host-bound (launch)"),
     (_summary(timed_steps=0), GPU_BUSY, None, "unknown"),
     (_summary(data_wait_frac=None, exposed_comm_status=None, exposed_comm_ms=None), None, None, "unknown"),
     # both over: the larger relative to its limit wins (comm 60 % is 3x its limit, data 8 % is 1.6x)
@@ -266,7 +270,12 @@ GPU_BUSY = {"gpus": 4, "gpu_util_mean_pct": 95.0}
     (_summary(exposed_comm_status="below noise", exposed_comm_ms=None, device_type="cpu"), None, None, "compute"),
     # GPU without NVML: the device trace's busy share decides launch overhead
     (_summary(), None, {"share": {"communication": 0.05, "idle": 0.4}, "gpu_kernels": True, "timeline": "device"},
-     "launch-overhead"),
+     "host-bound (launch)"),
+    # the H200's ResNet-18 step: data wait 6.4 % is over its limit, but the device idles 77.5 %: launch-bound
+    (_summary(world_size=1, data_wait_frac=0.064), None,
+     {"share": {"idle": 0.775}, "gpu_kernels": True, "timeline": "device"}, "host-bound (launch)"),
+    # idle mostly explained by waiting for data: data, not launch
+    (_summary(world_size=1, data_wait_frac=0.30), {"gpus": 1, "gpu_util_mean_pct": 60.0}, None, "data"),
 ])
 def test_verdict_reaches_every_class(summary, monitor, profile, want):
     v = verdict.decide(summary, monitor, profile)

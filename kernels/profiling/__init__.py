@@ -5,6 +5,6 @@
     breakdown.py  time by operator category and top operators from a trace (host and device timelines)
     hta.py        Holistic Trace Analysis on GPU traces (optional dependency)
     monitor.py    one sampler per node: GPU (NVML) and host (psutil) counters into monitor.csv
-    verdict.py    data | communication | compute | launch-overhead | unknown, from measured shares
+    verdict.py    data | communication | compute | host-bound (launch) | unknown, from measured shares
     tools.py      the nsys / ncu command lines of slurm/profile_nsys.sbatch and slurm/profile_ncu.sbatch
 """

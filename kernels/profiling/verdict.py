@@ -6,9 +6,13 @@ The seed studies' targets: the data loader idle < 5 % of the step, communication
 - `data`:          the share of the step spent waiting for the next batch is above DATA_WAIT;
 - `communication`: exposed communication (the comm probe's, when it resolved a value, else the
                    trace's communication share) is above COMM;
-- `launch-overhead`: on a GPU, neither of those, and the device is busy less than UTILISATION of the
-                   time (NVML utilisation, else the device trace's non-idle share): the host cannot
-                   keep the GPU fed with kernels;
+- `host-bound (launch)`: on a GPU, the device is busy less than UTILISATION of the time (NVML
+                   utilisation over the timed steps, else the device trace's non-idle share), and its idle
+                   time is mostly not explained by data wait or communication: the host cannot enqueue
+                   kernels as fast as the device runs them. This is decided FIRST: a step whose device
+                   idles 77 % of the time while the host spends 6 % of it enqueueing the on-device
+                   augmentation is launch-bound, not data-bound (H200, ResNet-18 bf16: the data phase
+                   is the host launching ~20 small kernels, not waiting for input);
 - `compute`:       none of the above: the step is spent computing (with MFU as its quality, where a
                    peak is known);
 - `unknown`:       no timed steps, or no measured share to decide from.
@@ -23,7 +27,8 @@ COMM = 0.20           # exposed communication share of the step
 UTILISATION = 0.80    # device busy share (GPU utilisation)
 
 THRESHOLDS = {"data_wait_frac": DATA_WAIT, "comm_frac": COMM, "device_util": UTILISATION}
-VERDICTS = ("data", "communication", "compute", "launch-overhead", "unknown")
+LAUNCH = "host-bound (launch)"
+VERDICTS = ("data", "communication", "compute", LAUNCH, "unknown")
 
 
 def comm_share(summary: dict, profile: dict | None) -> tuple[float | None, str | None]:
@@ -49,6 +54,20 @@ def device_util(summary: dict, monitor: dict | None, profile: dict | None) -> tu
     return None, None
 
 
+def launch_bound(wait: float | None, comm: float | None, util: float | None, util_src: str | None) -> str | None:
+    """The reason a GPU step is host-bound (launch), or None: the device is busy < UTILISATION, and of its idle
+    time less than half is explained by data wait and exposed communication together."""
+    if util is None or util >= UTILISATION:
+        return None
+    idle, explained = 1 - util, (wait or 0.0) + (comm or 0.0)
+    if explained >= idle / 2:
+        return None
+    return (f"the GPU is busy only {100 * util:.0f} % of the time ({util_src}) < {100 * UTILISATION:.0f} %; of its "
+            f"{100 * idle:.0f} % idle, data wait ({'unmeasured' if wait is None else f'{100 * wait:.1f} %'}) and "
+            f"exposed communication ({'unmeasured' if comm is None else f'{100 * comm:.1f} %'}) explain "
+            f"{100 * explained:.1f} points: the host does not launch kernels as fast as the GPU runs them")
+
+
 def decide(summary: dict, monitor: dict | None = None, profile: dict | None = None) -> dict:
     """{verdict, reason, evidence, thresholds} for one run's summary (and its monitor and profile summaries)."""
     ev: dict = {"data_wait_frac": summary.get("data_wait_frac"), "mfu": summary.get("mfu"),
@@ -61,6 +80,10 @@ def decide(summary: dict, monitor: dict | None = None, profile: dict | None = No
     if not summary.get("timed_steps"):
         return {**out, "verdict": "unknown", "reason": "no timed steps: nothing to decide from"}
     wait = summary.get("data_wait_frac")
+    gpu = ev["device_type"] == "cuda" or (profile or {}).get("gpu_kernels")
+    launch = launch_bound(wait, comm, util, util_src) if gpu else None
+    if launch is not None:
+        return {**out, "verdict": LAUNCH, "reason": launch}
     over = []
     if wait is not None and wait > DATA_WAIT:
         over.append(("data", wait / DATA_WAIT, f"data wait {100 * wait:.1f} % of the step > {100 * DATA_WAIT:.0f} %"))
@@ -76,12 +99,6 @@ def decide(summary: dict, monitor: dict | None = None, profile: dict | None = No
     below = [f"data wait {100 * wait:.1f} % <= {100 * DATA_WAIT:.0f} %" if wait is not None else "data wait unmeasured",
              f"communication {100 * comm:.1f} % <= {100 * COMM:.0f} %" if comm is not None else
              "communication unmeasured"]
-    gpu = ev["device_type"] == "cuda" or (profile or {}).get("gpu_kernels")
-    if gpu and util is not None and util < UTILISATION:
-        return {**out, "verdict": "launch-overhead",
-                "reason": "; ".join(below) + f"; but the GPU is busy only {100 * util:.0f} % of the time "
-                                             f"({util_src}) < {100 * UTILISATION:.0f} %: the host does not "
-                                             f"launch work fast enough"}
     tail = (f"; GPU busy {100 * util:.0f} % ({util_src})" if gpu and util is not None else
             "; the device computes through the step" if not gpu else "; GPU utilisation not measured")
     if summary.get("mfu") is not None:

@@ -43,6 +43,15 @@ def detach(out):
     return tuple(o.detach() for o in out) if isinstance(out, (tuple, list)) else out.detach()
 
 
+def _add(into: torch.Tensor, v) -> None:
+    """into += v, where v is a tensor (on the device: no copy) or a Python number (a kernel argument). A number
+    turned into a device tensor first would be a blocking host-to-device copy, a sync in every step."""
+    if isinstance(v, torch.Tensor):
+        into += v.to(torch.float64).reshape(-1).expand(into.shape[0])
+    else:
+        into += float(v)
+
+
 class MetricSums:
     """The workload's metrics as sums: zero, add a batch, turn into values."""
 
@@ -63,9 +72,9 @@ class MetricSums:
         got = self.wl.metric_sums(out, y)
         k, i = len(self.cols), 0
         for m in self.wl.metrics:
-            num, den = (torch.as_tensor(v, device=self.device, dtype=torch.float64).reshape(-1) for v in got[m.name])
-            sums[2 + i:2 + i + m.size] += num.expand(m.size)
-            sums[2 + k + i:2 + k + i + m.size] += den.expand(m.size)
+            num, den = got[m.name]
+            _add(sums[2 + i:2 + i + m.size], num)
+            _add(sums[2 + k + i:2 + k + i + m.size], den)
             i += m.size
 
     def values(self, sums: torch.Tensor, prefix: str) -> dict:

@@ -88,6 +88,8 @@ class Observers:
         return self.prof.maybe(name)
 
     def step_start(self) -> None:
+        if self.steps == self.cfg.timing_warmup_steps and self.train_window is not None:
+            self.train_window[0] = time.time()  # utilisation over the timed steps: compile and capture left out
         if self.syncs is not None:
             self.syncs.at_step(self.steps)
         self.timer.start()

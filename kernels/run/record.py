@@ -18,7 +18,7 @@ from kernels import checkpoint as ckpt
 from kernels import files, records, sysinfo
 from kernels.dist import all_gather_object, broadcast_object, check_distinct_gpus, gpu_uuid
 from kernels.errors import ConfigError
-from kernels.flops import mfu
+from kernels.flops import mfu, peak_note, peak_tflops
 from kernels.profiling import verdict
 from kernels.run.metrics import peak_memory_gib, rounded
 from kernels.stats import step_summary
@@ -80,11 +80,14 @@ class RunRecord:
         self.facts: dict = {}  # set_facts(): the device, FLOPs, metric columns
         self.attempts: list[dict] = []
 
-    def set_facts(self, model, wl, device, name: str, flops: dict, peak: float | None, metric_cols: list[str]) -> None:
-        """What the summary needs to know of the device, the model and the workload's metrics (metric_cols: the
-        loop's MetricSums.cols)."""
+    def set_facts(self, model, wl, device, name: str, flops: dict, precision: str, metric_cols: list[str]) -> None:
+        """What the summary needs to know of the device (its peak for `precision`, or why it has none), the model
+        and the workload's metrics (metric_cols: the loop's MetricSums.cols)."""
+        cuda = device.type == "cuda"
         self.facts = {
-            "device_name": name, "device_type": device.type, "flops": flops, "peak": peak,
+            "device_name": name, "device_type": device.type, "flops": flops,
+            "peak": peak_tflops(name, precision) if cuda else None,
+            "peak_note": peak_note(name, precision) if cuda else None,
             "metric_cols": metric_cols,
             "columns": records.metric_columns(wl.metrics),
             # gradient sizes in registration order: what DDP's buckets are made of (the predictor's input)
@@ -99,7 +102,7 @@ class RunRecord:
             "device": self.facts["device_name"], "threads": torch.get_num_threads(), "global_rank": self.renv.global_rank,
             "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(device), "pid": os.getpid(),
             "cpus": sysinfo.cpu_list(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None})
-        check_distinct_gpus(self.ranks)
+        check_distinct_gpus(self.ranks, self.cfg.backend)
         decision, state = None, None
         if self.is_rank0:
             try:
@@ -212,7 +215,8 @@ class RunRecord:
                    "resumed_from_step": st["resumed_from_step"], "epochs_done": len(rows),
                    "steps_done": st["global_step"], "world_size": self.world, "device_name": f["device_name"],
                    **self._throughput(t, rows)}
-        summary.update(checkpoints=seen.get("checkpoints"), host_syncs_per_step=seen.get("host_syncs_per_step"))
+        summary.update(checkpoints=seen.get("checkpoints"), host_syncs_per_step=seen.get("host_syncs_per_step"),
+                       cuda_graphs=seen.get("cuda_graphs"))
         summary.update(seen.get("probe") or {})
         mon, prof = dict(seen.get("monitor") or {}), seen.get("profile")
         contention = mon.pop("contention", None)  # did foreign work share this run's cores or GPUs, with evidence

@@ -66,6 +66,10 @@ class Recipe:
     schedule_unit: str = "step"
     clip_grad_norm: float | None = None
 
+    def __post_init__(self):
+        if self.schedule_unit not in ("step", "epoch"):
+            raise ValueError(f"Recipe: schedule_unit must be 'step' or 'epoch', got {self.schedule_unit!r}")
+
 
 def default_forward(model, x, y, step: int, train: bool):
     return model(x)
@@ -90,6 +94,8 @@ class Workload:
     report: Callable | None = None          # (model, info) -> {"shared": {...}, "rank": {...}} for the record
     primary_metric: str = ""                # the metric the documents compare across rank counts
     cpu_channels_last: Callable | None = None  # (values) -> bool: channels_last's default on a CPU (None: off)
+    static_shapes: bool = True              # every training step has the same shapes and no host-side branch:
+                                            # cuda_graphs defaults on with CUDA and compile
 
     def __post_init__(self):
         from kernels.params import COMMON_BY_NAME, OVERRIDABLE

@@ -1,0 +1,103 @@
+"""The GPU paths that throughput rows do not prove, each run once and judged: part of `make bench-gpu`.
+
+1. DDP with torch.compile (and CUDA graphs where they are on) and no_sync micro-batches: 2 ranks sharing one
+   GPU over gloo (backend=gloo) against 1 rank with 2 micro-batches on the same global batch, one step. The
+   weight updates must agree as tests/test_ddp.py asks on a CPU (relative difference < 1e-4 after one step),
+   and a real error (BatchNorm over the whole batch: 1 rank, 1 micro-batch) must be far outside (> 0.5).
+2. fp16 with the GradScaler, stopped at a step and resumed from its checkpoint, against the uninterrupted
+   run: the same steps, the same loss scale, and weights as close as a second uninterrupted run is to the
+   first (cuDNN's autotuner may choose other kernels in another process, so the floor is measured, not 0).
+   On a CPU (no fp16) the harness check runs bf16.
+
+Each check returns Markdown lines and whether it passed; the sizes are tiny (ResNet-18 at width 8, digits),
+so the checks cost seconds of compute beyond each process's start and compile.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = {"dataset": "digits", "width": 8, "train_samples": 128, "test_samples": 64, "batch": 32, "seed": 3,
+        "epochs": 1, "num_workers": 0, "timing_warmup_steps": 0, "comm_probe_steps": 0, "log_every": 0,
+        "monitor_hz": 0, "eval_every": 0}
+
+
+def train(results: Path, run_id: str, **params) -> tuple[subprocess.CompletedProcess, Path]:
+    cmd = [sys.executable, "-m", "kernels.train"]
+    for k, v in {**TINY, **params, "results_dir": results, "run_id": run_id}.items():
+        cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600), results / run_id
+
+
+def weights(run_dir: Path) -> tuple[torch.Tensor, dict]:
+    """The trained parameters, flat (BatchNorm statistics left out: per rank under DDP), and the whole state."""
+    from kernels import checkpoint
+
+    state, problem = checkpoint.read_state(run_dir / "checkpoint.pt")
+    if state is None:
+        raise RuntimeError(f"{run_dir.name}: no readable checkpoint ({problem})")
+    params = [v.float().flatten() for k, v in state["model"].items() if "running" not in k and "num_batches" not in k]
+    return torch.cat(params), state
+
+
+def _failed(p: subprocess.CompletedProcess, what: str) -> str | None:
+    if p.returncode in (0,):
+        return None
+    return f"{what} failed: {((p.stderr or p.stdout).strip().splitlines() or ['exit ' + str(p.returncode)])[-1][:200]}"
+
+
+def ddp_pair(cuda: bool) -> tuple[list[str], bool]:
+    """Check 1 (module doc)."""
+    dev = {"device": "cuda", "backend": "gloo", "compile": True} if cuda else {"device": "cpu"}
+    one = {"stop_after_steps": 1, "lr": 0.2, "lr_warmup_epochs": 0, "precision": "fp32"}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        runs = {"init": train(tmp, "init", gpus=1, **{**dev, "compile": False}, **{**one, "lr": 1e-30}),
+                "ddp": train(tmp, "ddp", gpus=2, **dev, **one),
+                "single": train(tmp, "single", gpus=1, micro_batches=2, **dev, **one),
+                "wrong": train(tmp, "wrong", gpus=1, **{**dev, "compile": False}, **one)}
+        errors = [e for name, (p, _) in runs.items() if (e := _failed(p, name))]
+        if errors:
+            return [f"- DDP pair: {'; '.join(errors)}"], False
+        (i, _), (a, sa), (b, _), (c, _) = (weights(d) for _, d in runs.values())
+    rel = float(((a - i) - (b - i)).norm() / (a - i).norm())
+    wrong = float(((a - i) - (c - i)).norm() / (a - i).norm())
+    ok = rel < 1e-4 and wrong > 0.5
+    how = "2 ranks sharing one GPU over gloo, torch.compile" if cuda else "2 gloo ranks on the CPU"
+    return [f"- DDP pair ({how}, no_sync over micro-batches): relative difference of the one-step update "
+            f"against 1 rank x 2 micro-batches {rel:.2e} (asked < 1e-4); the negative control (BatchNorm over "
+            f"the whole batch) {wrong:.2f} (asked > 0.5): **{'pass' if ok else 'FAIL'}**"], ok
+
+
+def fp16_resume(cuda: bool) -> tuple[list[str], bool]:
+    """Check 2 (module doc)."""
+    prec = "fp16" if cuda else "bf16"
+    dev = {"device": "cuda", "compile": False} if cuda else {"device": "cpu"}
+    common = {"gpus": 1, "epochs": 2, "precision": prec, "lr_warmup_epochs": 0, **dev}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        full, d_full = train(tmp / "a", "r", **common)
+        again, d_again = train(tmp / "b", "r", **common)
+        stop, d_part = train(tmp / "c", "r", **common, stop_after_steps=3)
+        resumed, _ = train(tmp / "c", "r", **common)
+        errors = [e for p, what in ((full, "full run"), (again, "second full run"), (stop, "stopped run"),
+                                    (resumed, "resumed run")) if (e := _failed(p, what))]
+        if errors:
+            return [f"- {prec} stop and resume: {'; '.join(errors)}"], False
+        (a, sa), (b, _), (c, sc) = weights(d_full), weights(d_again), weights(d_part)
+    resumed_ok = "resuming r from epoch 1 step 3" in resumed.stdout
+    floor, diff = float((a - b).norm() / a.norm()), float((a - c).norm() / a.norm())
+    scale = [s.get("scaler", {}).get("scale") if isinstance(s.get("scaler"), dict) else None for s in (sa, sc)]
+    ok = resumed_ok and sa["global_step"] == sc["global_step"] and scale[0] == scale[1] and \
+        diff <= max(10 * floor, 1e-6)
+    return [f"- {prec}{' + GradScaler' if cuda else ''} stopped at step 3 and resumed: steps {sc['global_step']} "
+            f"of {sa['global_step']}, loss scale {scale[1]} against {scale[0]}, weights' relative difference "
+            f"{diff:.2e} against {floor:.2e} between two uninterrupted runs (asked <= 10x that, or 1e-6): "
+            f"**{'pass' if ok else 'FAIL'}**"], ok
