@@ -27,6 +27,7 @@ GPU figures: the file it writes says CPU.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -57,7 +58,9 @@ def versions(cuda: bool) -> dict:
 
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
-           "host": sysinfo.host(), "git": sysinfo.git_info().get("commit") or "n/a"}
+           "host": sysinfo.host(),
+           # a copy of the tree without .git (a GPU machine reached by copying files) names its commit in LAB_GIT_COMMIT
+           "git": sysinfo.git_info().get("commit") or os.environ.get("LAB_GIT_COMMIT") or "n/a"}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                            text=True)
