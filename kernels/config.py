@@ -78,7 +78,7 @@ def resolve(raw: dict) -> RunConfig:
         if p.default is PER_DEVICE and values[p.name] is None:
             values[p.name] = cuda
     if raw.get("cuda_graphs") in (None, PER_DEVICE):  # only through compile, and only where shapes are static
-        values["cuda_graphs"] = bool(cuda and values["compile"] and wl.static_shapes)
+        values["cuda_graphs"] = bool(cuda and values["compile"] and wl.static_shapes and values["micro_batches"] == 1)
     if raw.get("channels_last") in (None, PER_DEVICE):
         if values["engine"] == "horovod":  # its collectives take contiguous tensors only (kernels/engines/horovod)
             values["channels_last"] = False
@@ -137,6 +137,9 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     need(not cfg.cuda_graphs or cfg.compile,
          "parameter 'cuda_graphs': the graphs are captured through torch.compile (mode reduce-overhead); set "
          "compile=true, or cuda_graphs=false")
+    need(not cfg.cuda_graphs or cfg.micro_batches == 1,
+         "parameter 'cuda_graphs': with micro_batches > 1 each micro-batch's backward replays the same captured graph "
+         "and would overwrite the gradient the one before left; set cuda_graphs=false (or leave it unset)")
     need(not cfg.cuda_graphs or params.device_type(cfg) == "cuda",
          "parameter 'cuda_graphs': CUDA graphs need a GPU; set cuda_graphs=false (or leave it unset) on a CPU")
     need(cfg.backend != "nccl" or params.device_type(cfg) == "cuda",

@@ -117,6 +117,7 @@ SUMMARY_FIELDS: dict[str, str] = {
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "host_syncs_per_step": "CUDA with sync_debug_steps > 0: host-device synchronisations per training step "
                            "(torch.cuda.set_sync_debug_mode), else empty",
+    "host_sync_sites": "with host_syncs_per_step: the source lines (file:line) that made those syncs, with counts",
     "cuda_graphs": "CUDA graphs of the compiled step (kernels/run/capture.py): mode (reduce-overhead or off), "
                    "graphs_not_captured (compiled graphs Inductor ran without capture) and status in words",
     "checkpoints": "this attempt's checkpoints: count, async (written in a background thread), bytes, "

@@ -124,6 +124,10 @@ class Observers:
     def host_syncs_per_step(self):
         return self.syncs.per_step if self.syncs is not None else None
 
+    @property
+    def host_sync_sites(self):
+        return self.syncs.sites if self.syncs is not None else None
+
     def monitor_summary(self, run_dir: Path) -> dict | None:
         """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`.
         Rank 0 only: it writes the summary, and a second rank merging beside it would rewrite monitor.csv while
@@ -182,7 +186,7 @@ class SyncCounter:
         import warnings
 
         self.first, self.n, self.per_step, self._w = first, n, None, warnings
-        self._cm, self._log = None, None
+        self._cm, self._log, self.sites = None, None, {}
 
     def at_step(self, step: int) -> None:
         """Called before each step of this attempt (0-based)."""
@@ -200,6 +204,9 @@ class SyncCounter:
             return
         torch.cuda.set_sync_debug_mode("default")
         self._cm.__exit__(None, None, None)
-        count = sum(1 for w in self._log if "synchroniz" in str(w.message).lower())
+        hits = [w for w in self._log if "synchroniz" in str(w.message).lower()]
         steps = min(self.n, max(1, getattr(self, "_steps", self.n)))
-        self.per_step, self._cm = round(count / steps, 3), None
+        self.per_step, self._cm = round(len(hits) / steps, 3), None
+        for w in hits:  # where each sync was asked for: the Python line that made it
+            site = f"{Path(w.filename).name}:{w.lineno}"
+            self.sites[site] = self.sites.get(site, 0) + 1

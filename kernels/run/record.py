@@ -216,7 +216,7 @@ class RunRecord:
                    "steps_done": st["global_step"], "world_size": self.world, "device_name": f["device_name"],
                    **self._throughput(t, rows)}
         summary.update(checkpoints=seen.get("checkpoints"), host_syncs_per_step=seen.get("host_syncs_per_step"),
-                       cuda_graphs=seen.get("cuda_graphs"))
+                       host_sync_sites=seen.get("host_sync_sites"), cuda_graphs=seen.get("cuda_graphs"))
         summary.update(seen.get("probe") or {})
         mon, prof = dict(seen.get("monitor") or {}), seen.get("profile")
         contention = mon.pop("contention", None)  # did foreign work share this run's cores or GPUs, with evidence
