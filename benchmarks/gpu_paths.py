@@ -54,9 +54,9 @@ def _failed(p: subprocess.CompletedProcess, what: str) -> str | None:
     return f"{what} failed: {((p.stderr or p.stdout).strip().splitlines() or ['exit ' + str(p.returncode)])[-1][:200]}"
 
 
-def ddp_pair(cuda: bool) -> tuple[list[str], bool]:
+def ddp_pair(cuda: bool, compile: bool = True) -> tuple[list[str], bool]:
     """Check 1 (module doc)."""
-    dev = {"device": "cuda", "backend": "gloo", "compile": True} if cuda else {"device": "cpu"}
+    dev = {"device": "cuda", "backend": "gloo", "compile": compile} if cuda else {"device": "cpu"}
     one = {"stop_after_steps": 1, "lr": 0.2, "lr_warmup_epochs": 0, "precision": "fp32"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -71,7 +71,8 @@ def ddp_pair(cuda: bool) -> tuple[list[str], bool]:
     rel = float(((a - i) - (b - i)).norm() / (a - i).norm())
     wrong = float(((a - i) - (c - i)).norm() / (a - i).norm())
     ok = rel < 1e-4 and wrong > 0.5
-    how = "2 ranks sharing one GPU over gloo, torch.compile" if cuda else "2 gloo ranks on the CPU"
+    how = (f"2 ranks sharing one GPU over gloo, torch.compile {'on' if compile else 'off'}" if cuda else
+           "2 gloo ranks on the CPU")
     return [f"- DDP pair ({how}, 2 micro-batches each, the first under no_sync): relative difference of the "
             f"one-step update against 1 rank x 4 micro-batches {rel:.2e} (asked < 1e-4); the negative control (BatchNorm over "
             f"the whole batch) {wrong:.2f} (asked > 0.5): **{'pass' if ok else 'FAIL'}**"], ok
