@@ -289,8 +289,7 @@ class Loop:
         self.log(f"{status}: {self.record.run_dir}")
 
     def _summarise(self, status: str, error: str | None = None) -> None:
-        seen = {**self.seen, "checkpoints": self.ckpt.summary(), "host_syncs_per_step": self.obs.host_syncs_per_step,
-                "host_sync_sites": self.obs.host_sync_sites}
+        seen = {**self.seen, "checkpoints": self.ckpt.summary(), **self.obs.sync_facts()}
         if status != "running":
             seen["monitor"] = self.obs.monitor_summary(self.record.run_dir)
         self.record.write_summary(status, self.st, seen, error)

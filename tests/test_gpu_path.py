@@ -161,3 +161,14 @@ def test_device_facts_hopper_peaks_mig_slices_and_bf16_capability():
     assert bf16_refusal("fp16", "Tesla V100-SXM2-32GB", (7, 0)) is None
     why = bf16_refusal("bf16", "Tesla V100-SXM2-32GB", (7, 0))
     assert why.startswith("parameter 'precision': bf16 needs") and "7.0" in why and "precision=fp16" in why
+
+
+def test_the_sync_counter_counts_synchronising_calls_not_the_modes_notice():
+    """torch 2.11 on an H200: set_sync_debug_mode('warn') warns once that the mode 'is a prototype feature and does
+    not yet detect all synchronizing operations'; a match on 'synchroniz' counted it as a sync in every window."""
+    from kernels.run.observe import is_sync_warning
+
+    assert is_sync_warning("called a synchronizing CUDA operation (Triggered internally at "
+                           "/pytorch/c10/cuda/CUDAFunctions.cpp:162.)")
+    assert not is_sync_warning("Synchronization debug mode is a prototype feature and does not yet detect all "
+                               "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp)")

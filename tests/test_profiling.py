@@ -221,7 +221,7 @@ def test_an_h200_trace_of_a_compiled_step_is_measured_on_its_whole_device_step()
     ms = a["ms_per_step"]
     assert max(ms, key=lambda c: ms[c] if c != "idle" else 0) == "convolution"
     assert a["top_ops"][0]["name"].startswith("sm90_xmma_")
-    # that run's data wait was 6.4 % of the step (results/bench/nvidia-h200.md): the trace shows the bound
+    # that run's data wait was 6.4 % of the step (results/bench/nvidia-h200.md at 137c954): the trace shows the bound
     v = verdict.decide({"timed_steps": 100, "world_size": 1, "data_wait_frac": 0.064, "device_type": "cuda"},
                        None, {**a, "gpu_kernels": True})
     assert v["verdict"] == verdict.LAUNCH, v

@@ -120,13 +120,11 @@ class Observers:
             mon.stop()
 
     # ------------------------------------------------------------------ results
-    @property
-    def host_syncs_per_step(self):
-        return self.syncs.per_step if self.syncs is not None else None
-
-    @property
-    def host_sync_sites(self):
-        return self.syncs.sites if self.syncs is not None else None
+    def sync_facts(self) -> dict:
+        """summary.json's host_syncs_per_step and host_sync_sites (empty without sync_debug_steps on a GPU)."""
+        c = self.syncs
+        return {"host_syncs_per_step": c.per_step if c is not None else None,
+                "host_sync_sites": c.sites if c is not None else None}
 
     def monitor_summary(self, run_dir: Path) -> dict | None:
         """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`.
