@@ -3,8 +3,9 @@
 1. DDP with torch.compile (and CUDA graphs where they are on) and no_sync micro-batches: 2 ranks sharing one
    GPU over gloo (backend=gloo), 2 micro-batches each (the first under no_sync), against 1 rank with 4
    micro-batches on the same global batch (the same BatchNorm groups of 8), one step. The
-   weight updates must agree as tests/test_ddp.py asks on a CPU (relative difference < 1e-4 after one step),
-   and a real error (BatchNorm over the whole batch: 1 rank, 1 micro-batch) must be far outside (> 0.5).
+   weight updates must agree as on a CPU (relative difference < 1e-4 after one step, no weight more than 1e-5
+   apart), and a real error (BatchNorm over the whole batch: 1 rank, 1 micro-batch) must be far outside (> 0.5).
+   On a CPU this is the test suite's one-step DDP check (the harness test runs it).
 2. fp16 with the GradScaler, stopped at a step and resumed from its checkpoint, against the uninterrupted
    run: the same steps, the same loss scale, and weights as close as a second uninterrupted run is to the
    first (cuDNN's autotuner may choose other kernels in another process, so the floor is measured, not 0).
@@ -70,11 +71,13 @@ def ddp_pair(cuda: bool, compile: bool = True) -> tuple[list[str], bool]:
         (i, _), (a, sa), (b, _), (c, _) = (weights(d) for _, d in runs.values())
     rel = float(((a - i) - (b - i)).norm() / (a - i).norm())
     wrong = float(((a - i) - (c - i)).norm() / (a - i).norm())
-    ok = rel < 1e-4 and wrong > 0.5
+    largest = float((a - b).abs().max())
+    ok = rel < 1e-4 and largest < 1e-5 and wrong > 0.5
     how = (f"2 ranks sharing one GPU over gloo, torch.compile {'on' if compile else 'off'}" if cuda else
            "2 gloo ranks on the CPU")
     return [f"- DDP pair ({how}, 2 micro-batches each, the first under no_sync): relative difference of the "
-            f"one-step update against 1 rank x 4 micro-batches {rel:.2e} (asked < 1e-4); the negative control (BatchNorm over "
+            f"one-step update against 1 rank x 4 micro-batches {rel:.2e} (asked < 1e-4), largest weight difference "
+            f"{largest:.1e} (asked < 1e-5); the negative control (BatchNorm over "
             f"the whole batch) {wrong:.2f} (asked > 0.5): **{'pass' if ok else 'FAIL'}**"], ok
 
 

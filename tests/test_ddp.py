@@ -42,9 +42,13 @@ def _train(tmp_path, name, *args):
     return params_of(only_run(out))
 
 
-@pytest.mark.parametrize("steps,lr,max_rel", [(1, "0.2", 1e-4), (4, "0.01", 0.1)])
+@pytest.mark.parametrize("steps,lr,max_rel", [(4, "0.01", 0.1)])
 def test_two_rank_ddp_equals_one_process_on_the_same_global_batch(tmp_path, steps, lr, max_rel):
     """2 gloo ranks x 16 samples == 1 process x 2 micro-batches of 16 (the same global batch of 32).
+
+    The one-step case (relative difference < 1e-4, largest difference < 1e-5, the negative control > 0.5) is
+    the GPU paths' DDP pair (benchmarks/gpu_paths.py), which the harness test runs on the CPU with no_sync
+    micro-batches too (test_bench.py::test_gpu_validation_harness_runs_its_plan_on_a_cpu).
 
     BatchNorm normalises per rank under DDP, so the single-process reference
     accumulates gradients over the same two halves. Compared: the relative
@@ -56,8 +60,7 @@ def test_two_rank_ddp_equals_one_process_on_the_same_global_batch(tmp_path, step
     ~0.03 and 0.1 is asked. A real error is far outside both: normalising over
     the whole batch of 32 instead of per rank gives 0.93 and 1.0 (asserted below).
     """
-    common = ["--stop_after_steps", "1"] if steps == 1 else []
-    common += ["--lr", lr, "--lr_warmup_epochs", "0"]
+    common = ["--lr", lr, "--lr_warmup_epochs", "0"]
     w0, _ = _train(tmp_path, "init", "--gpus", "1", "--lr", "1e-30", "--stop_after_steps", str(steps))
     wa, sa = _train(tmp_path, "ddp", "--gpus", "2", *common)
     wb, sb = _train(tmp_path, "single", "--gpus", "1", "--micro_batches", "2", *common)
@@ -68,8 +71,6 @@ def test_two_rank_ddp_equals_one_process_on_the_same_global_batch(tmp_path, step
     rel_wrong = ((a - i) - (c - i)).norm() / (a - i).norm()
     assert rel < max_rel, (rel, rel_wrong)
     assert rel_wrong > 0.5, rel_wrong
-    if steps == 1:
-        assert (a - b).abs().max() < 1e-5
 
 
 def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
