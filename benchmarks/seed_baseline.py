@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.data.embedded import make_synthetic  # noqa: E402
 from kernels.workloads.convnets import ResNet18Cifar  # noqa: E402
-from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD  # noqa: E402
+from kernels.workloads.resnet18_cifar import CIFAR_MEAN, CIFAR_STD, CPU_CHANNELS_LAST_MIN_WIDTH  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -83,6 +83,10 @@ def main(argv=None) -> int:
                     help="the one-line change the usual script can make: channels_last model and inputs")
     args = ap.parse_args(argv)
 
+    if args.channels_last and not cuda and args.width < CPU_CHANNELS_LAST_MIN_WIDTH:
+        raise SystemExit(f"error: --channels_last on a CPU below width {CPU_CHANNELS_LAST_MIN_WIDTH} meets oneDNN's "
+                         f"channels_last fault (uxlfoundation/oneDNN#6035: a crash or wrong gradients); use --width >= "
+                         f"{CPU_CHANNELS_LAST_MIN_WIDTH}, or leave --channels_last out")
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank, local = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     if world > 1:
