@@ -53,20 +53,27 @@ def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def train_command(params: dict) -> list[str]:
+    """`python -m kernels.train --k v ...` for `params` (booleans as true/false), echoed as it runs."""
+    import sys
+
+    cmd = [sys.executable, "-m", "kernels.train"]
+    for k, v in params.items():
+        cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    print("+ " + " ".join(cmd), flush=True)
+    return cmd
+
+
 def lab_run(params: dict, timeout: float | None = None) -> dict:
     """One run of the lab's loop (`python -m kernels.train`) with `params` in a temporary results folder:
     its summary.json with its resolved parameters under "params". Raises RuntimeError with the run's last
     output line when it fails."""
     import json
     import subprocess
-    import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "kernels.train"]
-        for k, v in {**params, "results_dir": tmp, "run_id": "bench"}.items():
-            cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
-        print("+ " + " ".join(cmd), flush=True)
+        cmd = train_command({**params, "results_dir": tmp, "run_id": "bench"})
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         rec = Path(tmp) / "bench"
         if p.returncode != 0 or not (rec / "summary.json").exists():

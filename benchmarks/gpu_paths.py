@@ -17,11 +17,12 @@ so the checks cost seconds of compute beyond each process's start and compile.
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+import benchtable  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,10 +32,7 @@ TINY = {"dataset": "digits", "width": 8, "train_samples": 128, "test_samples": 6
 
 
 def train(results: Path, run_id: str, **params) -> tuple[subprocess.CompletedProcess, Path]:
-    cmd = [sys.executable, "-m", "kernels.train"]
-    for k, v in {**TINY, **params, "results_dir": results, "run_id": run_id}.items():
-        cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
-    print("+ " + " ".join(cmd), flush=True)
+    cmd = benchtable.train_command({**TINY, **params, "results_dir": results, "run_id": run_id})
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600), results / run_id
 
 
@@ -50,7 +48,7 @@ def weights(run_dir: Path) -> tuple[torch.Tensor, dict]:
 
 
 def _failed(p: subprocess.CompletedProcess, what: str) -> str | None:
-    if p.returncode in (0,):
+    if p.returncode == 0:
         return None
     return f"{what} failed: {((p.stderr or p.stdout).strip().splitlines() or ['exit ' + str(p.returncode)])[-1][:200]}"
 
@@ -68,7 +66,7 @@ def ddp_pair(cuda: bool, compile: bool = True) -> tuple[list[str], bool]:
         errors = [e for name, (p, _) in runs.items() if (e := _failed(p, name))]
         if errors:
             return [f"- DDP pair: {'; '.join(errors)}"], False
-        (i, _), (a, sa), (b, _), (c, _) = (weights(d) for _, d in runs.values())
+        (i, _), (a, _), (b, _), (c, _) = (weights(d) for _, d in runs.values())
     rel = float(((a - i) - (b - i)).norm() / (a - i).norm())
     wrong = float(((a - i) - (c - i)).norm() / (a - i).norm())
     largest = float((a - b).abs().max())

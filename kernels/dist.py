@@ -204,10 +204,8 @@ def process_group(renv: RankEnv, device: torch.device, timeout_min: float, start
 
     Rendezvous through a store with the startup timeout; collectives with timeout_min.
     """
-    if backend == "auto":
+    if backend == "auto":  # a named backend was checked against the device when the config was resolved
         backend = "nccl" if device.type == "cuda" else "gloo"
-    elif backend == "nccl" and device.type != "cuda":
-        raise ConfigError("parameter 'backend': nccl needs GPUs; use backend=auto or gloo on a CPU")
     timeout = timedelta(minutes=timeout_min)
     kwargs = {}
     if backend == "nccl":

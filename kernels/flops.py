@@ -34,12 +34,19 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
+def is_mig(device_name: str) -> bool:
+    """A MIG slice's name, e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb"."""
+    import re
+
+    return re.search(r"(?<![a-z0-9])mig(?![a-z0-9])", device_name.lower()) is not None
+
+
 def peak_tflops(device_name: str, precision: str, tf32: bool = True) -> float | None:
     """Dense peak of `device_name` for `precision`, or None when unknown."""
     import re
 
     name = device_name.lower()
-    if re.search(r"(?<![a-z0-9])mig(?![a-z0-9])", name):
+    if is_mig(name):
         return None  # peak_note says why
     for key, table in PEAK_TFLOPS:
         if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):
@@ -51,9 +58,7 @@ def peak_tflops(device_name: str, precision: str, tf32: bool = True) -> float | 
 
 def peak_note(device_name: str, precision: str) -> str | None:
     """Why a device has no peak (and so no MFU), in words; None where it has one or is a CPU."""
-    import re
-
-    if re.search(r"(?<![a-z0-9])mig(?![a-z0-9])", device_name.lower()):
+    if is_mig(device_name):
         return (f"{device_name} is a MIG slice: its share of the chip's tensor-core peak is not published, so MFU "
                 f"is left empty rather than computed against the whole chip")
     if peak_tflops(device_name, precision) is None:

@@ -4,8 +4,8 @@ With cuda_graphs (the default with CUDA and compile where a workload's shapes ar
 compiled with mode "reduce-overhead": Inductor records the compiled forward and backward as CUDA graphs
 (CUDA graph trees) at their second and third calls and replays them from then on, so a ResNet-18 step is a
 few graph launches instead of about 400 kernel launches the host must enqueue one by one. Those first calls
-fall in timing_warmup_steps. The optimizer step stays outside the graphs (foreach kernels, a handful of
-launches), so its state needs no capturable form and checkpoints are unchanged.
+fall in timing_warmup_steps. The optimizer step stays outside the graphs (torch's fused kernel on CUDA, a
+launch or two), so its state needs no capturable form and checkpoints are unchanged.
 
 Inductor refuses capture for some graphs (a CPU tensor in the graph, an input mutated in a way it cannot
 replay, dynamic shapes) and runs them as ordinary kernels instead; the run goes on, and the record says how
