@@ -89,8 +89,15 @@ def launch() -> None:
     """ipykernel_launcher's work (its kernel app, given this process's arguments), with debugpy unimportable while
     the kernel starts: ipykernel then starts without its debugger, as where debugpy is not installed. A first
     argument --preload=MODULE,... is the launcher's: those modules are imported in a thread once the kernel has
-    started (a failed import is left for the cell that imports the module to report)."""
+    started (a failed import is left for the cell that imports the module to report).
+
+    SIGINT is ignored from the first line, as ipykernel ignores it once initialised (IPKernelApp.init_signal): a
+    run refused before Papermill starts stops the kernel (an interrupt, then a kill), and an interrupt that lands
+    during the imports would print a KeyboardInterrupt traceback under the refusal's one-line error."""
+    import signal
     from pathlib import Path
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     if sys.path[0] == "" or Path(sys.path[0]) == Path.cwd():  # as ipykernel_launcher: the shell adds it back
         del sys.path[0]

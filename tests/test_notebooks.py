@@ -292,6 +292,27 @@ def test_the_kernel_started_ahead_runs_without_the_debugger_and_preloads_what_it
     assert "debugpy" not in first and then == "True False debugpy"
 
 
+
+@pytest.mark.integration
+def test_an_interrupt_while_the_kernel_imports_prints_nothing(tmp_path):
+    """CI at b53d20b: a run refused for a misspelt parameter stops the kernel started ahead (jupyter_client sends
+    SIGINT, then SIGKILL); on a loaded machine the SIGINT landed in ipykernel's imports and a KeyboardInterrupt
+    traceback followed the one-line error. The launcher ignores SIGINT from its first line, as ipykernel does once
+    initialised."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "kernels.notebook_kernel", "-f", str(tmp_path / "kernel.json")],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)  # in its imports: they take about 0.8 s
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert p.poll() is None, "the interrupt stopped the kernel"
+    finally:
+        p.kill()
+    assert "KeyboardInterrupt" not in p.communicate()[1]
+
 def test_what_the_kernel_preloads_is_what_each_of_the_labs_notebooks_imports():
     import ast
 
