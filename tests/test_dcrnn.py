@@ -524,7 +524,8 @@ def tiny_set(root, t: int = 300, n: int = 40):
 
 TINY_DCRNN = ["--workload", "dcrnn", "--dataset", "synthetic", "--rnn_units", "8", "--batch", "8", "--epochs", "2",
               "--train_samples", "48", "--test_samples", "24", "--log_every", "0", "--timing_warmup_steps", "1",
-              "--comm_probe_steps", "0", "--oversubscribe", "true"]
+              "--comm_probe_steps", "0", "--oversubscribe", "true",
+              "--seq_len", "3", "--horizon", "6"]  # 9 cell steps instead of 24: what the DDP checks need, at 0.7x
 
 
 def losses(run_dir) -> list[float]:
@@ -547,7 +548,7 @@ def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_e
     s = json.loads((tmp_path / "runs" / "grid" / "summary.json").read_text())
     w = s["workload"]
     assert (w["dp"], w["gp"], w["partition"]) == (2, 2, "metis") and w["edge_cut"] > 0
-    assert sum(w["part_sizes"]) == 40 and set(w["historical_average"]) >= {"mae_15min", "rmse_60min", "mape_30min"}
+    assert sum(w["part_sizes"]) == 40 and set(w["historical_average"]) >= {"mae_15min", "rmse_30min", "mape_30min"}
     assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3]
     assert all(r["halo_nodes"] > 0 and r["halo_bytes_per_step"] > 0 and r["peak_mem_gib"] > 0 for r in s["ranks"])
     cfg = json.loads((tmp_path / "runs" / "grid" / "config.json").read_text())
@@ -570,6 +571,7 @@ def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_e
     assert t[t["parallel"] == "grid, gp=2"]["halo_mb_per_step"].iloc[0] > 0
     text = (tmp_path / "report" / "tables" / "dcrnn_text.tex").read_text()
     assert "historical average on the same test windows" in text and "2 ranks reach" in text
+    assert "MAE at 15 and 30 minutes is" in text  # the horizons this 6-step model forecasts, no third one named
     assert "historical average, synthetic" in (tmp_path / "report" / "tables" / "dcrnn_metrics_table.tex").read_text()
     assert (tmp_path / "report" / "figures" / "dcrnn_scaling.pdf").exists()
 

@@ -108,10 +108,12 @@ def text(t: pd.DataFrame) -> str:
     parts = []
     for ds, g in t.groupby("dataset", sort=True):
         best = g.loc[g["mae_60min"].astype(float).idxmin()] if g["mae_60min"].notna().any() else g.iloc[0]
-        s = f"on {tex_escape(best['series'].split(',')[0])} the masked MAE at 15, 30 and 60 minutes is " + \
-            ", ".join(num(best[f"mae_{h}"]) for h in H if best[f"mae_{h}"] is not None) + "\\,mph"
-        if best["ha_mae_60min"] is not None:
-            s += (" against " + ", ".join(num(best[f"ha_mae_{h}"]) for h in H if best[f"ha_mae_{h}"] is not None) +
+        hs = [h for h in H if best[f"mae_{h}"] is not None]  # a model forecasting 6 steps has no 60-min MAE
+        s = (f"on {tex_escape(best['series'].split(',')[0])} the masked MAE at "
+             f"{listing([h.removesuffix('min') for h in hs])} minutes is "
+             + ", ".join(num(best[f"mae_{h}"]) for h in hs) + "\\,mph")
+        if hs and all(best[f"ha_mae_{h}"] is not None for h in hs):
+            s += (" against " + ", ".join(num(best[f"ha_mae_{h}"]) for h in hs) +
                   " for the historical average on the same test windows")
         parts.append(s)
     out = "In the selected records, " + listing(parts) + ". "
