@@ -15,7 +15,7 @@ from kernels.run.probe import probe_result
 from kernels.params import ConfigError
 from kernels.config import check_environment, resolve
 from kernels.profiling import breakdown, tools, verdict
-from kernels.profiling.monitor import summarise
+from kernels.profiling.monitor_csv import summarise
 from kernels.stats import median_ci
 
 from conftest import ROOT

@@ -13,7 +13,8 @@ utilisation % (all cores), memory used GiB, network and disk bytes since the sam
 started (psutil), and the cores' worth of CPU time per second this run's processes
 used (its ranks on this host, their children such as loader workers, and their
 launchers) and everything else on the host used (foreign work). One row per GPU per
-sample; one row per sample on a node without GPUs.
+sample; one row per sample on a node without GPUs. kernels/profiling/monitor_csv.py
+merges and summarises the files.
 
 Contention (`contention`): a run shared its cores or GPUs with foreign work when, over
 the training window, foreign processes used at least FOREIGN_MIN_CORES cores of the
@@ -31,7 +32,6 @@ import time
 from pathlib import Path
 
 from kernels import files
-from kernels.files import atomic_write_bytes
 from kernels.sysinfo import cpu_set
 
 MAX_HZ = 5.0
@@ -210,82 +210,6 @@ class Monitor(threading.Thread):
         self.join(timeout=5)
 
 
-def merge(run_dir: Path) -> Path | None:
-    """monitor/<node>.csv of every node into monitor.csv (sorted by time); None when nothing was sampled."""
-    import pandas as pd
-
-    parts = sorted((Path(run_dir) / "monitor").glob("*.csv"))
-    frames = []
-    for p in parts:
-        try:
-            frames.append(pd.read_csv(p, keep_default_na=True))
-        except (pd.errors.EmptyDataError, pd.errors.ParserError):
-            continue
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return None
-    df = pd.concat(frames).sort_values(["unix_s", "node"])
-    out = Path(run_dir) / "monitor.csv"
-    atomic_write_bytes(out, df.to_csv(index=False).encode())  # whole or not at all, and no space kept on failure
-    return out
-
-
-def summarise(path: Path | None, window: tuple[float, float] | None = None) -> dict | None:
-    """summary.json's `monitor`: samples and rate, GPU utilisation mean/p95, peak memory, energy, CPU use.
-
-    window: (unix start, unix end) of the training loop: only those samples count (not start-up or the
-    analysis after it); energy integrates each GPU's power over time (trapezoids) within it.
-    """
-    import pandas as pd
-
-    if path is None or not Path(path).exists():
-        return None
-    df = pd.read_csv(path)
-    if window is not None:
-        df = df[(df["unix_s"] >= window[0]) & (df["unix_s"] <= window[1])]
-    if df.empty:
-        return {"samples": 0}
-    host = df.drop_duplicates(["node", "unix_s"])
-    span = host.groupby("node")["t_s"].agg(lambda s: s.max() - s.min())
-    per_node = host.groupby("node").size()
-    hz = float(((per_node - 1) / span.where(span > 0)).median()) if (span > 0).any() else None
-    gpu = df.dropna(subset=["gpu_util_pct"])
-    out = {"samples": int(len(host)), "nodes": int(host["node"].nunique()), "hz": _r(hz),
-           "gpus": int(gpu.groupby(["node", "gpu"]).ngroups) if len(gpu) else 0,
-           "gpu_util_mean_pct": _r(gpu["gpu_util_pct"].mean()) if len(gpu) else None,
-           "gpu_util_p95_pct": _r(gpu["gpu_util_pct"].quantile(0.95)) if len(gpu) else None,
-           "gpu_mem_peak_mib": _r(df["gpu_mem_used_mib"].max()) if df["gpu_mem_used_mib"].notna().any() else None,
-           "gpu_power_mean_w": _r(df["gpu_power_w"].mean()) if df["gpu_power_w"].notna().any() else None,
-           "energy_j": None,
-           "cpu_util_mean_pct": _r(host["cpu_util_pct"].mean()), "cpu_util_p95_pct": _r(host["cpu_util_pct"].quantile(0.95)),
-           "host_mem_peak_gib": _r(host["host_mem_used_gib"].max()),
-           "net_bytes": _sum_last(host, ("net_rx_bytes", "net_tx_bytes")),
-           "disk_bytes": _sum_last(host, ("disk_read_bytes", "disk_write_bytes")), **_shares(host, gpu)}
-    pw = df.dropna(subset=["gpu_power_w"])
-    if len(pw):
-        energy = 0.0
-        for _, g in pw.groupby(["node", "gpu"]):
-            g = g.sort_values("unix_s")
-            t, p = g["unix_s"].to_numpy(), g["gpu_power_w"].to_numpy()
-            energy += float(((p[1:] + p[:-1]) / 2 * (t[1:] - t[:-1])).sum())
-        out["energy_j"] = _r(energy)
-    return out
-
-
-def _shares(host, gpu) -> dict:
-    """The busiest node's mean foreign CPU use and this run's own (cores), and the most foreign GPU processes."""
-    out = {"own_cpu_cores_mean": None, "foreign_cpu_cores_mean": None, "foreign_cpu_node": None,
-           "gpu_foreign_procs_max": None}
-    if "foreign_cpu_cores" in host and host["foreign_cpu_cores"].notna().any():
-        means = host.groupby("node")[["own_cpu_cores", "foreign_cpu_cores"]].mean()
-        node = means["foreign_cpu_cores"].idxmax()
-        out.update(own_cpu_cores_mean=_r(means.loc[node, "own_cpu_cores"]),
-                   foreign_cpu_cores_mean=_r(means.loc[node, "foreign_cpu_cores"]), foreign_cpu_node=str(node))
-    if "gpu_foreign_procs" in gpu and gpu["gpu_foreign_procs"].notna().any():
-        out["gpu_foreign_procs_max"] = int(gpu["gpu_foreign_procs"].max())
-    return out
-
-
 def rank_cpus(ranks: list[dict], key: str, value: str) -> set[int]:
     """The cores the ranks with ranks[i][key] == value may run on (the union of their CPU affinities)."""
     out: set[int] = set()
@@ -332,25 +256,3 @@ def contention(mon: dict | None, ranks: list[dict], host_cores: int | None) -> d
     return {"contended": bool(evidence) if measured else None, "evidence": evidence,
             "rule": f"foreign CPU >= {FOREIGN_MIN_CORES} cores of the run's cores while they are >= {BUSY_SHARE:.0%} "
                     f"busy, a foreign GPU process, or more compute threads than cores"}
-
-
-def _sum_last(host, cols) -> int | None:
-    """Bytes moved over the window, summed over nodes (the counters count from each sampler's start)."""
-    total = 0
-    for _, g in host.groupby("node"):
-        g = g.sort_values("unix_s")
-        for c in cols:
-            v = g[c].dropna()
-            if len(v) < 2:
-                return None
-            total += int(v.iloc[-1] - v.iloc[0])
-    return total
-
-
-def _r(v, nd: int = 3):
-    try:
-        import math
-
-        return None if v is None or math.isnan(float(v)) else round(float(v), nd)
-    except (TypeError, ValueError):
-        return None

@@ -16,6 +16,7 @@ import torch
 
 from kernels.dist import all_gather_object
 from kernels.profiling import monitor as res_monitor
+from kernels.profiling import monitor_csv
 from kernels.profiling.trace import StepProfiler
 from kernels.errors import ConfigError
 from kernels.timers import StepTimer, synchronize
@@ -135,9 +136,9 @@ class Observers:
         mon = None
         if self.cfg.monitor_hz:
             try:
-                merged = res_monitor.merge(run_dir)
+                merged = monitor_csv.merge(run_dir)
                 window = self.train_window
-                mon = res_monitor.summarise(merged, tuple(window) if window and window[1] else None)
+                mon = monitor_csv.summarise(merged, tuple(window) if window and window[1] else None)
             except Exception as e:  # the monitor's files must never cost the run its record
                 mon = {"error": f"{type(e).__name__}: {e}"}
         return {**(mon or {}), "contention": res_monitor.contention(mon, self.ranks, os.cpu_count())}
