@@ -17,7 +17,7 @@ help:
 	@echo "make horovod build Horovod 0.28.1 into .venv (patched for C++17; ~3 min; engine=horovod)"
 	@echo "make test    run the whole suite on two workers and write tests/DURATIONS.md (sets up and builds Horovod first)"
 	@echo "make test-quick  the unit tier: in-process tests only, about 2 minutes, needs nothing but make setup"
-	@echo "make reliability the fault-injection suite, and its measured table into README.md"
+	@echo "make reliability the fault-injection suite, and its measured table into docs/reliability.md"
 	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop)"
 	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
 	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
@@ -69,7 +69,7 @@ test: setup horovod
 test-quick: setup
 	$(BIN)/python -m pytest -q -m unit
 
-# The fault-injection suite (needs root and the local Slurm, as make test), then its table into README.md.
+# The fault-injection suite (needs root and the local Slurm, as make test), then its table into docs/reliability.md.
 reliability: setup
 	$(BIN)/python -m pytest -q -m faults
 	$(BIN)/python tests/reliability_table.py

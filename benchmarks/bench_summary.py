@@ -24,8 +24,8 @@ NOTEBOOK_MAX_S = 3.0
 COLD_STREAM_MIN_PCT = 80.0
 SEED_FLOOR, SEED_GOAL = 1.0, 1.15
 # DCRNN lab / public on a CPU: the 3x target is retired. In a profile of one lab step the dense products, which
-# both pipelines compute, took 3.8 s of the 5.2 s that 3x would allow, at MKL's rate for those shapes (README,
-# the DCRNN benchmark). On a GPU, issue 50's target is 5x (make bench-gpu).
+# both pipelines compute, took 3.8 s of the 5.2 s that 3x would allow, at MKL's rate for those shapes (README.md
+# at 663560d, the DCRNN benchmark). On a GPU, issue 50's target is 5x (make bench-gpu).
 DCRNN_CPU_BOUND = "- (3x retired on a CPU: the dense products alone take 3.8 s of the 5.2 s it allows)"
 
 

@@ -1,7 +1,7 @@
-"""Write the reliability table of the last fault-injection run into README.md (`make reliability`).
+"""Write the reliability table of the last fault-injection run into docs/reliability.md (`make reliability`).
 
 Reads results/reliability.json (written by tests/test_faults.py through conftest.py) and
-replaces the table between the README's reliability markers. The table says on which
+replaces the table between the reliability markers of docs/reliability.md. The table says on which
 machine and when it was measured; the times are that run's, not guarantees.
 """
 from __future__ import annotations
@@ -30,15 +30,15 @@ def main() -> int:
     if not src.exists():
         print(f"error: {src} not found: run the fault suite first (make reliability)", file=sys.stderr)
         return 2
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "reliability.md"
     text = readme.read_text()
     if BEGIN not in text or END not in text:
-        print(f"error: README.md lacks the markers {BEGIN} ... {END}", file=sys.stderr)
+        print(f"error: docs/reliability.md lacks the markers {BEGIN} ... {END}", file=sys.stderr)
         return 2
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     readme.write_text(head + BEGIN + "\n" + table(json.loads(src.read_text())) + "\n" + END + tail)
-    print(f"wrote the reliability table ({len(json.loads(src.read_text())['rows'])} cases) into README.md")
+    print(f"wrote the reliability table ({len(json.loads(src.read_text())['rows'])} cases) into docs/reliability.md")
     return 0
 
 

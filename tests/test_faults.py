@@ -6,7 +6,7 @@ a full file system, a NaN loss) and asserts the time to the end of the run again
 bound, the exit status, the record's status, and, where the run can continue, that a
 later run completes with the same final metrics and weights as an uninterrupted one.
 Each case adds a row (case, bound, measured time, outcome) to the reliability table
-that `make reliability` writes into README.md.
+that `make reliability` writes into docs/reliability.md.
 """
 from __future__ import annotations
 

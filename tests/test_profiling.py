@@ -410,8 +410,8 @@ def test_breakdown_cli_reads_a_run_directory_again(profiled):
     assert p.returncode == 2 and "has no traces" in p.stderr
 
 
-def test_readme_states_the_verdict_thresholds_of_the_code():
-    readme = (ROOT / "README.md").read_text()
+def test_the_measurements_doc_states_the_verdict_thresholds_of_the_code():
+    readme = (ROOT / "docs" / "measurements.md").read_text()
     assert f"data wait above {100 * verdict.DATA_WAIT:.0f} %" in readme
     assert f"exposed communication above {100 * verdict.COMM:.0f} %" in readme
     assert f"less than {100 * verdict.UTILISATION:.0f} % of the time" in readme

@@ -93,13 +93,13 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
 
 
 def test_the_readme_four_gpu_node_form_runs_as_written(slurm, tmp_path, monkeypatch):
-    """The README's lines for 4-GPU nodes, run as written on the local `quad` partition (4 placeholder GPUs a
+    """docs/cluster.md's lines for 4-GPU nodes, run as written on the local `quad` partition (4 placeholder GPUs a
     node, CPU ranks): the account, partition and QoS reach sbatch through its SBATCH_* variables, the geometry
     comes from the sbatch line, and 8 ranks on 2 nodes train. Only the partition's value is the local one; the
     notebook gets the tiny parameters after the line's own."""
     import shlex
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "cluster.md").read_text()
     export, line = re.search(r"\n {4}(export SBATCH_ACCOUNT=.*?)\s+#.*\n {4}(sbatch --nodes=2 .*-p gpus 8)\n",
                              readme).groups()
     env = dict(kv.split("=", 1) for kv in shlex.split(export)[1:])

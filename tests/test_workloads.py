@@ -1,6 +1,6 @@
 """Workloads as plug-ins: the merged parameter table, a toy workload of this file through the real loop, the CNN.
 
-TOY below is a complete workload defined outside kernels/ (as README "Your own model"
+TOY below is a complete workload defined outside kernels/ (as docs/user-guide.md "Your own model"
 shows): its own parameter, data source, model, recipe and a metric with one value per
 label. The 2-rank test runs it with `--workload test_workloads:TOY` through the lab's
 real loop, unchanged.

@@ -3,7 +3,7 @@
 A registered workload is a module holding `WORKLOAD` (a `Workload`), listed in
 WORKLOADS. Your own model needs no change here: `workload=package.module:OBJECT`
 imports OBJECT (a `Workload`) from a module in the current directory or on
-PYTHONPATH (README: "Your own model"; examples/mlp_workload.py).
+PYTHONPATH (docs/user-guide.md: "Your own model"; examples/mlp_workload.py).
 """
 from __future__ import annotations
 

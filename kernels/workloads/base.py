@@ -24,7 +24,7 @@ A workload is one `Workload` value. It owns:
   (summary.json `workload` and `ranks`).
 
 kernels/ddp_core.py calls only these; it never branches on a workload or data set
-name. README ("Your own model") shows a complete workload in a few dozen lines.
+name. docs/user-guide.md ("Your own model") shows a complete workload in a few dozen lines.
 """
 from __future__ import annotations
 
