@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,7 +100,12 @@ def main(argv=None) -> int:
         cmd = sbatch_command(args.notebook, args.gpus, o["gpus_per_node"], o["ranks_per_node"], o["partition"],
                              o["account"], o["time"], o["extra"] + args.sbatch_arg, papermill_args, qos=o["qos"])
         print(shlex.join(cmd), flush=True)
-        return 0 if args.dry_run else subprocess.run(cmd).returncode
+        if args.dry_run:
+            return 0
+        if shutil.which("sbatch") is None:
+            raise ConfigError("Slurm's sbatch is not on PATH here, so nothing was submitted: run the line above on a "
+                              "login node of the cluster (--dry-run only prints it)")
+        return subprocess.run(cmd).returncode
 
     return exit_status(body)
 

@@ -127,3 +127,16 @@ def test_help_lists_every_parameter(capsys, monkeypatch):
     out = capsys.readouterr().out
     for prm in config.table():
         assert f"--{prm.name}" in out
+
+
+def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch, capsys):
+    """`lab submit ... --cluster leonardo-booster --account ehpc123` on a laptop ended in a FileNotFoundError
+    traceback for 'sbatch'. It prints the line it would submit, then one line saying Slurm is not here (exit 2)."""
+    from kernels import submit
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
+    rc = submit.main(["notebooks/01_train.ipynb", "--gpus", "8", "--cluster", "leonardo-booster", "--account",
+                      "ehpc123"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out.startswith("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 "), out + err
+    assert err.count("\n") == 1 and "sbatch is not on PATH" in err and "--dry-run" in err, err
