@@ -365,7 +365,7 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
             spec["fixed"].update(min_bytes="64K", max_bytes="4M", iters=10)
         else:
             spec["repeats"] = 1
-            spec["fixed"].update(width=8, train_samples=1024, test_samples=64, timing_warmup_steps=2,
+            spec["fixed"].update(width=8, train_samples=512, test_samples=64, timing_warmup_steps=2,
                                  batch_per_gpu=16, comm_probe_steps=0)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))

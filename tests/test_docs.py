@@ -50,7 +50,7 @@ COMMANDS: dict[str, str] = {
     # --- profiling
     "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8":
         "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
-    "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 2 --profile_steps 3": RUN,
+    "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 1 --profile_steps 3": RUN,
     "python -m kernels.profiling breakdown results/runs/<run_id>":
         "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
     "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8":
@@ -342,7 +342,7 @@ def test_the_training_commands_as_written(tmp_path, docs_env):
     env, runs, venv_bin = docs_env, tmp_path / "runs", ROOT / ".venv" / "bin"
     runs.mkdir()
     s, new, _ = _new_record(runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 "
-                                  "--epochs 2 --profile_steps 3", env)
+                                  "--epochs 1 --profile_steps 3", env)
     assert s["profile"]["status"] == "complete" and (new / "breakdown.csv").exists() and s["bottleneck"]["verdict"]
 
     p = _sh(". .venv/bin/activate && command -v lab && command -v python", env)
