@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -312,8 +313,17 @@ def account_warning(cluster: dict) -> str | None:
             f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id).")
 
 
+def require_sbatch(what: str) -> None:
+    """A one-line refusal where Slurm's sbatch is not on PATH (a laptop, a container without Slurm), after the
+    line was printed: the submitters print it first, so it can be run where Slurm is."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError(f"Slurm's sbatch is not on PATH here, so {what} was not submitted: run the line above on "
+                          f"a login node of the cluster (--dry-run only prints it)")
+
+
 def run_sbatch(cmd: list[str], what: str) -> str:
     """Submit; return the (array) job id, or raise with sbatch's own reason."""
+    require_sbatch(what)
     p = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         raise ConfigError(f"sbatch refused {what}: {p.stderr.strip()}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,9 +101,9 @@ def main(argv=None) -> int:
         print(shlex.join(cmd), flush=True)
         if args.dry_run:
             return 0
-        if shutil.which("sbatch") is None:
-            raise ConfigError("Slurm's sbatch is not on PATH here, so nothing was submitted: run the line above on a "
-                              "login node of the cluster (--dry-run only prints it)")
+        from kernels.study import require_sbatch
+
+        require_sbatch("the job")
         return subprocess.run(cmd).returncode
 
     return exit_status(body)

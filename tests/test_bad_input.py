@@ -7,7 +7,7 @@ from kernels import config, params
 from kernels.params import ConfigError
 from kernels.config import check_environment, resolve
 
-from conftest import cli_in_process, run_cli
+from conftest import ROOT, cli_in_process, run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -131,12 +131,22 @@ def test_help_lists_every_parameter(capsys, monkeypatch):
 
 def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch, capsys):
     """`lab submit ... --cluster leonardo-booster --account ehpc123` on a laptop ended in a FileNotFoundError
-    traceback for 'sbatch'. It prints the line it would submit, then one line saying Slurm is not here (exit 2)."""
+    traceback for 'sbatch'. It prints the line it would submit, then one line saying Slurm is not here (exit 2);
+    `lab study submit` likewise."""
     from kernels import submit
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
-    rc = submit.main(["notebooks/01_train.ipynb", "--gpus", "8", "--cluster", "leonardo-booster", "--account",
+    rc = submit.main([str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "8", "--cluster", "leonardo-booster", "--account",
                       "ehpc123"])
     out, err = capsys.readouterr()
     assert rc == 2 and out.startswith("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 "), out + err
     assert err.count("\n") == 1 and "sbatch is not on PATH" in err and "--dry-run" in err, err
+    # a study goes through the same check (kernels.study.run_sbatch, which sweeps use too)
+    from kernels import study
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    rc = study.main(["submit", str(ROOT / "studies" / "strong_resnet18.yaml")])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out.startswith("sbatch --parsable --array="), out + err
+    assert err.strip().splitlines()[-1].startswith("error: Slurm's sbatch is not on PATH here, so the array for"), err
+    assert not (tmp_path / "results" / "studies" / "strong_resnet18" / "submissions.json").exists()
