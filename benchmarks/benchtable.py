@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from kernels import sysinfo
@@ -55,8 +56,6 @@ def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict
 
 def train_command(params: dict) -> list[str]:
     """`python -m kernels.train --k v ...` for `params` (booleans as true/false), echoed as it runs."""
-    import sys
-
     cmd = [sys.executable, "-m", "kernels.train"]
     for k, v in params.items():
         cmd += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]

@@ -68,10 +68,13 @@ def _float(text: str) -> float:
 class Samples:
     """The rows of a monitor.csv as columns: numbers as float arrays (NaN where empty), `node` as strings."""
 
-    def __init__(self, head: list[str], rows: list[list[str]]):
-        self.n = len(rows)
-        self.cols = {c: [r[i] for r in rows] if c in TEXT else np.array([_float(r[i]) for r in rows], dtype=float)
-                     for i, c in enumerate(head)}
+    def __init__(self, cols: dict, n: int):
+        self.cols, self.n = cols, n
+
+    @classmethod
+    def parse(cls, head: list[str], rows: list[list[str]]) -> "Samples":
+        return cls({c: [r[i] for r in rows] if c in TEXT else np.array([_float(r[i]) for r in rows], dtype=float)
+                    for i, c in enumerate(head)}, len(rows))
 
     def __contains__(self, col: str) -> bool:
         return col in self.cols
@@ -81,10 +84,8 @@ class Samples:
 
     def take(self, keep) -> "Samples":
         """The rows where the boolean array `keep` is true."""
-        out = Samples([], [])
-        out.n = int(np.count_nonzero(keep))
-        out.cols = {c: [v for v, k in zip(a, keep) if k] if c in TEXT else a[keep] for c, a in self.cols.items()}
-        return out
+        return Samples({c: [v for v, k in zip(a, keep) if k] if c in TEXT else a[keep] for c, a in self.cols.items()},
+                       int(np.count_nonzero(keep)))
 
     def first_per(self, *keys: str) -> "Samples":
         """The first row of each distinct value of `keys` (a GPU node writes one row per GPU per sample)."""
@@ -104,7 +105,7 @@ class Samples:
 
 
 def read(path: Path) -> Samples:
-    return Samples(*_rows(Path(path)))
+    return Samples.parse(*_rows(Path(path)))
 
 
 def summarise(path: Path | None, window: tuple[float, float] | None = None) -> dict | None:
@@ -125,7 +126,7 @@ def summarise(path: Path | None, window: tuple[float, float] | None = None) -> d
     return {"samples": host.n, "nodes": len(set(host["node"])), "hz": _r(_rate(host)),
             "gpus": len(gpu.groups("node", "gpu")),
             "gpu_util_mean_pct": _r(_mean(gpu["gpu_util_pct"])),
-            "gpu_util_p95_pct": _r(np.percentile(gpu["gpu_util_pct"], 95) if gpu.n else None),
+            "gpu_util_p95_pct": _r(_quantile(gpu["gpu_util_pct"], 95)),
             "gpu_mem_peak_mib": _r(_max(df["gpu_mem_used_mib"])), "gpu_power_mean_w": _r(_mean(df["gpu_power_w"])),
             "energy_j": _energy(df), "cpu_util_mean_pct": _r(_mean(host["cpu_util_pct"])),
             "cpu_util_p95_pct": _r(_quantile(host["cpu_util_pct"], 95)),
