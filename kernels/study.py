@@ -357,8 +357,10 @@ def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: 
     return cmd + ["slurm/papermill_run.sbatch", study.notebook]
 
 
-def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=sys.stdout) -> list[dict]:
-    """One job array per geometry. Returns the submissions (job id, points)."""
+def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=None) -> list[dict]:
+    """One job array per geometry. Returns the submissions (job id, points). out: default sys.stdout as it is
+    when called (a default bound at import kept a stream that had since been replaced)."""
+    out = out or sys.stdout
     points = [p for p in study.points if only is None or p.index in only]
     if not points:
         print(f"study {study.name}: nothing to submit", file=out)
