@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from kernels import records
@@ -35,6 +36,7 @@ from kernels.params import COMMON, RunConfig, unknown_name_error
 from kernels.sysinfo import job_tag
 
 HANDOFF_ENV = "LAB_HANDOFF"
+CELL_WIDTH = 100  # characters per line of a generated parameters cell
 
 
 def staging_dir() -> Path:
@@ -44,23 +46,28 @@ def staging_dir() -> Path:
 
 # ------------------------------------------------------------ in the notebook
 def parameters_cell(params=None) -> str:
-    """The body of a `parameters` cell: literals only, one per line, each documented.
+    """The body of a `parameters` cell: literals only, one per line, each documented: beside it, going on under
+    itself, or above a line longer than 40 characters, so that no line runs past CELL_WIDTH characters.
 
     01_train's (default): the common parameters first, then a section per registered
     workload; a per-workload common parameter is None, meaning "the workload's default".
     `params`: another notebook's table (03_commbench's, kernels/comm/bench.PARAMS).
     """
     params = table() if params is None else list(params)
-    width = max(len(f"{p.name} = {p.default!r}") for p in params)
+    codes = [f"{p.name} = {p.default!r}" for p in params]
+    width = max([len(c) for c in codes if len(c) <= 40] or [0])  # the comments' column; a longer line's goes above it
     lines, group = [], None
-    for p in params:
+    for p, code in zip(params, codes):
         if p.group != group:
             group = p.group
             lines.append("# --- common parameters" if group == "common" else
                          "# --- communication benchmark (lab comm bench --help)" if group == "commbench" else
                          f"# --- workload {group}: its own parameters, used only when workload is '{group}'")
-        code = f"{p.name} = {p.default!r}"
-        lines.append(f"{code:<{width}}  # {p.doc}")
+        if len(code) > width:
+            lines += [*(f"# {d}" for d in textwrap.wrap(p.doc, CELL_WIDTH - 2)), code]
+            continue
+        doc = textwrap.wrap(p.doc, CELL_WIDTH - width - 4)
+        lines += [f"{code:<{width}}  # {doc[0]}", *(f"{'':<{width}}  # {more}" for more in doc[1:])]
     return "\n".join(lines)
 
 

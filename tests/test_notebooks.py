@@ -95,9 +95,12 @@ def test_parameters_cell_is_generated_from_the_one_definition():
     assert notebooks.with_parameters_cell(prof, profile_params()) == prof, "run `make notebooks`"
     assert [p.name for p in profile_params()] == [p.name for p in table()]
     assert "profile_steps = 5 " in prof and PROFILE_DEFAULTS["profile_steps"] == 5
-    cell = [line for line in notebooks.parameters_cell().splitlines() if not line.startswith("#")]
+    lines = notebooks.parameters_cell().splitlines()
+    cell = [line for line in lines if not line.lstrip().startswith("#")]
     assert [line.split(" = ")[0] for line in cell] == [p.name for p in table()]
     assert all("#" in line for line in cell)
+    # a long comment goes on under itself: no line runs off a printed page
+    assert max(map(len, lines)) <= notebooks.CELL_WIDTH and len(lines) > len(cell) + 4
     # papermill's parameter inference cannot parse a comment that holds '='
     assert all("=" not in p.doc for p in table())
     # a section per registered workload, after the common parameters
