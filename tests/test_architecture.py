@@ -25,7 +25,8 @@ KERNELS = ROOT / "kernels"
 # (fnmatch); the first that matches places a module.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
-              "kernels.flops", "kernels.alttext", "kernels.axis_labels", "kernels.sysinfo", "kernels.dist", "kernels.yamlfile",
+              "kernels.flops", "kernels.alttext", "kernels.axis_labels", "kernels.sysinfo",
+              "kernels.dist", "kernels.yamlfile",
               "kernels.ports", "kernels.safe_pickle")),
     ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
     ("data", ("kernels.data", "kernels.data.*")),
@@ -61,7 +62,8 @@ def layer_of(module: str) -> int:
     for i, (_, patterns) in enumerate(LAYERS):
         if any(fnmatch(module, pat) for pat in patterns):
             return i
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name} (and docs/architecture.md)")
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name} (and "
+                         "docs/architecture.md)")
 
 
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -137,6 +139,15 @@ def test_the_checks_find_what_they_look_for():
     known = {"kernels.ddp_core": None, "kernels.report": None, "kernels.report.tex": None}
     src = ROOT / "kernels" / "ddp_core.py"
     assert imports_of("kernels.ddp_core", src, {**modules(), **known}) >= {"kernels.engines", "kernels.run.record"}
+
+
+def test_the_code_passes_the_linter():
+    """`ruff check` with the rules in pyproject.toml: pycodestyle and pyflakes, lines of at most 120 characters."""
+    from ruff.__main__ import find_ruff_bin
+
+    p = subprocess.run([find_ruff_bin(), "check", "--output-format", "concise", "."], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
 
 
 def test_no_function_needs_a_scroll_bar():

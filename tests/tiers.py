@@ -10,7 +10,7 @@
 Every test has one tier: its own marker, else its module's `pytestmark`; a test with none, or
 with two of its own, is a collection error. A test below the system tier that asks for the Slurm
 cluster is a collection error too. While a test runs, the guard refuses what its tier does not
-allow, with the fix in the message: a unit test that starts a process (git aside), an integration
+allow, with the fix in the message: a unit test that starts a process (git and ruff aside), an integration
 test that starts one of the system tier's programs directly. The guard sees the processes a test
 starts itself, not their children: `make paper` from an integration test is caught by the word
 `paper`, not by latexmk. Session fixtures are set up before it: they start no process in the unit
@@ -33,8 +33,9 @@ TIERS = ("unit", "integration", "system")
 SYSTEM_PROGRAMS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "slurmctld", "slurmd",
                    "munged", "mpirun", "mpiexec", "mpicc", "latexmk", "pdflatex", "horovodrun"}
 SYSTEM_MAKE_TARGETS = {"paper", "horovod", "test", "reliability", "bench", "bench-gpu"}
-# what a unit test may still start: git, which the records' provenance asks for the commit (read-only, ~5 ms)
-UNIT_ALLOWED = {"git"}
+# what a unit test may still start: git, which the records' provenance asks for the commit (read-only, ~5 ms),
+# and ruff, the linter (reads the sources, ~0.1 s; it has no Python API)
+UNIT_ALLOWED = {"git", "ruff"}
 
 
 def tier_of(item) -> str | None:
