@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     compiles = {"auto": [None], "off": [False], "on": [True], "both": [False, True]}[args.compile]
     lines += ["", f"## training, ResNet-18 CIFAR form (width {args.width}), synthetic data, global batch "
               f"{args.train_batch}, {args.precision}, {args.train_steps - args.warmup} timed steps", "",
-              "| processes | compile | samples/s (median step) | p10-p90 | samples/s per process | step ms (median) | data wait | MFU |",
+              "| processes | compile | samples/s (median step) | p10-p90 | samples/s per process | step ms (median) "
+              "| data wait | MFU |",
               "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for compile_ in compiles:
         for procs in [int(p) for p in args.procs.split(",")]:

@@ -187,10 +187,12 @@ def disk_rows(shards, rates: dict, seq: dict, repeats: int, read_mb: float) -> t
         med = [statistics.median(p[0] for p in seq[(mode, t)]) for t in threads]
         cpu = statistics.median(p[1] for p in seq[(mode, threads[med.index(max(med))])])
         lines.append(f"| {READS[mode]} | " + " | ".join(f"{m:,.0f}" for m in med) + f" | {cpu:.2f} |")
-    lines += ["", f"The stream beside the fastest sequential read of the same round (paired; median of {repeats} rounds "
+    lines += ["", f"The stream beside the fastest sequential read of the same round (paired; median of {repeats} "
+                  "rounds "
                   f"and the min-max of the round ratios); its MB/s is samples/s times {per_sample:,.0f} bytes per "
                   "sample, as records (uint8, no decoding) and as normalised float batches.", "",
-              "| cache | sequential (MB/s) | streamed records (MB/s) | records / sequential | streamed, normalised (MB/s) "
+              "| cache | sequential (MB/s) | streamed records (MB/s) | records / sequential | streamed, normalised "
+              "(MB/s) "
               "| normalised / sequential |", "|---|---:|---:|---:|---:|---:|"]
     figures = {}
     for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):

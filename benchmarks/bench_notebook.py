@@ -116,10 +116,12 @@ def main() -> None:
     lines = benchtable.header("A run through its notebook against the CLI")
     if TREE != ROOT:
         lines += [f"Timed checkout: {TREE} (git {_commit(TREE)}).", ""]
-    lines += [f"`lab train` and `lab run notebooks/01_train.ipynb` with {' '.join(f'{k}={v}' for k, v in RUN.items())}, "
+    lines += ["`lab train` and `lab run notebooks/01_train.ipynb` with "
+              f"{' '.join(f'{k}={v}' for k, v in RUN.items())}, "
               f"alternating, {args.repeats} pairs; wall seconds from start to exit.", "",
               "| pair | CLI (s) | notebook (s) | overhead (s) |", "|---|---|---|---|"]
-    lines += [f"| {i + 1} | {r['cli']:.2f} | {r['notebook']:.2f} | {o:.2f} |" for i, (r, o) in enumerate(zip(rows, over))]
+    lines += [f"| {i + 1} | {r['cli']:.2f} | {r['notebook']:.2f} | {o:.2f} |"
+              for i, (r, o) in enumerate(zip(rows, over))]
     lines += [f"| median | {statistics.median(r['cli'] for r in rows):.2f} | "
               f"{statistics.median(r['notebook'] for r in rows):.2f} | **{statistics.median(over):.2f}** "
               f"({min(over):.2f}-{max(over):.2f}) |", "",

@@ -86,10 +86,12 @@ def paired_ratios(pairs: list[tuple[dict, dict]]) -> list[float]:
 def ratio_table(pairs: list[tuple[dict, dict]]) -> tuple[list[str], float]:
     """The Markdown rows (each repeat with its p10-p90, then the medians) and the median of the paired ratios."""
     ratios = paired_ratios(pairs)
-    lines = ["| repeat | seed-style samples/s (p10-p90) | lab samples/s (p10-p90) | lab / seed |", "|---:|---:|---:|---:|"]
+    lines = ["| repeat | seed-style samples/s (p10-p90) | lab samples/s (p10-p90) | lab / seed |",
+             "|---:|---:|---:|---:|"]
     for i, ((seed, lab), r) in enumerate(zip(pairs, ratios)):
         lines.append(f"| {i + 1} | {seed['samples_per_s']:,.1f} ({seed['samples_per_s_p10']:,.0f}-"
-                     f"{seed['samples_per_s_p90']:,.0f}) | {lab['samples_per_s']:,.1f} ({lab['samples_per_s_p10']:,.0f}-"
+                     f"{seed['samples_per_s_p90']:,.0f}) | {lab['samples_per_s']:,.1f} "
+                     f"({lab['samples_per_s_p10']:,.0f}-"
                      f"{lab['samples_per_s_p90']:,.0f}) | {r:.2f}x |")
     ratio = statistics.median(ratios)
     lines.append(f"| median | {statistics.median(s['samples_per_s'] for s, _ in pairs):,.1f} | "
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16" if cuda else "fp32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1] if cuda else [1, 2],
-                    help="rank counts on this node, each compared in turn (more than 1 on a GPU node needs as many GPUs)")
+                    help="rank counts on this node, each compared in turn (more than 1 on a GPU node needs as many "
+                         "GPUs)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     if any(r < 1 or args.batch % r for r in args.ranks):

@@ -59,7 +59,8 @@ def seed_rows(h: dict) -> list[tuple]:
         verdict = ("**missed**" if f["ratio"] < SEED_FLOOR else "floor met, **goal missed**" if f["ratio"] < SEED_GOAL
                    else "met")
         rows.append((f"lab / seed-style loop, {key[6:]} rank(s) (median of {f['repeats']} paired repeats)",
-                     f">= {SEED_FLOOR:.2f}x (goal {SEED_GOAL:.2f}x)", f"{f['ratio']:.2f}x ({f['min']:.2f}-{f['max']:.2f})",
+                     f">= {SEED_FLOOR:.2f}x (goal {SEED_GOAL:.2f}x)", f"{f['ratio']:.2f}x "
+                                                                      f"({f['min']:.2f}-{f['max']:.2f})",
                      verdict))
     return rows
 
@@ -70,7 +71,8 @@ def dcrnn_rows(h: dict) -> list[tuple]:
 
 
 def comm_rows(h: dict) -> list[tuple]:
-    return [(f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", "-" if r["target"] is None else f"<= {r['target']:.2f}x",
+    return [(f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", "-" if r["target"] is None else "<= "
+                                                                                                  f"{r['target']:.2f}x",
              f"{r['lab_over_c']:.2f}x", "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"]))
             for r in h["rows"]]
 

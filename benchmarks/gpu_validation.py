@@ -60,7 +60,8 @@ def versions(cuda: bool) -> dict:
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
            "host": sysinfo.host(),
-           # a copied tree (a GPU machine reached by copying files) names its commit in LAB_GIT_COMMIT: its .git may be stale
+           # a copied tree (a GPU machine reached by copying files) names its commit in LAB_GIT_COMMIT:
+           # its .git may be stale
            "git": os.environ.get("LAB_GIT_COMMIT") or sysinfo.git_info().get("commit") or "n/a"}
     if cuda and shutil.which("nvidia-smi"):
         p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
@@ -81,7 +82,8 @@ class Plan:
         self.warmup = 1 if args.tiny else args.warmup
         self.width = 4 if args.tiny else 64
         self.gpus = (2 if args.tiny else 1) if not cuda else max(1, args.gpus or versions(True)["gpus"])
-        self.precisions = ("bf16", "fp16") if cuda else ("fp32", "bf16")  # fp32: results/bench/nvidia-h200.md at 137c954 (32,611)
+        self.precisions = ("bf16", "fp16") if cuda else ("fp32", "bf16")
+        # fp32: results/bench/nvidia-h200.md at 137c954 (32,611)
         self.workers = 1 if args.tiny else min(8, sysinfo.usable_cores())
 
 
@@ -135,7 +137,8 @@ def lab_row(r: dict) -> str:
             f"{s['peak_mem_gib']:.2f} |")
 
 
-LAB_HEAD = ["| run | GPUs | precision, channels_last, compile | samples/s (p10-p90) | MFU | data wait | host syncs/step "
+LAB_HEAD = ["| run | GPUs | precision, channels_last, compile | samples/s (p10-p90) | MFU | data wait | host "
+            "syncs/step "
             "| peak GiB |", "|---|---:|---|---:|---:|---:|---:|---:|"]
 
 
@@ -182,7 +185,8 @@ def profile_section(plan: Plan) -> tuple[list[str], str | None]:
     pr, bn = r["summary"]["profile"], r["summary"]["bottleneck"]
     lines = [f"{pr['ranks']} rank(s), {pr['steps']} profiled steps, {pr['timeline']} timeline, "
              f"{pr['profiled_ms_per_step']:.2f} ms per step; {pr['comm_crosscheck']}; HTA: {pr['hta']['status']}; "
-             f"verdict: {r['summary']['bottleneck']['verdict']}.", "", "| category | ms/step | share |", "|---|---:|---:|"]
+             f"verdict: {r['summary']['bottleneck']['verdict']}.", "",
+             "| category | ms/step | share |", "|---|---:|---:|"]
     for c, v in sorted(pr["share"].items(), key=lambda kv: -kv[1]):
         lines.append(f"| {c} | {pr['ms_per_step'][c]:.3f} | {100 * v:.1f} % |")
     if pr.get("hidden_comm_ms_per_step") is not None:

@@ -13,7 +13,8 @@ What it does, as the seed plans and the PyTorch tutorials do, and deliberately n
   defaults (buffers broadcast every forward, gradients copied into buckets), SGD with
   momentum 0.9 (nesterov), weight decay 5e-4 (torch's default for-each kernels);
 - torch.autocast for bf16/fp16 (GradScaler for fp16), contiguous NCHW (no channels_last; `--channels_last`
-  makes the one-line change such a script can make), no torch.compile; `loss.item()` every step for the running loss (a host sync per step).
+  makes the one-line change such a script can make), no torch.compile; `loss.item()` every step for the running
+  loss (a host sync per step).
 
 It prints one JSON line: samples/s as the lab defines it (global batch / median step time over
 the timed steps), with p10/p90 and the step times' spread. The data are synthetic, CIFAR-shaped
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True).contiguous(memory_format=fmt), y.to(device, non_blocking=True)
         opt.zero_grad()
-        with torch.autocast(device.type, dtype=DTYPES.get(args.precision, torch.bfloat16), enabled=args.precision in DTYPES):
+        with torch.autocast(device.type, dtype=DTYPES.get(args.precision, torch.bfloat16),
+                            enabled=args.precision in DTYPES):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -140,11 +142,13 @@ def main(argv=None) -> int:
         med = statistics.median(times)
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
     out = {"what": "seed-style baseline", "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-           "world_size": world, "batch": args.batch, "precision": args.precision, "width": args.width, "channels_last": args.channels_last,
+           "world_size": world, "batch": args.batch, "precision": args.precision, "width": args.width,
+           "channels_last": args.channels_last,
            "workers": args.workers, "timed_steps": len(times), "step_ms_p50": round(med, 3),
            "step_ms_p10": round(q[0], 3), "step_ms_p90": round(q[-1], 3),
            "samples_per_s": round(args.batch * 1e3 / med, 2),
-           "samples_per_s_p10": round(args.batch * 1e3 / q[-1], 2), "samples_per_s_p90": round(args.batch * 1e3 / q[0], 2),
+           "samples_per_s_p10": round(args.batch * 1e3 / q[-1], 2),
+           "samples_per_s_p90": round(args.batch * 1e3 / q[0], 2),
            "mean_loss": round(running / max(1, step + 1), 4)}
     if rank == 0:
         print(json.dumps(out), flush=True)

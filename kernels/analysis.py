@@ -39,7 +39,8 @@ CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pip
                "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
                "synthetic_shape", "rnn_units", "gp", "engine", "kind")
 # Optimisations compared before/after, with the "before" value.
-FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": default("bucket_cap_mb"), "channels_last": False,
+FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": default("bucket_cap_mb"),
+           "channels_last": False,
            "compile": False}
 VERSION_KEYS = ("torch", "cuda", "nccl", "device")
 
@@ -243,8 +244,10 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             agg["speedup"] = agg["samples_per_s"] / x0
             agg["efficiency"] = (agg["samples_per_s"] / agg["gpus"]) / (x0 / n0)
             acc0 = base["final_eval_acc"]
-            agg["acc_gap_points"] = (agg["final_eval_acc"] - acc0) * 100 if acc0 is not None and not pd.isna(acc0) else None
-            agg["mode"], agg["series"], agg["baseline_gpus"] = mode, series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), n0
+            known = acc0 is not None and not pd.isna(acc0)
+            agg["acc_gap_points"] = (agg["final_eval_acc"] - acc0) * 100 if known else None
+            agg["mode"], agg["baseline_gpus"] = mode, n0
+            agg["series"] = series_name(dict(zip(CONFIG_KEYS, key)), by, fixed)
             agg["dataset"] = dict(zip(CONFIG_KEYS, key))["dataset"]
             agg["run_ids"] = [list(series[series["gpus"] == n]["run_id"]) for n in agg["gpus"]]
             agg["reasons"] = trust.point_reasons(agg, series)
@@ -315,7 +318,8 @@ def optimisations_together(runs: pd.DataFrame) -> pd.DataFrame:
             best = med.drop(off).idxmax()
         changed = ", ".join(f"{k}={v}" for k, v, b in zip(factors, best, off) if v != b)
         rows.append({"after": changed, "gpus": grp["gpus"].iloc[0], "batch": grp["batch"].iloc[0],
-                     "samples_per_s_before": med[off], "samples_per_s_after": med[best], "speedup": med[best] / med[off]})
+                     "samples_per_s_before": med[off], "samples_per_s_after": med[best],
+                     "speedup": med[best] / med[off]})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -385,7 +389,8 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
                      "read_mb_s": med("io_read_mb_s"), "storage_mb_s": med("io_storage_mb_s"),
                      "read_ratio": med("io_read_ratio"), "wait_max": med("io_wait_max"),
                      "wait_spread": med("wait_spread"), "devices": "; ".join(sorted(set(g["io_devices"].dropna())))})
-    return pd.DataFrame(rows, columns=cols).sort_values(["dataset", "pipeline", "io_cache", "gpus"]).reset_index(drop=True)
+    by = ["dataset", "pipeline", "io_cache", "gpus"]
+    return pd.DataFrame(rows, columns=cols).sort_values(by).reset_index(drop=True)
 
 
 DCRNN_SERIES = ("dataset", "synthetic_shape", "rnn_units", "batch", "gp", "train_samples")
@@ -421,7 +426,9 @@ def dcrnn_table(runs: pd.DataFrame) -> pd.DataFrame:
     for key, series in r.groupby(list(DCRNN_SERIES), dropna=False, sort=True):
         pts = []
         for gpus, g in series.groupby("gpus"):
-            med = lambda vals: float(pd.Series(vals, dtype=float).median()) if pd.Series(vals, dtype=float).notna().any() else None  # noqa: E731
+            def med(vals):
+                vals = pd.Series(vals, dtype=float)
+                return float(vals.median()) if vals.notna().any() else None
             info = g["workload_info"].iloc[0]
             ranks = [x for lst in g["rank_info"] for x in lst]
             halo = [x.get("halo_bytes_per_step") for x in ranks if x.get("halo_bytes_per_step") is not None]

@@ -20,8 +20,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from kernels import checkpoint as ckpt
-from kernels import sysinfo
+from kernels import checkpoint as ckpt, sysinfo
 from kernels.data.pipeline import micro_batches
 from kernels.dist import all_gather_object, process_group, rank_env, select_device
 from kernels.engines import make_engine
@@ -284,7 +283,8 @@ class Loop:
         self.obs.stop_monitor()
         self._summarise(status, error=self.stop_note if status == "preempted" else None)
         if status == "complete":  # e.g. Horovod's benchmark lines, for scripts that grep them
-            for line in self.engine.run_end_lines(self.st["timing"]["step_ms"], self.cfg.batch, self.world, self.device):
+            step_ms = self.st["timing"]["step_ms"]
+            for line in self.engine.run_end_lines(step_ms, self.cfg.batch, self.world, self.device):
                 self.log(line)
         self.log(f"{status}: {self.record.run_dir}")
 

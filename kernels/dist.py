@@ -1,7 +1,8 @@
 """Where this process sits in the world, and the process group's lifecycle.
 
 Rank, world size and local rank come from torchrun's variables (RANK,
-WORLD_SIZE, LOCAL_RANK), from horovodrun's (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK) or, in a Slurm step, from SLURM_PROCID / SLURM_NTASKS /
+WORLD_SIZE, LOCAL_RANK), from horovodrun's (HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK) or, in a Slurm
+step, from SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID with MASTER_ADDR = the allocation's first host and MASTER_PORT
 derived from the job id; explicit MASTER_ADDR/MASTER_PORT always win. With none
 of these the process is a world of one and needs no launcher.

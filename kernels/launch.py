@@ -112,7 +112,8 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
         env = {**os.environ, **extra, "RANK": str(rank), "WORLD_SIZE": str(cfg.gpus), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "local"}
-        procs.append(subprocess.Popen(command or worker_command(cfg), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        procs.append(subprocess.Popen(command or worker_command(cfg), env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, preexec_fn=_die_with_parent))
     pumps = [threading.Thread(target=_pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
              for r, p in enumerate(procs)]
@@ -141,7 +142,8 @@ def spawn_local(cfg: RunConfig, stdout=None, command: list[str] | None = None, r
 
 def mark_if_died(run_dir, rc: int, seen_by: str, stdout) -> None:
     """A launcher whose ranks ended badly marks a record they left 'running' as failed, with the cause."""
-    if rc not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by {seen_by})"):
+    if rc not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} "
+                                                                                        f"(seen by {seen_by})"):
         print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
 
 
@@ -171,7 +173,8 @@ def _wait_all(procs: list, stdout, stop: dict | None = None, stop_grace_s: float
     forwarded = None
     while remaining:
         if stop and stop["signal"] and forwarded is None:
-            print(f"launcher: got {signal.Signals(stop['signal']).name}; asking the ranks to checkpoint and stop", file=stdout,
+            print(f"launcher: got {signal.Signals(stop['signal']).name}; asking the ranks to checkpoint and stop",
+                  file=stdout,
                   flush=True)
             for r in remaining:
                 procs[r].send_signal(signal.SIGTERM)
@@ -243,7 +246,8 @@ def check_allocation(cfg: RunConfig, environ=None) -> None:
             hint = str(e)
         raise ConfigError(f"parameter 'gpus': gpus={cfg.gpus} but the allocation (job {env['SLURM_JOB_ID']}, "
                           f"{nodes} node(s)) has only {' and '.join(short)}; resubmit with `{hint} ...` "
-                          f"or use `lab submit notebooks/01_train.ipynb --gpus {cfg.gpus} --gpus-per-node {per_node} ...`")
+                          f"or use `lab submit notebooks/01_train.ipynb --gpus {cfg.gpus} --gpus-per-node {per_node} "
+                          "...`")
 
 
 def srun_command(cfg: RunConfig, environ=None, command: list[str] | None = None, extra=()) -> list[str]:

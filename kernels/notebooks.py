@@ -210,7 +210,8 @@ def twin_ipynb(py: Path) -> dict:
 
 
 def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """Regenerate the parameters cells of 01_train, 02_profile and 03_commbench, then write every .py source's .ipynb twin.
+    """Regenerate the parameters cells of 01_train, 02_profile and 03_commbench, then write every .py source's
+    .ipynb twin.
 
     The .py is always the source (jupytext --sync would take the newer file,
     which after a checkout may be the .ipynb).

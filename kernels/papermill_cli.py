@@ -229,7 +229,7 @@ def execute(args: list[str], env: dict[str, str], stop_now: bool = False, kernel
             except click.ClickException as e:
                 e.show()
                 return e.exit_code
-            except Exception:  # a failed cell (PapermillExecutionError): its traceback, as papermill's own exit shows it
+            except Exception:  # a failed cell (PapermillExecutionError): its traceback, as papermill's exit shows it
                 traceback.print_exc()
                 return 1
             return 0

@@ -51,13 +51,15 @@ class Param:
 COMMON: tuple[Param, ...] = (
     Param("workload", str, "resnet18", "model family: a registered workload (lab train --help lists them) or "
                                        "module:OBJECT for your own"),
-    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists the ones it takes (None: the workload's default)"),
+    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists the ones it takes (None: the workload's "
+                                        "default)"),
     Param("gpus", int, 1, "world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)"),
     Param("precision", str, PER_WORKLOAD, "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU "
                                           "(None: the workload's default)", ("fp32", "bf16", "fp16")),
     Param("batch", int, PER_WORKLOAD, "GLOBAL batch size over all ranks; each rank takes batch / gpus "
                                       "(None: the workload's default)"),
-    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must divide)"),
+    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must "
+                                   "divide)"),
     Param("epochs", int, PER_WORKLOAD, "training epochs (None: the workload's default)"),
     Param("lr", float, PER_WORKLOAD, "peak learning rate of the workload's optimizer for the global batch "
                                      "(None: the workload's recipe)"),
@@ -84,7 +86,8 @@ COMMON: tuple[Param, ...] = (
     Param("test_samples", int, 0, "use the first N test samples (0: all); for quick runs"),
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
-    Param("cuda_graphs", bool, PER_DEVICE, "CUDA: replay the compiled forward and backward as CUDA graphs (torch.compile "
+    Param("cuda_graphs", bool, PER_DEVICE, "CUDA: replay the compiled forward and backward as CUDA graphs "
+                                           "(torch.compile "
                                            "mode reduce-overhead): a step is a few graph launches, not hundreds of "
                                            "kernel launches (None: on with CUDA and compile where the workload's "
                                            "shapes are static; needs compile)"),

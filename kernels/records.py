@@ -40,11 +40,13 @@ SCHEMA_VERSION = 2
 METRICS_COLUMNS: dict[str, str] = {
     "epoch": "epoch number, from 1",
     "steps": "optimizer steps in this epoch",
-    "timed_steps": "steps counted in the timing (the first timing_warmup_steps of each process start, fresh or resumed, are excluded)",
+    "timed_steps": "steps counted in the timing (the first timing_warmup_steps of each process start, fresh or "
+                   "resumed, are excluded)",
     "samples": "training samples processed in this epoch, all ranks",
     "epoch_s": "wall time of the epoch's training steps, slowest rank, seconds (evaluation excluded)",
     "eval_s": "wall time of the evaluation after the epoch, seconds",
-    "samples_per_s": "training throughput, all ranks: global batch / median step time of the epoch's timed steps (a step's time is its slowest rank's)",
+    "samples_per_s": "training throughput, all ranks: global batch / median step time of the epoch's timed steps (a "
+                     "step's time is its slowest rank's)",
     "samples_per_s_p10": "10th percentile of the per-step throughput (global batch / 90th percentile step time)",
     "samples_per_s_p90": "90th percentile of the per-step throughput (global batch / 10th percentile step time)",
     "samples_per_s_per_device": "samples_per_s / world size",
@@ -58,9 +60,11 @@ METRICS_COLUMNS: dict[str, str] = {
     "train_loss": "mean training loss over the epoch's samples, all ranks",
     "eval_loss": "mean loss over the whole test set (sharded over ranks, summed exactly)",
     "lr": "learning rate at the end of the epoch",
-    "peak_mem_gib": "peak memory, GiB (CUDA: max allocated on the device; CPU: max resident set of the process), max over ranks",
+    "peak_mem_gib": "peak memory, GiB (CUDA: max allocated on the device; CPU: max resident set of the process), max "
+                    "over ranks",
     "tflops_per_device": "achieved training TFLOP/s per device (counted FLOPs x samples/s per device)",
-    "mfu": "model FLOPs utilisation: tflops_per_device / the device's dense peak for the precision; empty when the peak is unknown",
+    "mfu": "model FLOPs utilisation: tflops_per_device / the device's dense peak for the precision; empty when the "
+           "peak is unknown",
 }
 
 SUMMARY_FIELDS: dict[str, str] = {
@@ -92,7 +96,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "peak_mem_gib": "max peak_mem_gib over epochs",
     "fwd_flops_per_sample": "forward FLOPs per sample, counted by torch.utils.flop_counter (2 per MAC)",
     "train_flops_per_sample": "forward + backward FLOPs per sample, counted",
-    "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown or a MIG slice: config.json's peak_note says why)",
+    "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown or a MIG slice: "
+                   "config.json's peak_note says why)",
     "tflops_per_device": "achieved TFLOP/s per device at the headline throughput",
     "mfu": "tflops_per_device / peak_tflops (empty when the peak is unknown)",
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run, and "
@@ -111,7 +116,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "monitor": "the resource monitor over the training loop: samples, hz, gpus, gpu_util_mean_pct, gpu_util_p95_pct, "
                "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
                "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
-    "bottleneck": "the verdict (data | communication | compute | host-bound (launch) | unknown), its reason, the evidence "
+    "bottleneck": "the verdict (data | communication | compute | host-bound (launch) | unknown), its reason, the "
+                  "evidence "
                   "(data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the thresholds "
                   "(kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
@@ -146,7 +152,8 @@ DCRNN_FIELDS = {
     "workload.edge_cut": "undirected edges whose ends lie in different parts",
     "workload.part_sizes": "sensors per part",
     "workload.diffusion_form": "paper (recursion restarted per support) or original (the released code's carry-over)",
-    "workload.historical_average": "the historical-average baseline on the same test windows: mae_/rmse_/mape_<horizon>",
+    "workload.historical_average": "the historical-average baseline on the same test windows: "
+                                   "mae_/rmse_/mape_<horizon>",
     "ranks[].supports, support_nnz": "dense or sparse diffusion matrices, and their non-zeros on this rank",
     "ranks[].own_nodes, halo_nodes": "sensors this rank owns, and the other ranks' sensors its rows read",
     "ranks[].halo_bytes_per_step": "bytes of halo rows this rank receives per training step, forward and backward "
@@ -444,7 +451,8 @@ class RunLock:
 
     def describe(self, owner: dict | None) -> str:
         if not owner:
-            return f"its lock is unreadable, {self._age(self.path):.0f} s old; stale after {self.UNREADABLE_STALE_S:.0f} s"
+            return (f"its lock is unreadable, {self._age(self.path):.0f} s old; stale after "
+                    f"{self.UNREADABLE_STALE_S:.0f} s")
         job = f", Slurm job {owner['slurm_job']}" if owner.get("slurm_job") else ""
         return f"host {owner.get('host')} pid {owner.get('pid')}{job}, since {owner.get('started_utc')}"
 
@@ -569,7 +577,8 @@ def schema_markdown() -> str:
         "and dirty flag, Python/torch/CUDA/cuDNN/NCCL versions, host names, device names, Slurm job/array ids),",
         "`metrics.csv` (one row per epoch) and `summary.json`; only `status: complete` marks a finished run.",
         "Every run also leaves `monitor.csv` (the resource monitor: one sampler per node; columns in",
-        "kernels/profiling/monitor.py); a profiled run (`profile_steps > 0`) leaves `traces/rank<R>-<job>.pt.trace.json.gz`",
+        "kernels/profiling/monitor.py); a profiled run (`profile_steps > 0`) leaves "
+        "`traces/rank<R>-<job>.pt.trace.json.gz`",
         "(one Chrome/Perfetto trace per rank), `breakdown.csv` (ms per step and share by operator category, per rank",
         "and `all`), `top_ops.csv` and `breakdown.png`.",
         "",
@@ -580,7 +589,8 @@ def schema_markdown() -> str:
     ]
     lines += [f"| `{k}` | {v} |" for k, v in METRICS_COLUMNS.items()]
     lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
-              "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed squares over "
+              "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed "
+              "squares over "
               "the summed count) |", ""]
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
@@ -590,7 +600,8 @@ def schema_markdown() -> str:
     lines += ["", "### summary.json: workload and ranks (DCRNN)", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in DCRNN_FIELDS.items()]
     lines += ["", "## sacct.json", "", "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
-              "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster without accounting gives an "
+              "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster "
+              "without accounting gives an "
               "entry that says so.", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SACCT_FIELDS.items()]
     lines += [""]

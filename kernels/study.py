@@ -55,7 +55,8 @@ STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free 
               "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
 CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
                 "qos": "Slurm quality of service (empty: the partition's default)",
-                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks per node",
+                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks per "
+                                                                                        "node",
                 "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
                 "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
                 "modules": "environment modules to load", "nccl_ifname": "network interface for NCCL/gloo",
@@ -333,7 +334,8 @@ def run_sbatch(cmd: list[str], what: str) -> str:
 def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: Path) -> list[str]:
     c = study.cluster
     logs = results_root() / "logs"
-    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}" + ("%1" if study.serial else ""), f"--job-name={study.name}",
+    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}" + ("%1" if study.serial else ""),
+           f"--job-name={study.name}",
            f"--nodes={nodes}", f"--ntasks-per-node={tasks}",
            f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
            f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
@@ -417,7 +419,8 @@ def _log_reason(log: Path) -> str:
     if not log.exists():
         return f"no job output ({log})"
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
-    ours = [ln for ln in lines if ln.startswith("error: ") and not any(g in ln for g in GENERIC)]  # the lab's own one-line errors come first
+    # the lab's own one-line errors come first
+    ours = [ln for ln in lines if ln.startswith("error: ") and not any(g in ln for g in GENERIC)]
     if ours:
         return ours[-1][len("error: "):][:300]
     exc = [ln for ln in lines if re.search(r"\b\w+(Error|Exception|Terminated): ", ln)
@@ -506,7 +509,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
     ap.add_argument("study", type=Path)
-    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands and write the parameter files they name; submit nothing")
+    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands and write the parameter files "
+                                                           "they name; submit nothing")
     ap.add_argument("--json", action="store_true", help="status as JSON")
     ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
     ap.add_argument("--points", default="",

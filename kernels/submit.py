@@ -5,7 +5,8 @@
 
 prints (and, without --dry-run, runs)
 
-    sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8 ...
+    sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 \
+        slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8 ...
 
 One task per GPU; a job that fits one node asks for one node. On CPU-only
 nodes use --gpus-per-node 0 --ranks-per-node N (N ranks per node, no GPU request).

@@ -48,7 +48,7 @@ study = ""          # records of these studies or labels, comma-separated (empty
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
 from pathlib import Path
 
-import pandas as pd
+import pandas as pd  # noqa: F401 - the tables below are DataFrames; the kernel imports pandas ahead
 from kernels import report, yamlfile
 from kernels.notebooks import check_parameter_names, handoff
 from kernels.params import PROJECT_ROOT
@@ -104,7 +104,8 @@ result["scaling"].drop(columns=["run_ids", "reasons"])  # reasons: the kinds beh
 
 # %%
 rerun = result["rerun"]
-print("nothing set aside" if rerun.empty else "\n".join(f"N={r.gpus} {r.series}: {r.reasons}\n  " + "\n  ".join(r.commands)
+print("nothing set aside" if rerun.empty else
+      "\n".join(f"N={r.gpus} {r.series}: {r.reasons}\n  " + "\n  ".join(r.commands)
                                                          for r in rerun.itertuples()))
 
 # %% [markdown]

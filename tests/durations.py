@@ -165,7 +165,8 @@ def render(seconds: dict, tier: dict, outcome: dict, wall: float, config, commit
         lines.append(f"| {m} | {n} | {s:.1f} | {100 * s / total if total else 0:.0f} % | {', '.join(sorted(ts))} |")
     lines += ["", f"## The {SLOWEST} slowest tests", "", "| test | tier | seconds | outcome |", "|---|---|---:|---|"]
     for nodeid, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]:
-        lines.append(f"| `{nodeid.replace('|', chr(92) + '|')}` | {tier.get(nodeid, '?')} | {s:.1f} | {outcome.get(nodeid, '?')} |")
+        lines.append(f"| `{nodeid.replace('|', chr(92) + '|')}` | {tier.get(nodeid, '?')} | {s:.1f} | "
+                     f"{outcome.get(nodeid, '?')} |")
     return "\n".join(lines) + "\n"
 
 

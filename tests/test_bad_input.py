@@ -21,7 +21,8 @@ DIGITS = ["--dataset", "digits"]
     (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
     (["--workload", "gpt2"], "parameter 'workload': unknown workload 'gpt2'; choose one of resnet18, cnn"),
     (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
-    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' takes cifar10, digits, synthetic, not 'imagenet'"),
+    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' takes cifar10, digits, synthetic, not "
+                                "'imagenet'"),
     (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
     (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
     (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
@@ -136,7 +137,8 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     from kernels import submit
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
-    rc = submit.main([str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "8", "--cluster", "leonardo-booster", "--account",
+    rc = submit.main([str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "8",
+                      "--cluster", "leonardo-booster", "--account",
                       "ehpc123"])
     out, err = capsys.readouterr()
     assert rc == 2 and out.startswith("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 "), out + err

@@ -53,8 +53,9 @@ def test_io_benchmark_prepares_its_input_and_compares_streamed_with_per_sample(f
     cold = re.search(r"\| streamed records / sequential read, cold \| >= 80 % \| (\d+) % .*\| (met|\*\*missed\*\*) \|",
                      summary)
     assert cold and (cold.group(1) == "80" or (cold.group(2) == "met") == (int(cold.group(1)) > 80)), summary
-    assert "Not measured on this machine yet: `python benchmarks/bench_notebook.py`, `python benchmarks/bench_seed.py`, " \
-           "`python benchmarks/bench_dcrnn.py`, `python benchmarks/bench_comm.py`." in summary
+    assert "Not measured on this machine yet: `python benchmarks/bench_notebook.py`, " \
+           "`python benchmarks/bench_seed.py`, `python benchmarks/bench_dcrnn.py`, `python benchmarks/bench_comm.py`." \
+           in summary
     assert "All figures come from one commit" in summary
 
 
@@ -70,7 +71,8 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
         assert f"| {label} |" in text, label
     record = json.loads(next(tmp_path.glob("dcrnn-*.json")).read_text())
     assert set(record["rows"]) == {"public", "lab", "lab, dense supports"} and record["rows"]["public"]["speedup"] == 1
-    assert [record["rows"][r]["supports"] for r in ("public", "lab", "lab, dense supports")] == [None, "sparse", "dense"]
+    rows = ("public", "lab", "lab, dense supports")
+    assert [record["rows"][r]["supports"] for r in rows] == [None, "sparse", "dense"]
     # the public pipeline holds every window twice over in float64; the lab the series once in float32
     assert record["rows"]["public"]["data_bytes"] > 10 * record["rows"]["lab"]["data_bytes"]
 
@@ -100,7 +102,8 @@ def test_dcrnn_benchmark_sets_auto_beside_the_form_it_did_not_choose():
 
 def test_seed_baseline_trains_and_the_ratio_prints(tmp_path):
     p = subprocess.run([sys.executable, "benchmarks/bench_seed.py", "--batch", "32", "--steps", "4", "--warmup", "1",
-                        "--workers", "1", "--width", "4", "--repeats", "1", "--ranks", "1", "2", "--out", str(tmp_path)],
+                        "--workers", "1", "--width", "4", "--repeats", "1", "--ranks", "1", "2",
+                        "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     for ranks in (1, 2):  # one process, and 2 ranks on this node (torchrun against the lab's own launcher)
@@ -133,7 +136,8 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     text = (tmp_path / "gpu-validation-cpu-check.md").read_text()
     assert text.startswith("# GPU validation harness, CPU check (no GPU figures)")
-    for row in ("| resnet18-fp32 | 1 |", "| resnet18-bf16 | 1 |", "| resnet18-fp32-nocompile (= resnet18-fp32 on a CPU) |",
+    for row in ("| resnet18-fp32 | 1 |", "| resnet18-bf16 | 1 |", "| resnet18-fp32-nocompile (= resnet18-fp32 on a "
+                                                                  "CPU) |",
                 "| resnet18-fp32-nchw (= resnet18-fp32 on a CPU) |",
                 "| resnet18-fp32-x2 | 2 |", "| cnn-x1 |", "| cnn-x2 |", "| dcrnn-x1 |", "| dcrnn-x2 |"):
         assert row in text, row

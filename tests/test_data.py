@@ -193,7 +193,8 @@ def test_chunked_device_batches_equal_the_step_by_step_ones(channels_last):
     t = ImageTransform(mean=(120.0, 110.0, 100.0), std=(60.0, 61.0, 62.0), pad=2, flip=True)
     for rank in (0, 1):
         ref = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=0)
-        chunked = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=5 * 4 * 192 * 8)
+        chunked = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last,
+                               chunk_bytes=5 * 4 * 192 * 8)
         assert ref.chunk_steps == 1 and chunked.chunk_steps == 5
         for start in (0, 7):
             a, b = list(ref.batches(1, start)), list(chunked.batches(1, start))

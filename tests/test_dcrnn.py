@@ -538,7 +538,8 @@ def losses(run_dir) -> list[float]:
 def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_equals_both(tmp_path):
     tiny_set(tmp_path / "data")
     base = [*TINY_DCRNN, "--data_dir", tmp_path / "data", "--results_dir", tmp_path / "runs"]
-    runs = {"one": ["--gpus", "1", "--micro_batches", "2"], "ddp": ["--gpus", "2"], "grid": ["--gpus", "4", "--gp", "2"]}
+    runs = {"one": ["--gpus", "1", "--micro_batches", "2"], "ddp": ["--gpus", "2"],
+            "grid": ["--gpus", "4", "--gp", "2"]}
     for name, extra in runs.items():
         p = run_cli(*base, *extra, "--run_id", name)
         assert p.returncode == 0, p.stdout + p.stderr

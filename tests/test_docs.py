@@ -35,7 +35,8 @@ COMMANDS: dict[str, str] = {
     # --- the README's first two commands, and the documents
     "make demo": RUN,
     "lab run notebooks/01_train.ipynb -p gpus 1 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
-    "-p width 16 -p precision fp32": "skip: make demo's first run (Makefile DEMO_P) under another label; the demo test runs it",
+    "-p width 16 -p precision fp32": "skip: make demo's first run (Makefile DEMO_P) under another label; the demo "
+                                     "test runs it",
     "lab run notebooks/01_train.ipynb -p gpus 2 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
     "-p width 16 -p precision fp32": "skip: make demo's second run under another label; the demo test runs it",
     "make paper STUDY=mine": "skip: needs the two runs above; the demo test builds the documents from records selected "
@@ -46,7 +47,8 @@ COMMANDS: dict[str, str] = {
     "make paper APPENDIX=no": RUN,
     ". .venv/bin/activate": RUN,
     "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
-    "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a notebook",
+    "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a "
+                "notebook",
     # --- profiling
     "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8":
         "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
@@ -54,7 +56,8 @@ COMMANDS: dict[str, str] = {
     "python -m kernels.profiling breakdown results/runs/<run_id>":
         "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
     "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8":
-        "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool error",
+        "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool "
+        "error",
     "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
         "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
     # --- proving a restructuring changes no arithmetic (README "Architecture")
@@ -103,7 +106,8 @@ COMMANDS: dict[str, str] = {
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
     "-p gpus 8": "skip: submits to the cluster; test_slurm.py runs it as written, with the SBATCH_* line before it, "
                  "on the local Slurm's 4-GPU-node partition (CPU ranks)",
-    "sbatch --gpus-per-node=0 --ntasks-per-node=4 --cpus-per-task=8 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
+    "sbatch --gpus-per-node=0 --ntasks-per-node=4 --cpus-per-task=8 slurm/papermill_run.sbatch "
+    "notebooks/01_train.ipynb "
     "-p gpus 4 -p dataset synthetic -p precision fp32":
         "skip: needs a CPU node with 4 x 8 cores; the local Slurm has 2 cores per node (test_slurm.py runs the script "
         "with --gpus-per-node and CPU ranks)",
@@ -114,10 +118,14 @@ COMMANDS: dict[str, str] = {
                                                      "submitted on the local Slurm in test_study.py",
     "lab study submit studies/weak_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
     "lab study submit studies/sensitivity_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
-    "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's squeue (test_study.py on the local Slurm)",
-    "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster (test_study.py on the local Slurm)",
-    "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster (test_study.py on the local Slurm)",
-    "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the local one)",
+    "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's squeue (test_study.py on the local "
+                                                     "Slurm)",
+    "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster (test_study.py on the local "
+                                                       "Slurm)",
+    "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster (test_study.py on "
+                                                                    "the local Slurm)",
+    "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the "
+                                                 "local one)",
     "lab sweep collect sweeps/product_grid.yaml": "skip: collects the outputs of the submission above",
     "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system":
         "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
@@ -315,7 +323,8 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
     hardware = re.search(r"Hardware & (.*?) \\\\", (tables / "setup.tex").read_text()).group(1)
     device = re.compile(r"CPU \((?:[^()]|\([^()]*\))*\)|NVIDIA [A-Z]\w*(?: [\w-]+)*")
     unquoted = set(device.findall((tables / "not_measured.tex").read_text()))
-    assert set(device.findall(paper)) <= set(device.findall(hardware)) | unquoted, (set(device.findall(paper)), hardware)
+    named = set(device.findall(paper))
+    assert named <= set(device.findall(hardware)) | unquoted, (named, hardware)
     # no dash standing in for a number, and each profiled column of shares adds up to the whole step
     assert not re.search(r"(?<![\w.])(–|--)\s*(%|ms\b|GB|samples|node)", paper), paper
     columns = zip(*[[float(x) for x in re.findall(r"([\d.]+)\\,\\%", row)]
@@ -425,7 +434,8 @@ def test_the_submission_dry_runs_as_written(tmp_path, docs_env):
     assert p.stdout.strip() == promised
 
     p = _sh("lab study submit studies/strong_resnet18.yaml --dry-run", env)
-    assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 7 and not (tmp_path / "studies" / "strong_resnet18" / "submissions.json").exists()
+    assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 7
+    assert not (tmp_path / "studies" / "strong_resnet18" / "submissions.json").exists()
     _sh("lab study points studies/strong_resnet18.yaml --write", env)
     point = tmp_path / "studies" / "strong_resnet18" / "points" / "p012.yaml"
     assert point.exists() and "run_id: strong_resnet18-p012" in point.read_text()  # what the rerun recipe reads

@@ -34,7 +34,8 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
 def test_cpu_counts_follow_the_binding_not_the_machine():
     """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
-    code = ("from kernels.config import resolve, check_environment; from kernels.errors import ConfigError; from kernels.launch import _thread_env\n"
+    code = ("from kernels.config import resolve, check_environment; from kernels.errors import ConfigError; from "
+            "kernels.launch import _thread_env\n"
             "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
             "print(_thread_env(resolve({'gpus': 1}), 1)['OMP_NUM_THREADS'])\n"
             "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
@@ -58,7 +59,8 @@ def test_defaults_resolve_per_device_type():
         resolve({"dataset": "digits", "device": "cpu", "width": 8, "channels_last": True})
     assert resolve({"workload": "cnn", "dataset": "digits", "device": "cpu"}).channels_last is False  # not measured
     # Horovod's collectives take contiguous tensors only: channels_last off with it on any device, a request refused
-    assert resolve({"dataset": "digits", "device": "cuda", "engine": "horovod", "precision": "fp32"}).channels_last is False
+    hvd = resolve({"dataset": "digits", "device": "cuda", "engine": "horovod", "precision": "fp32"})
+    assert hvd.channels_last is False
     with pytest.raises(ConfigError, match=r"'engine' and 'channels_last': Horovod's broadcast and all-reduce"):
         resolve({"dataset": "digits", "device": "cpu", "engine": "horovod", "precision": "fp32", "channels_last": True})
     assert resolve({"dataset": "digits"}).compile is False  # auto on this machine: no GPU
@@ -79,7 +81,8 @@ def test_gpu_index_under_slurm_bindings(visible, local_ranks, want):
 
 
 def test_two_ranks_on_one_gpu_fail_naming_them():
-    ranks = [{"node": "n1", "global_rank": 0, "gpu_uuid": "GPU-a"}, {"node": "n1", "global_rank": 1, "gpu_uuid": "GPU-b"},
+    ranks = [{"node": "n1", "global_rank": 0, "gpu_uuid": "GPU-a"},
+             {"node": "n1", "global_rank": 1, "gpu_uuid": "GPU-b"},
              {"node": "n2", "global_rank": 2, "gpu_uuid": "GPU-a"}]  # another node's GPU may have any uuid
     check_distinct_gpus(ranks)
     ranks.append({"node": "n1", "global_rank": 3, "gpu_uuid": "GPU-b"})

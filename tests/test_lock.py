@@ -51,8 +51,9 @@ def test_a_lock_that_disagrees_or_a_cpu_resolution_is_refused(tmp_path):
 def test_verify_refuses_a_cpu_torch_under_the_cuda_lock():
     """`make setup CUDA=1` ends with `kernels.lock verify`: this CPU environment passes the base lock and fails
     the CUDA lock, saying what to do."""
-    run = lambda f: subprocess.run([sys.executable, "-m", "kernels.lock", "verify", f], cwd=ROOT, capture_output=True,
-                                   text=True)
+    def run(f):
+        return subprocess.run([sys.executable, "-m", "kernels.lock", "verify", f], cwd=ROOT, capture_output=True,
+                              text=True)
     import torch
 
     p = run("constraints-cuda.txt")

@@ -80,7 +80,8 @@ def test_make_notebooks_on_a_clean_checkout_changes_nothing():
     import jupytext
 
     for py in sorted((ROOT / "notebooks").glob("*.py")):
-        want = jupytext.writes(notebooks.twin_ipynb(py), fmt="ipynb") + "\n"  # jupytext.write ends the file with a newline
+        # jupytext.write ends the file with a newline
+        want = jupytext.writes(notebooks.twin_ipynb(py), fmt="ipynb") + "\n"
         assert py.with_suffix(".ipynb").read_text() == want, f"{py.name}: run `make notebooks` and commit"
         assert notebooks.twin_ipynb(py).cells[0]["id"] == notebooks.twin_ipynb(py).cells[0]["id"]
 

@@ -141,7 +141,8 @@ def test_node_hours_equal_the_computation(study, tmp_path):
         total += math.ceil(n / gpn) * epochs * t / 3600
     total *= 1 + PLAN["profiling_overhead"]
     assert math.isclose(res["node_hours_total"], total, rel_tol=1e-12)
-    assert r"\newcommand{\labNodeHours}{%s}" % num(total, 4) in (tmp_path / "out" / "tables" / "numbers.tex").read_text()
+    numbers = (tmp_path / "out" / "tables" / "numbers.tex").read_text()
+    assert r"\newcommand{\labNodeHours}{%s}" % num(total, 4) in numbers
     # the request is sized from the plan (margin, rounding), not from a constant
     ask = math.ceil(total * (1 + PLAN["margin"]) / PLAN["round_to"]) * PLAN["round_to"]
     assert res["node_hours_request"] == ask
@@ -188,7 +189,8 @@ def test_no_records_at_all_gives_marked_gaps_not_tracebacks(tmp_path):
     listed = (tables / "not_measured.tex").read_text()  # the paper's one list: each section once, with the command
     assert listed.count("\\item") == 6 and "run the I/O study (studies/io\\_mnist.yaml" in listed
     assert "No records with I/O figures are selected;" not in listed  # the shorter repeat of a longer gap: left out
-    assert "has:io_table" not in (tables / "has.tex").read_text() and "has:criteria_table" in (tables / "has.tex").read_text()
+    has = (tables / "has.tex").read_text()
+    assert "has:io_table" not in has and "has:criteria_table" in has
     for name in ("nodehours_table.tex", "request_text.tex", "slide_request.tex"):  # a request with no total
         assert "to be measured" in (tables / name).read_text(), name
     for f in tables.glob("*.tex"):  # no number that is not there, anywhere
@@ -293,10 +295,13 @@ def assert_documents_look_finished(pdfs: dict, tmp: Path):
     assert pages(pdfs["pitch"]) == 6  # title + five slides
     for name, pdf in pdfs.items():
         for i, (ink, span) in enumerate(page_fill(pdf, tmp), 1):
-            assert ink > 0.1 and span > 0.3, f"{name}.pdf page {i} is mostly blank (ink rows {ink:.2f}, span {span:.2f})"
+            assert ink > 0.1 and span > 0.3, \
+                f"{name}.pdf page {i} is mostly blank (ink rows {ink:.2f}, span {span:.2f})"
         text = pdf_text(pdf)
-        assert "??" not in text, f"{name}.pdf has an unresolved reference: " + text[max(0, text.find("??") - 200):][:250]
-        assert "n/a" not in text, f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
+        assert "??" not in text, \
+            f"{name}.pdf has an unresolved reference: " + text[max(0, text.find("??") - 200):][:250]
+        assert "n/a" not in text, \
+            f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
 
 
 @pytest.mark.system
@@ -392,7 +397,8 @@ def test_bad_plan_is_one_clear_error(tmp_path):
     late = [{**PLAN["work_plan"][0], "months": [3, 2]}]
     with pytest.raises(ConfigError, match=r"work_plan entry 1 \(Port\): months must be \[first, last\]"):
         report.check_plan({**PLAN, "work_plan": late}, SYSTEMS)
-    with pytest.raises(ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got months, package"):
+    with pytest.raises(ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got "
+                                          "months, package"):
         report.check_plan({**PLAN, "work_plan": [{"package": "Port", "months": [1, 1]}]}, SYSTEMS)
     # the plan costs study files: one that is not there, or an old-style plan without them, is named
     with pytest.raises(ConfigError, match="key 'studies': study file .*studies/nowhere.yaml not found"):
@@ -661,7 +667,8 @@ def test_a_benchmark_is_quoted_only_on_the_hardware_of_the_records(study, tmp_pa
 
 
 # arguments that name files, labels and presence flags, where an underscore is part of a name, not text
-_NAMES = re.compile(r"\\(?:label|ref|input|includegraphics(?:\[[^\]]*\])?|ifhas|inappendix\{[^}]*\}|csname)\s*\{?[^}\\]*\}?"
+_NAMES = re.compile(r"\\(?:label|ref|input|includegraphics(?:\[[^\]]*\])?|ifhas|inappendix\{[^}]*\}|csname)"
+                    r"\s*\{?[^}\\]*\}?"
                     r"|\\csname [^\\]*\\endcsname|\$[^$]*\$")
 
 

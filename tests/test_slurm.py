@@ -237,8 +237,9 @@ def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
 
 
 def test_submit_helper_dry_run_and_bad_geometry():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", *a,
-                                     "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", *a, "--dry-run"],
+                              cwd=ROOT, capture_output=True, text=True)
     p = run("--gpus", "8", "--gpus-per-node", "4", "-p", "epochs", "5")
     assert p.returncode == 0
     assert p.stdout.strip() == ("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "

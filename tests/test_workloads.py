@@ -88,8 +88,10 @@ def test_a_workload_of_this_file_trains_through_the_real_two_rank_loop(tmp_path)
 # ------------------------------------------------------------------ the merged table
 def test_workload_defaults_and_explicit_values():
     cnn, res = resolve({"workload": "cnn"}), resolve({})
-    assert (cnn.dataset, cnn.precision, cnn.batch, cnn.epochs, cnn.lr, cnn.lr_gamma) == ("mnist", "fp32", 64, 5, 1.0, 0.7)
-    assert (res.dataset, res.precision, res.batch, res.epochs, res.lr, res.width) == ("cifar10", "bf16", 512, 10, 0.2, 64)
+    assert (cnn.dataset, cnn.precision, cnn.batch, cnn.epochs, cnn.lr, cnn.lr_gamma) == \
+        ("mnist", "fp32", 64, 5, 1.0, 0.7)
+    assert (res.dataset, res.precision, res.batch, res.epochs, res.lr, res.width) == \
+        ("cifar10", "bf16", 512, 10, 0.2, 64)
     assert resolve({"workload": "cnn", "lr": 0.5, "batch": None}).lr == 0.5  # None: the workload's default
     assert "width" not in resolve({"workload": "cnn"}).to_dict() and "lr_gamma" not in res.to_dict()
     assert resolve({"workload": "cnn", "dataset": "fashion-mnist"}).cli_args()[:4] == [
@@ -99,7 +101,8 @@ def test_workload_defaults_and_explicit_values():
 @pytest.mark.parametrize("raw,needle", [
     ({"workload": "cnn", "width": 16}, "'width' is a parameter of workload resnet18, not cnn"),
     ({"lr_gamma": 0.5}, "'lr_gamma' is a parameter of workload cnn, not resnet18"),
-    ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, synthetic, not 'cifar10'"),
+    ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, "
+                                                "synthetic, not 'cifar10'"),
     ({"workload": "cnn", "lr_gama": 0.5}, "unknown parameter 'lr_gama'.*did you mean 'lr_gamma'"),
     ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, dcrnn, or give module:OBJECT"),
     ({"workload": "no_such_module:X"}, "cannot import no_such_module"),

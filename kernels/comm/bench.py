@@ -10,7 +10,8 @@ API has the form. On MPI the loop runs inside C (kernels/comm/mpi_loop.c, built 
 use: kernels/comm/native.py), as nccl-tests and OSU time theirs; the record's `timed_by` says which
 loop timed (a Python loop where mpicc is missing or LAB_MPI_LOOP=python). A loop's time is the mean
 over ranks of each rank's average per call (min and max over ranks are kept, as OSU's -f prints
-them); the table reports the loop with the median time and the CSV also keeps the fastest and slowest loop (time_us_lo/hi), since shared machines
+them); the table reports the loop with the median time and the CSV also keeps the fastest and slowest loop
+(time_us_lo/hi), since shared machines
 are noisy. Every run leaves a record in
 results/comm/<id>/: config.json (parameters, ranks, hosts, devices, versions), results.csv
 (one row per collective, dtype and size), summary.json (status, average bus bandwidth,
@@ -273,9 +274,12 @@ FORM_NAMES = {"out": "out-of-place", "in": "in-place"}
 
 def header() -> list[str]:
     return ["#",
-            "#                                                              out-of-place                       in-place",
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       "
+            "#                                                              out-of-place                       "
+            "in-place",
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+            "busbw #wrong",
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  "
+            "(GB/s)       "
             ]
 
 
@@ -320,7 +324,8 @@ def osu_block(op: str, dtype: str, rows: list[dict], facts: dict) -> list[str]:
 
 
 COLUMNS = ["op", "backend", "dtype", "ranks", "nodes", "placement", "size_bytes", "count", "redop", "root", "iters",
-           "repeats"] + [f"{k}_{f}" for f in ("out", "in") for k in ("time_us", "time_us_min", "time_us_max", "time_us_lo",
+           "repeats"] + [f"{k}_{f}" for f in ("out", "in")
+                         for k in ("time_us", "time_us_min", "time_us_max", "time_us_lo",
                                                                     "time_us_hi", "algbw", "busbw", "wrong")]
 
 

@@ -335,7 +335,8 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
     total_bytes = (lay.shards - 1) * full + shard_bytes(_count(lay, spec, lay.shards - 1))
     log(f"bigmnist: {lay.total:,} samples ({spec.versions} versions x {len(xs):,} {spec.source} images x "
         f"{spec.replicas} replicas) in {lay.shards} shards, {human_bytes(total_bytes)}; "
-        f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} verified and skipped; "
+        f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} verified and "
+        "skipped; "
         f"device {device.type}")
     t0 = time.perf_counter()
     written_samples = written_bytes = 0
@@ -354,7 +355,8 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
             written_bytes += meta["bytes"]
             el = time.perf_counter() - t_write
             eta = el / (k + 1) * (len(todo) - k - 1)
-            log(f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, {human_bytes(meta['bytes'])}; "
+            log(f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, "
+                f"{human_bytes(meta['bytes'])}; "
                 f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s")
         stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
         _write_json(out / ".build-stats.json", stats)
@@ -363,7 +365,8 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
         _write_json(out / "test.done", meta)
     dt = time.perf_counter() - t0
     log(f"bigmnist: task {task}/{tasks} done in {dt:.1f} s: {written_samples:,} samples, {human_bytes(written_bytes)} "
-        f"written ({written_samples / dt if dt else 0:,.0f} samples/s, {written_bytes / MIB / dt if dt else 0:,.1f} MiB/s)")
+        f"written ({written_samples / dt if dt else 0:,.0f} samples/s, {written_bytes / MIB / dt if dt else 0:,.1f} "
+        "MiB/s)")
     manifest = finish(out, spec, lay, len(yt), device)
     log(f"bigmnist: manifest written: {out / MANIFEST}" if manifest else
         "bigmnist: other tasks' shards are not all done yet; the last task to finish writes the manifest")
@@ -441,7 +444,8 @@ def check(data_dir: Path) -> tuple[Path, dict, list[int]]:
         size = path.stat().st_size
         if size != meta["bytes"]:
             raise ConfigError(f"dataset 'bigmnist': {path} has {size:,} bytes, the manifest says {meta['bytes']:,}; "
-                              f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` and rebuild it")
+                              f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` and rebuild "
+                              "it")
         n, offset = read_header(path)
         if n != meta["samples"]:
             raise ConfigError(f"dataset 'bigmnist': {path} holds {n} records, the manifest says {meta['samples']}")

@@ -29,7 +29,8 @@ def read_bytes(path: Path) -> bytes:
                 return f.read()
         return path.read_bytes()
     except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise ConfigError(f"{path}: cannot be read ({type(e).__name__}: {e}); the file is truncated or not gzip") from None
+        why = f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{path}: cannot be read ({why}); the file is truncated or not gzip") from None
 
 
 def parse(data: bytes, path: Path, magic: int) -> np.ndarray:

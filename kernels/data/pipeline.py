@@ -49,7 +49,8 @@ class TrainSource:
     """The contract of a training source (the module doc says what each member must honour).
 
     Required: steps_per_epoch, num_samples, dropped_per_epoch, batches(epoch, start_step), probe(n),
-    describe(). The rest have defaults for a source that holds no I/O state: check_batch(batch), stats() (I/O counters for the
+    describe(). The rest have defaults for a source that holds no I/O state: check_batch(batch), stats() (I/O
+    counters for the
     record), restore(stats) (continue from a checkpoint's counters and position) and close() (end reader
     threads, close files). The loop calls only these.
     """

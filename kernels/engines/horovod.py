@@ -238,8 +238,9 @@ def sha256(path: Path) -> str:
 def wheel_cache() -> Path:
     """Where built wheels are kept: $LAB_WHEEL_CACHE, else ~/.cache/scaling-lab/wheels (per user)."""
     env = os.environ.get("LAB_WHEEL_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaling-lab" / "wheels"
-    return base
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaling-lab" / "wheels"
 
 
 def wheel_key(mpi: bool, nccl: bool) -> str:

@@ -51,7 +51,8 @@ def main(argv=None) -> int:
               f"{comb['profiled_ms_per_step']:.2f} ms per step ({comb['timeline']} timeline)")
         for c, s in sorted(comb["share"].items(), key=lambda kv: -kv[1]):
             lo, hi = comb["share_range"][c]
-            print(f"  {c:<24} {comb['ms_per_step'][c]:9.2f} ms  {100 * s:5.1f} %  (ranks {100 * lo:.1f}-{100 * hi:.1f} %)")
+            print(f"  {c:<24} {comb['ms_per_step'][c]:9.2f} ms  {100 * s:5.1f} %  (ranks "
+                  f"{100 * lo:.1f}-{100 * hi:.1f} %)")
         print("  top operators by self time per step:")
         for o in comb["top_ops"][:10]:
             print(f"    {o['self_ms_per_step']:9.3f} ms  {o['category']:<22} {o['name']}")

@@ -183,7 +183,8 @@ class Monitor(threading.Thread):
                 net, disk = psutil.net_io_counters(), psutil.disk_io_counters()
                 own_pids, own, foreign = share.sample()
                 host = [round(psutil.cpu_percent(None), 1), round(psutil.virtual_memory().used / 2**30, 3),
-                        net.bytes_recv - net0.bytes_recv if net else "", net.bytes_sent - net0.bytes_sent if net else "",
+                        net.bytes_recv - net0.bytes_recv if net else "",
+                        net.bytes_sent - net0.bytes_sent if net else "",
                         disk.read_bytes - disk0.read_bytes if disk and disk0 else "",
                         disk.write_bytes - disk0.write_bytes if disk and disk0 else "", round(own, 3),
                         round(foreign, 3)]

@@ -116,7 +116,8 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
     if len(ok) < len(fits):
         n = len(fits) - len(ok)
         out += (f"{n} fit{'s are' if n > 1 else ' is'} unresolved (too few message sizes, no bandwidth term, or an "
-                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in \\inappendix{{Table}}{{tab:commfit}}, used "
+                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in "
+                f"\\inappendix{{Table}}{{tab:commfit}}, used "
                 f"by no prediction. ")
     multi = v[v["gpus"] > 1] if not v.empty else v
     if multi.empty:
@@ -149,7 +150,8 @@ def section(ctx: Context) -> None:
     why = "no commbench records are selected"
     cmp = ctx.results["comm_compare"]
     ctx.put("comm_table.tex", booktabs(cmp, COMPARE_COLUMNS, size="\\scriptsize") if not cmp.empty else gap_note(why))
-    short = fits.assign(status=fits["status"].str.split(":").str[0]) if not fits.empty else fits  # the why: lab comm fit
+    # the why: lab comm fit
+    short = fits.assign(status=fits["status"].str.split(":").str[0]) if not fits.empty else fits
     ctx.put("comm_fit_table.tex", booktabs(short, FIT_COLUMNS, size="\\scriptsize") if not fits.empty
             else gap_note(why + " (or none has two sizes at more than one rank)"))
     ctx.put("predictor_table.tex", booktabs(v, VALIDATION_COLUMNS, size="\\scriptsize") if not v.empty

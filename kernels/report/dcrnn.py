@@ -88,14 +88,16 @@ def bench_text(benches: list[dict], others: list[dict], hardware: str) -> str:
     for b in benches:
         r = b["rows"]
         pub, lab = r["public"], r["lab"]
-        parts.append(f"on {tex_escape(b['device'])} ({b['cores']} cores, torch {tex_escape(b['versions'].get('torch'))}) "
+        parts.append(f"on {tex_escape(b['device'])} ({b['cores']} cores, torch "
+                     f"{tex_escape(b['versions'].get('torch'))}) "
                      f"the lab's workload trains a {b['layers']}$\\times${b['units']}-unit model on the "
                      f"{b['sensors']}-sensor set at {num(lab['step_ms'])}\\,ms per step (median of {b['steps']}) "
                      f"against {num(pub['step_ms'])}\\,ms for the public pipeline's mechanics, "
                      f"{lab['speedup']:.2f}$\\times$ faster, an epoch of {num(lab['epoch_s'])}\\,s instead of "
                      f"{num(pub['epoch_s'])}\\,s, holding {num(lab['data_bytes'] / 1e6)}\\,MB of data instead of "
                      f"{num(pub['data_bytes'] / 1e6)}\\,MB")
-    return ("Benchmark (\\texttt{benchmarks/bench\\_dcrnn.py}; both models loaded with the same weights forecast the same "
+    return ("Benchmark (\\texttt{benchmarks/bench\\_dcrnn.py}; both models loaded with the same weights forecast the "
+            "same "
             "batch within $10^{-5}$\\,mph): " + listing(parts) + ". The target of the seed study, at least "
             "3$\\times$, is a GPU target: there the public pipeline also pays a host-to-device copy and hundreds "
             "of small kernel launches per step.\n")

@@ -75,7 +75,8 @@ def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool
     if not force and stamp.exists() and stamp.read_text() == fp and (results / "tables" / "numbers.tex").exists():
         print("analysis: inputs unchanged, not rerun", file=out, flush=True)
         return False
-    rc = notebooks.run(ANALYSIS_NOTEBOOK, ["-p", "runs_dir", str(runs.resolve()), "-p", "out_dir", str(results.resolve()),
+    rc = notebooks.run(ANALYSIS_NOTEBOOK, ["-p", "runs_dir", str(runs.resolve()),
+                                           "-p", "out_dir", str(results.resolve()),
                                            "-p", "system", system, "-p", "study", study],
                        name="10_analyse_scaling", staging=results / "notebooks")
     if rc != 0:
@@ -119,7 +120,8 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
         if p.returncode != 0 or not (Path(tmp) / f"{name}.pdf").exists():
             if log.exists():
                 shutil.copy2(log, out_dir / f"{name}.log")
-            raise ConfigError(f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: {out_dir / (name + '.log')}):\n"
+            raise ConfigError(f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: "
+                              f"{out_dir / (name + '.log')}):\n"
                               f"{_latex_error(log)}")
         part = out_dir / f".{name}.pdf.part"
         shutil.copyfile(Path(tmp) / f"{name}.pdf", part)

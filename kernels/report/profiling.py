@@ -75,7 +75,8 @@ def profile_table(rows: pd.DataFrame) -> str:
     table = booktabs(pd.DataFrame(body), cols, size="\\scriptsize",
                      spec="@{}l" + "r" * (len(cols) - 1) + "@{}")
     if len(rows) > len(shown):
-        table += f"{{\\scriptsize The {len(shown)} latest of {len(rows)} profiled records; all are in the analysis notebook.}}\n"
+        table += (f"{{\\scriptsize The {len(shown)} latest of {len(rows)} profiled records; all are in the analysis "
+                  "notebook.}\n")
     return table
 
 
@@ -187,7 +188,8 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
                      f"loop (median over {_records(len(cpu))}). ")
     if not bt.empty:
         counts = runs["bottleneck"].value_counts()
-        parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}" for v, n in counts.items()])
+        parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}"
+                                                  for v, n in counts.items()])
                      + f" (thresholds: {DATA_WAIT} {pct(verdict.DATA_WAIT)}, {EXPOSED_COMM} {pct(verdict.COMM)}, "
                        f"utilisation {pct(verdict.UTILISATION)}); \\inappendix{{Table}}{{tab:bottleneck}} lists "
                        f"them by rank count. ")
@@ -230,7 +232,8 @@ def section(ctx: Context) -> None:
     ctx.macro("labProfVerdict", tex_escape(h["bottleneck"]) if h is not None and h["bottleneck"] else "--")
     brief = (f"Profiled from the ranks' traces, a step of {tex_escape(h['workload'])} on {int(h['gpus'])} ranks "
              f"({tex_escape(h['device'])}) is \\labProfConvPct\\,\\% convolution, \\labProfNormPct\\,\\% "
-             f"normalisation and \\labProfCommPct\\,\\% {trace_name('communication')}: \\emph{{\\labProfVerdict}}-bound. Every "
+             f"normalisation and \\labProfCommPct\\,\\% {trace_name('communication')}: "
+             f"\\emph{{\\labProfVerdict}}-bound. Every "
              f"run records a resource monitor and a bottleneck verdict.\n"
              if h is not None else
              "Every run records a resource monitor and a bottleneck verdict (data, communication, compute, launch "

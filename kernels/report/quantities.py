@@ -42,5 +42,6 @@ def table_rows() -> str:
 def text() -> str:
     """The paper's sentence naming each quantity with its definition."""
     return ("Every share of the step is named for its definition. "
-            + " ".join(f"The \\emph{{{tex_escape(name)}}}, from {src}, is {d}." for name, (src, d) in QUANTITIES.items())
+            + " ".join(f"The \\emph{{{tex_escape(name)}}}, from {src}, is {d}."
+                       for name, (src, d) in QUANTITIES.items())
             + "\n")

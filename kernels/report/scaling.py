@@ -229,7 +229,8 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
         worst = gaps.abs().max()
         verdict = "within" if worst <= TARGET_ACC_GAP else "outside"
         text += (f"The final accuracy stays {verdict} the {TARGET_ACC_GAP:g}-point criterion: the largest gap to the "
-                 f"{n0}-rank baseline is {worst:.1f} points (best accuracy {100 * main['final_eval_acc'].max():.1f}\\,\\%). ")
+                 f"{n0}-rank baseline is {worst:.1f} points (best accuracy "
+                 f"{100 * main['final_eval_acc'].max():.1f}\\,\\%). ")
     aside = int((~scal["clean"]).sum())
     abstract = (f"On that hardware the largest strong-scaling point ({n} ranks) reaches a speedup of {spd:.2f} over "
                 f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}"

@@ -35,7 +35,8 @@ def peer_left(exc: BaseException) -> str | None:
     """gloo's words when another rank left during a collective (that rank's own output says why), else None."""
     import re
 
-    m = re.search(r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?", str(exc)) if isinstance(exc, RuntimeError) else None
+    peer = r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?"
+    m = re.search(peer, str(exc)) if isinstance(exc, RuntimeError) else None
     return m.group(0) if m else None
 
 

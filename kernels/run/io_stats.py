@@ -58,9 +58,11 @@ class IOAccount:
             "source": first.get("source") or self.src.describe().get("source"),
             "cache": first.get("cache"), "data_bytes": data_bytes, "train_s": rounded(train_s, 4),
             "bytes_read": total,
-            "read_ratio_max_epoch": rounded(max(by_epoch.values()) / data_bytes if by_epoch and data_bytes else None, 5),
+            "read_ratio_max_epoch": rounded(max(by_epoch.values()) / data_bytes
+                                            if by_epoch and data_bytes else None, 5),
             "read_mb_s": rounded(total / train_s / 1e6 if total and train_s else None),
-            "storage_mb_s": rounded(sum(p["read_mb_s"] for p in per_rank) if total and all(p["read_mb_s"] for p in per_rank)
+            "storage_mb_s": rounded(sum(p["read_mb_s"] for p in per_rank)
+                                    if total and all(p["read_mb_s"] for p in per_rank)
                                else None),
             "data_wait_frac_max": rounded(max(waits) if waits else None, 5),
             "data_wait_frac_min": rounded(min(waits) if waits else None, 5),

@@ -45,7 +45,8 @@ class Observers:
         me = ranks[self.rank]
         if self.cfg.monitor_hz and self.local_rank == 0:
             pids = [r["pid"] for r in ranks if r["host"] == me["host"]]
-            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{me['node']}.csv", me["node"], self.cfg.monitor_hz,
+            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{me['node']}.csv", me["node"],
+                                               self.cfg.monitor_hz,
                                                pids, res_monitor.rank_cpus(ranks, "host", me["host"]))
             self.monitor.start()
         self.run_dir, self.run_id, self.ranks = run_dir, run_id, ranks

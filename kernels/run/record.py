@@ -29,7 +29,8 @@ RECORD_ROOM = 16 << 20  # the record's own files (config, summary, metrics, moni
 OPERATIONAL = frozenset({"log_every", "timing_warmup_steps", "comm_probe_steps", "checkpoint_every",
                          "stop_after_steps", "timeout_min", "startup_timeout_min", "hang_timeout_min",
                          "sync_check_steps", "term_grace_s", "data_dir", "results_dir", "label", "run_id",
-                         "launcher", "allow_config_change", "resume_unverified", "oversubscribe", "num_workers", "prefetch_factor",
+                         "launcher", "allow_config_change", "resume_unverified", "oversubscribe",
+                         "num_workers", "prefetch_factor",
                          "profile_steps", "profile_wait", "profile_warmup", "profile_with", "profile_memory",
                          "profile_shapes", "profile_dir", "profile_hta", "monitor_hz", "sync_debug_steps"})
 
@@ -99,7 +100,8 @@ class RunRecord:
         when resuming (rank 0 read it while deciding; the others read it here), else None."""
         self.ranks = all_gather_object({
             "host": sysinfo.host(), "node": os.environ.get("SLURMD_NODENAME", sysinfo.host()),
-            "device": self.facts["device_name"], "threads": torch.get_num_threads(), "global_rank": self.renv.global_rank,
+            "device": self.facts["device_name"], "threads": torch.get_num_threads(),
+            "global_rank": self.renv.global_rank,
             "local_rank": self.renv.local_rank, "gpu_uuid": gpu_uuid(device), "pid": os.getpid(),
             "cpus": sysinfo.cpu_list(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None})
         check_distinct_gpus(self.ranks, self.cfg.backend)
@@ -136,7 +138,8 @@ class RunRecord:
         resume = ckpt.exists(run_dir)
         marked = files.failure_cause(run_dir)  # what an attempt that could not finish its summary wrote
         old = records.read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
-        failed = old.get("error") if old.get("status") == "failed" else marked if old.get("status") == "running" else None
+        status = old.get("status")
+        failed = old.get("error") if status == "failed" else marked if status == "running" else None
         check_free_space(model, run_dir, failed)
         fresh = not run_dir.exists()
         self.lock = records.RunLock(run_dir)
@@ -261,12 +264,14 @@ class RunRecord:
         return {
             "throughput_stat": (f"global batch / median step time over {n} timed steps (slowest rank per step)")
             if n else "no timed steps",
-            "timed_steps": n, "samples_per_s": rounded(tput), "samples_per_s_p10": rounded(run_stats["samples_per_s_p10"]),
+            "timed_steps": n, "samples_per_s": rounded(tput),
+            "samples_per_s_p10": rounded(run_stats["samples_per_s_p10"]),
             "samples_per_s_p90": rounded(run_stats["samples_per_s_p90"]),
             "samples_per_s_mean": rounded(n * batch * 1e3 / t["sum_step_ms"] if t["sum_step_ms"] else None),
             "samples_per_s_per_device": rounded(per_dev),
             "step_ms_p50": rounded(run_stats["step_ms_p50"]), "step_ms_p10": rounded(run_stats["step_ms_p10"]),
-            "step_ms_p90": rounded(run_stats["step_ms_p90"]), "step_ms_mean": rounded(t["sum_step_ms"] / n if n else None),
+            "step_ms_p90": rounded(run_stats["step_ms_p90"]),
+            "step_ms_mean": rounded(t["sum_step_ms"] / n if n else None),
             "epoch_s_median": rounded(median(x["epoch_s"] for x in steady) if steady else None),
             "data_wait_frac": rounded(t["sum_wait_ms"] / t["sum_step_ms"] if t["sum_step_ms"] else None, 5),
             "final_eval_loss": rows[-1]["eval_loss"] if rows else None,

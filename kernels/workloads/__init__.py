@@ -37,7 +37,8 @@ def get_workload(name: str) -> Workload:
         except AttributeError:
             raise ConfigError(f"parameter 'workload': {module} has no {attr}") from None
         if not isinstance(wl, Workload):
-            raise ConfigError(f"parameter 'workload': {name} is a {type(wl).__name__}, not a kernels.workloads.Workload")
+            raise ConfigError(f"parameter 'workload': {name} is a {type(wl).__name__}, not a "
+                              "kernels.workloads.Workload")
         clash = [p.name for p in wl.params if owner_of(p.name) not in (None, wl.name)]
         if clash:
             raise ConfigError(f"parameter 'workload': {name} declares {', '.join(clash)}, already a parameter of "

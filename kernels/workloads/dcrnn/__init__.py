@@ -67,7 +67,8 @@ PARAMS = (
     Param("max_grad_norm", float, 5.0, "gradient clipping norm", group="dcrnn"),
     Param("adam_eps", float, 1e-3, "Adam epsilon", group="dcrnn"),
     Param("synthetic_shape", str, "metr-la", "shape of the synthetic traffic set: metr-la (34,272 x 207), pems-bay "
-                                             "(52,116 x 325) or large (8,064 x 11,160, PeMS-like)", ("metr-la", "pems-bay", "large"),
+                                             "(52,116 x 325) or large (8,064 x 11,160, PeMS-like)",
+                                             ("metr-la", "pems-bay", "large"),
           group="dcrnn"),
 )
 
@@ -176,7 +177,8 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     src = WindowSource(store, train, cfg.batch, g.dp_rank, g.dp, cfg.seed)
     ev = WindowEvalSource(store, test, cfg.eval_batch or 4 * (cfg.batch // g.dp), g.dp_rank, g.dp)
     shared = {
-        "dataset_shape": [series.num_steps, n], "graph_edges": int((series.adj != 0).sum() - (np.diag(series.adj) != 0).sum()),
+        "dataset_shape": [series.num_steps, n],
+        "graph_edges": int((series.adj != 0).sum() - (np.diag(series.adj) != 0).sum()),
         "missing_frac": round(float((series.speeds == 0).mean()), 5), "scaler_mean": mean, "scaler_std": std,
         "windows": {k: len(v) for k, v in splits.items()}, "train_windows_used": len(train),
         "test_windows_used": len(test), "dp": g.dp, "gp": g.gp, "partition": method,
@@ -188,7 +190,8 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
         shared["historical_average"] = historical_average_metrics(series, test, cfg.horizon)
     graph = Graph(local, plan, cfg.supports, device.type)
     info = DataInfo(input_shape=(cfg.seq_len, len(own), 2),
-                    extra={"graph": graph, "mean": mean, "std": std, "shared": shared, "per_group_batch": cfg.batch // g.dp})
+                    extra={"graph": graph, "mean": mean, "std": std, "shared": shared,
+                           "per_group_batch": cfg.batch // g.dp})
     return src, ev, info
 
 
