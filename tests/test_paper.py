@@ -304,13 +304,26 @@ def assert_documents_look_finished(pdfs: dict, tmp: Path):
             f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
 
 
+def test_who_writes_the_documents_comes_from_the_plan_and_placeholders_are_named():
+    from kernels.report.tex import tex_escape
+
+    assert report.placeholders(PLAN) == list(report.IDENTITY)  # the shipped plan: every one a placeholder
+    mine = {**PLAN, "author": "A. Researcher", "affiliation": "", "pi": "A. Researcher <ar@example.org>",
+            "institution": "Example University", "repository": "https://example.org/lab"}
+    assert report.placeholders(mine) == []  # an e-mail in <...> after a name is not a placeholder
+    assert report.placeholders({**mine, "repository": " <repository address> "}) == ["repository"]
+    assert tex_escape("<your names>") == r"\textless{}your names\textgreater{}"  # not the OT1 font's inverted marks
+
+
 @pytest.mark.system
 def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     _need_tex()
     res = tmp_path / "res"
     shutil.copytree(study, res / "runs")
     write_record(res / "runs", "adhoc", gpus=1, batch=64, x=10.0, acc=0.139, label="scratch")  # not selected
-    make_paper(res)
+    built = make_paper(res)
+    # who writes the documents: the plan's placeholders, printed as they are and named by the build
+    assert "warning: paper/plan.yaml: author, affiliation, pi, institution, repository still hold" in built.stdout
     pdfs = {n: res / "pdf" / f"{n}.pdf" for n in ("paper", "proposal", "pitch")}
     assert_documents_look_finished(pdfs, tmp_path)
     paper = pdf_text(pdfs["paper"])
@@ -326,6 +339,9 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert "The node-hours are to be measured" in proposal and "we request" not in proposal
     assert SYSTEMS[PLAN["system"]]["name"].split(" (")[0] in proposal
     assert "WP1 Port" in proposal and "Support needed." in proposal  # the Gantt chart and the paragraph
+    assert "Principal investigator: <principal investigator, e-mail> (<the applicant institution>)" in proposal
+    assert "Code and run records: <repository address>" in proposal
+    assert "<your names>" in pdf_text(pdfs["paper"]) and "<repository address>" in pdf_text(pdfs["pitch"])
     # the paper carries the criteria table, and its detail tables in an appendix that the build can drop
     paper = " ".join(pdf_text(pdfs["paper"], layout=False).split())
     assert "judges the targets set before the study" in paper and "The tables and figures behind Sections" in paper

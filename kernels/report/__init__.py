@@ -15,6 +15,7 @@ input really changed.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -31,8 +32,11 @@ SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request, workpla
 SECTION_TITLES = {"lab": "Setup", "scaling": "Scaling and optimisations", "io": "Input and output",
                   "dcrnn": "DCRNN", "comm": "Communication", "profiling": "Profiling", "criteria": "Targets",
                   "request": "Resource request", "workplan": "Work plan"}
-PLAN_KEYS = {"system": "a key of paper/systems.yaml", "author": "author line of the paper",
-             "affiliation": "affiliation line of the paper", "select": "records the documents use: labels, studies",
+IDENTITY = {"author": "author line of the paper and the slides", "affiliation": "affiliation line of the paper",
+            "pi": "the proposal's principal investigator", "institution": "the proposal's applicant institution",
+            "repository": "where the code and the run records are published"}
+PLAN_KEYS = {"system": "a key of paper/systems.yaml", **IDENTITY,
+             "select": "records the documents use: labels, studies",
              "workloads": "workloads the proposed study covers (objectives)",
              "studies": "the study files whose runs the request costs (studies/*.yaml)",
              "profiling_overhead": "extra share for profiled and failed runs",
@@ -77,6 +81,11 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.
     return points
 
 
+def placeholders(plan: dict) -> list[str]:
+    """The identity keys of the plan that still hold a placeholder (a value in <angle brackets>)."""
+    return [k for k in IDENTITY if re.fullmatch(r"\s*<.*>\s*", str(plan.get(k) or ""))]
+
+
 def with_points(plan: dict, systems: dict, points: pd.DataFrame) -> dict:
     """The plan with what the sections read from its study files: every run (points), the GPU counts, the
     scaling studies' repeats; and the target's GPUs per node."""
@@ -92,6 +101,8 @@ def plan_macros(ctx: Context) -> None:
     m("labAuthor", tex_escape(plan["author"]))
     m("labAffiliation", tex_escape(plan.get("affiliation") or ""))
     m("labAuthorLine", tex_escape(", ".join(x for x in (plan["author"], plan.get("affiliation")) if x)))
+    for key, name in (("pi", "labPi"), ("institution", "labInstitution"), ("repository", "labRepository")):
+        m(name, tex_escape(plan[key]))
     m("labSystem", tex_escape(system["name"]))
     m("labSystemGpu", tex_escape(system["gpu"]))
     m("labSystemGpusPerNode", str(system["gpus_per_node"]))

@@ -139,7 +139,7 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     # the plan and the systems are checked here, before the analysis notebook starts (a duplicate key, an unknown
     # key or system is one line naming the file, not a failed notebook)
     from kernels import yamlfile
-    from kernels.report import check_plan
+    from kernels.report import check_plan, placeholders
 
     systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")
     if system and system not in systems:
@@ -147,6 +147,10 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
                           f"(paper/systems.yaml)")
     plan = yamlfile.read(PROJECT_ROOT / "paper" / "plan.yaml", "plan")
     check_plan({**plan, "system": system or plan.get("system")}, systems)
+    left = placeholders(plan)
+    if left:
+        print(f"warning: paper/plan.yaml: {', '.join(left)} still hold placeholders in <angle brackets>, which the "
+              f"documents print as they are; edit them before you share the documents", file=out, flush=True)
     if study and not re.fullmatch(r"[A-Za-z0-9_.,-]+", study):
         raise ConfigError(f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), "
                           f"comma-separated")

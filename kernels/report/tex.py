@@ -22,7 +22,8 @@ def write_if_changed(path: Path, data: bytes | str) -> bool:
 def tex_escape(s) -> str:
     s = str(s)
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
-                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}"),
+                 ("<", r"\textless{}"), (">", r"\textgreater{}")):  # < and > print as such in any font encoding
         s = s.replace(a, b)
     return s
 
