@@ -15,6 +15,9 @@ Definitions (one place; the documents quote them):
   T_N = N b / X_N), so again E_w = (X_N / N) / X_1.
 - The baseline is the smallest N measured in the series (normally 1); when it
   is N_0 > 1, efficiencies are relative to it (E = (X_N / N) / (X_N0 / N0)).
+- Epoch time (epoch_s): the median over repeats of each record's measured epoch time (epoch_s_median: the
+  epoch's training steps on the slowest rank, evaluation excluded); where a record has none, the projection
+  steps_per_epoch x t_N, flagged in epoch_projected. The efficiencies above use throughputs, not epoch times.
 - Accuracy gap: 100 (acc_N - acc_baseline), in points.
 - Repeats: runs with equal CONFIG_KEYS at the same N and batch. `kind` is one of them:
   a profiled run (profile_steps > 0) or a run of another notebook than 01_train is
@@ -212,11 +215,12 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (series, N): repeats aggregated, speedup and efficiency against the series baseline."""
     cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
             "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
-            "samples_per_s_per_device", "step_s", "epoch_s", "speedup", "efficiency", "final_eval_acc",
-            "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids"]
+            "samples_per_s_per_device", "step_s", "epoch_s", "epoch_projected", "speedup", "efficiency",
+            "final_eval_acc", "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    runs = runs.assign(_key=runs.apply(_key, axis=1))
+    measured = pd.to_numeric(runs["epoch_s"], errors="coerce") if "epoch_s" in runs else float("nan")
+    runs = runs.assign(_key=runs.apply(_key, axis=1), epoch_s=measured)
     out = []
     for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
         for (key, fixed), series in runs.groupby(["_key", by], sort=True):
@@ -229,6 +233,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
                 repeats=("run_id", "count"), samples_per_s=("samples_per_s", "median"),
                 samples_per_s_min=("samples_per_s", "min"), samples_per_s_max=("samples_per_s", "max"),
                 final_eval_acc=("final_eval_acc", "median"), steps_per_epoch=("steps_per_epoch", "first"),
+                epoch_s=("epoch_s", "median"),
             ).reset_index()
             ci = {n: median_ci(list(g["samples_per_s"])) for n, g in series.groupby("gpus")}
             agg["samples_per_s_ci_lo"] = [ci[n]["ci_lo"] for n in agg["gpus"]]
@@ -238,7 +243,10 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             n0, x0 = base["gpus"], base["samples_per_s"]
             agg["samples_per_s_per_device"] = agg["samples_per_s"] / agg["gpus"]
             agg["step_s"] = agg["batch"] / agg["samples_per_s"]
-            agg["epoch_s"] = agg["steps_per_epoch"] * agg["step_s"]
+            # the records' measured epoch time (median over repeats); a projection from the step time where a
+            # record has none, flagged as one
+            agg["epoch_projected"] = agg["epoch_s"].isna()
+            agg["epoch_s"] = agg["epoch_s"].where(~agg["epoch_projected"], agg["steps_per_epoch"] * agg["step_s"])
             # Both definitions reduce to the per-device throughput ratio: strong, T = epoch time of
             # the same total work; weak, T = step time of the same per-rank work (see module doc).
             agg["speedup"] = agg["samples_per_s"] / x0

@@ -113,8 +113,9 @@ def section(ctx: Context) -> None:
         epoch_by_n = main.groupby("gpus")["epoch_s"].median().to_dict()
         basis = f"the strong-scaling series {tex_escape(main['series'].iloc[0])}"
     elif not runs.empty:
-        epoch_by_n = (runs.assign(e=runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"])
-                      .groupby("gpus")["e"].median().to_dict())
+        projected = runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"]
+        measured = pd.to_numeric(runs["epoch_s"], errors="coerce") if "epoch_s" in runs else projected
+        epoch_by_n = runs.assign(e=measured.fillna(projected)).groupby("gpus")["e"].median().to_dict()
         basis = "the complete runs (no scaling series yet)"
     else:
         epoch_by_n = {}
