@@ -13,6 +13,7 @@ A launcher marks a record its ranks left "running" as failed when they die witho
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -48,8 +49,15 @@ def worker_command(cfg: RunConfig) -> list[str]:
     return [sys.executable, "-m", "kernels.train", *replace(cfg, launcher="none").cli_args()]
 
 
+# libkineto (torch.profiler) prints these at every profiler start and stop, whatever KINETO_LOG_LEVEL says
+KINETO_MARK = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] ")
+
+
 def _pump(stream, prefix: str, sink) -> None:
+    """A rank's output into the log, line by line, with its prefix; the profiler library's marks left out."""
     for line in iter(stream.readline, ""):
+        if KINETO_MARK.match(line):
+            continue
         sink.write(prefix + line)
         sink.flush()
     stream.close()

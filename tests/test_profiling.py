@@ -130,6 +130,20 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
     assert html.count('<img alt="Figure') == 2 and "No description has been provided" not in html
     assert "ms per profiled step (host timeline) for convolution" in html
     assert "profile: 3 step(s) x 2 rank(s)" in out
+    assert "USDT:" not in out + text and "SyncActivityProfilerHandler" not in out + text  # the profiler's marks
+
+
+def test_the_launcher_leaves_the_profiler_librarys_marks_out_of_the_log():
+    import io
+
+    from kernels.launch import _pump
+
+    rank = io.StringIO("epoch 1/2\nUSDT:2026-11-28 03:09:45 13802:13802 SyncActivityProfilerHandler.cpp:52] "
+                       "profiler_start\nSTAGE:2026-11-28 13:03:20 30496:30496 SyncActivityProfilerHandler.cpp:60] "
+                       "Completed Stage: Collection\nUSDT: a line of the run's own\n")
+    log = io.StringIO()
+    _pump(rank, "[rank 1] ", log)
+    assert log.getvalue() == "[rank 1] epoch 1/2\n[rank 1] USDT: a line of the run's own\n"
 
 
 @pytest.mark.integration
