@@ -50,22 +50,30 @@ def show(fig) -> None:
     import io
 
     import matplotlib.pyplot as plt
-    from IPython.display import Image, display
 
     png = io.BytesIO()
     fig.savefig(png, format="png")
-    display(Image(data=png.getvalue(), format="png", metadata={"alt": describe(fig)}))
+    _display_png(png.getvalue(), describe(fig))
     plt.close(fig)
+
+
+def _display_png(data: bytes, alt: str) -> None:
+    """A PNG output whose plain-text form is its description: a log (papermill --log-output) or a terminal then
+    says what the chart shows instead of `<IPython.core.display.Image object>`; the HTML still shows the PNG."""
+    import base64
+
+    from IPython.display import display
+
+    display({"image/png": base64.b64encode(data).decode("ascii"), "text/plain": alt}, raw=True,
+            metadata={"image/png": {"alt": alt}})
 
 
 def show_png(path: Path, required: bool = False) -> None:
     """Display a saved PNG with the text it was saved with. A missing file shows nothing (an analysis whose
     records lack that figure), or raises FileNotFoundError when the figure is required."""
-    from IPython.display import Image, display
-
     path = Path(path)
     if not path.exists():
         if required:
             raise FileNotFoundError(f"{path}: the figure this notebook shows was not written")
         return
-    display(Image(filename=str(path), metadata={"alt": png_description(path)}))
+    _display_png(path.read_bytes(), png_description(path))

@@ -59,21 +59,31 @@ def pairs(values: dict, width: int = 110) -> str:
     return textwrap.fill("  ".join(items), width=width, break_long_words=False, break_on_hyphens=False)
 
 
-class Table:
-    """A DataFrame that a notebook shows whole (HTML) and a log reads as plain text (`text` or the table)."""
+NONE = "nothing to show: no selected record has these measurements"
 
-    def __init__(self, df, log: str | None = None):
-        self.df, self.log = df, log
+
+class Table:
+    """A DataFrame that a notebook shows whole (HTML) and a log reads as plain text (`text` or the table); an
+    empty one is the sentence `none`, not pandas' "Empty DataFrame" with its column list."""
+
+    def __init__(self, df, log: str | None = None, none: str = NONE):
+        self.df, self.log, self.none = df, log, none
 
     def _repr_html_(self) -> str:
+        import html
+
         import pandas as pd
 
+        if self.df.empty:
+            return f"<p><em>{html.escape(self.none)}</em></p>"
         frame = self.df.to_frame() if isinstance(self.df, pd.Series) else self.df
         return frame.to_html(max_rows=None, max_cols=None, na_rep="", float_format=readable)
 
     def __repr__(self) -> str:
+        if self.df.empty:
+            return self.none
         return self.log if self.log is not None else as_text(self.df)
 
 
-def table(df, log: str | None = None) -> Table:
-    return Table(df, log)
+def table(df, log: str | None = None, none: str = NONE) -> Table:
+    return Table(df, log, none)

@@ -49,7 +49,11 @@ _parameter_names = set(globals()) - _names_before_parameters  # first: before an
 from pathlib import Path
 
 import pandas as pd  # noqa: F401 - the tables below are DataFrames; the kernel imports pandas ahead
+from IPython.display import display
+
 from kernels import report, yamlfile
+from kernels.alttext import show_png
+from kernels.notebook_tables import table
 from kernels.notebooks import check_parameter_names, handoff
 from kernels.params import PROJECT_ROOT
 
@@ -77,14 +81,14 @@ print(f"{len(runs)} complete selected run(s), {len(result['problems'])} selected
       f"{len(result['excluded'])} outside the selection")
 if result["versions"]:
     print("WARNING: records differ in", result["versions"], "- numbers are not directly comparable")
-result["problems"]
+table(result["problems"], none="no selected record was left out")
 
 # %% [markdown]
 # ## Records outside the selection
 # Not used by the documents; listed so that nothing disappears silently (also in `tables/excluded.csv`).
 
 # %%
-result["excluded"]
+table(result["excluded"], none="no record outside the selection")
 
 # %% [markdown]
 # ## Scaling series
@@ -93,7 +97,8 @@ result["excluded"]
 # efficiency are relative to the series' smallest rank count.
 
 # %%
-result["scaling"].drop(columns=["run_ids", "reasons"])  # reasons: the kinds behind `flags`
+# `reasons`, the kinds behind `flags`, and the run ids are left out here
+table(result["scaling"].drop(columns=["run_ids", "reasons"]), none="no scaling series: no run selected")
 
 # %% [markdown]
 # ## Results to re-run
@@ -105,8 +110,7 @@ result["scaling"].drop(columns=["run_ids", "reasons"])  # reasons: the kinds beh
 # %%
 rerun = result["rerun"]
 print("nothing set aside" if rerun.empty else
-      "\n".join(f"N={r.gpus} {r.series}: {r.reasons}\n  " + "\n  ".join(r.commands)
-                                                         for r in rerun.itertuples()))
+      "\n".join(f"N={r.gpus} {r.series}: {r.reasons}\n  " + "\n  ".join(r.commands) for r in rerun.itertuples()))
 
 # %% [markdown]
 # ## The project's targets as criteria
@@ -114,13 +118,9 @@ print("nothing set aside" if rerun.empty else
 # criterion not measured names the study that measures it.
 
 # %%
-result["criteria"][["key", "status", "value", "threshold", "evidence", "source"]]
+table(result["criteria"][["key", "status", "value", "threshold", "evidence", "source"]])
 
 # %%
-from IPython.display import display
-
-from kernels.alttext import show_png
-
 for name in ("throughput", "efficiency", "epoch_time", "accuracy", "gains"):
     show_png(out_path / "figures" / f"{name}.png")
 
@@ -128,7 +128,7 @@ for name in ("throughput", "efficiency", "epoch_time", "accuracy", "gains"):
 # ## Optimisations (before/after at equal everything else)
 
 # %%
-result["gains"]
+table(result["gains"], none="no optimisation measured before and after")
 
 # %% [markdown]
 # ## Input and output (MNIST vs bigMNIST)
@@ -140,7 +140,7 @@ result["gains"]
 # %%
 for name in ("io_samples", "io_bandwidth", "io_wait", "io_ranks"):
     show_png(out_path / "figures" / f"{name}.png")
-result["io"]
+table(result["io"], none="no I/O records selected")
 
 # %% [markdown]
 # ## DCRNN on traffic graphs
@@ -153,7 +153,7 @@ result["io"]
 
 # %%
 show_png(out_path / "figures" / "dcrnn_scaling.png")
-result["dcrnn"]
+table(result["dcrnn"], none="no DCRNN records selected")
 
 # %% [markdown]
 # ## Communication: collectives, fits, the step predictor, DDP against Horovod
@@ -164,11 +164,11 @@ result["dcrnn"]
 # the communication backward did not hide, `exposed_ms` the model's); DDP against Horovod where both ran.
 
 # %%
-display(result["comm_compare"])
-display(result["comm_fits"])
+display(table(result["comm_compare"], none="no collective benchmark records"))
+display(table(result["comm_fits"], none="no alpha-beta fits (they need collective benchmark records)"))
 show_png(out_path / "figures" / "predictor.png")
-display(result["predictor"])
-result["engines"]
+display(table(result["predictor"], none="no series to predict (a measured series with a 1-rank run and a fit)"))
+table(result["engines"], none="no DDP and Horovod runs of the same configuration")
 
 # %% [markdown]
 # ## Profiling and the bottleneck verdict
@@ -180,8 +180,8 @@ result["engines"]
 
 # %%
 show_png(out_path / "figures" / "profile_breakdown.png")
-display(result["profile"])
-result["bottleneck"]
+display(table(result["profile"], none="no profiled records selected"))
+table(result["bottleneck"])
 
 # %% [markdown]
 # ## Resource request for the proposal
@@ -190,7 +190,7 @@ result["bottleneck"]
 if result["node_hours_total"] is not None:
     print(f"total with profiling overhead: {result['node_hours_total']:.4g} node-hours; "
           f"request: {result['node_hours_request']} node-hours")
-result["node_hours"]
+table(result["node_hours"])
 
 # %%
 changed = [k for k, v in result["written"].items() if v]

@@ -131,6 +131,8 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     assert "loss: loss against epoch for train, eval" in html
     assert not nb["metadata"]["papermill"]["exception"]
     assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
+    # where the log prints a figure, it says what the figure shows
+    assert "IPython.core.display" not in p.stdout + p.stderr and "loss: loss against epoch" in p.stdout + p.stderr
     assert "started ahead differs" not in p.stdout + p.stderr  # the kernel started ahead ran it
     assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
     # the log without noise: no cell markers, no kernel transport warning, no cut or wrapped tables, no
@@ -428,3 +430,17 @@ def test_figure_text_states_what_the_chart_shows_and_travels_with_the_png(tmp_pa
     assert png_description(png) == want and pdf.exists()
     plt.imsave(tmp_path / "bare.png", [[0.0, 1.0]])
     assert png_description(tmp_path / "bare.png") == "Figure bare."
+
+
+def test_a_table_reads_whole_in_the_log_and_an_empty_one_says_so():
+    """What a notebook displays: every row and column, plain numbers and blanks in the log; an empty table is a
+    sentence, in the page and in the log, not pandas' "Empty DataFrame" with its column list."""
+    import pandas as pd
+
+    from kernels.notebook_tables import table
+
+    t = table(pd.DataFrame({"samples_per_s": [13420416.0, None], "mfu": [0.00928, 0.5]}))
+    assert repr(t).split("\n")[1].split() == ["0", "13,420,416", "0.00928"] and "nan" not in repr(t).lower()
+    empty = table(pd.DataFrame(columns=["a", "b"]), none="no I/O records selected")
+    assert repr(empty) == "no I/O records selected" and empty._repr_html_() == "<p><em>no I/O records selected</em></p>"
+    assert "Empty DataFrame" not in repr(table(pd.DataFrame()))
