@@ -590,7 +590,12 @@ def test_suspicious_points_are_set_aside_named_with_their_rerun_and_never_quoted
         text = (tables / name).read_text()
         assert "790" not in text and "7.90" not in text, (name, text)
     assert "No scaling figure" in (tables / "abstract_results.tex").read_text()
-    assert "4 of 5 scaling points were set aside" in (tables / "results_text.tex").read_text()
+    text = (tables / "results_text.tex").read_text()
+    assert "4 of 5 scaling points were set aside and not quoted" in text
+    # one count per reason, each at most the points set aside; a point with two says so
+    why = text.split("not quoted", 1)[1].split(";")[0]
+    counts = [int(c) for c in re.findall(r"\((\d+)\)", why)]
+    assert counts and max(counts) <= 4 and ("more than one reason" in why) == (sum(counts) > 4), why
 
 
 def test_criteria_are_judged_from_the_records(study, tmp_path):

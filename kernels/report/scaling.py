@@ -79,9 +79,10 @@ def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
     for reasons in out["reasons"]:
         for kind, _ in reasons:
             kinds[trust.REASON_WORDS[kind]] = kinds.get(trust.REASON_WORDS[kind], 0) + 1
-    why = listing([f"{tex_escape(k)} ({v})" for k, v in kinds.items()])
+    why = listing([f"{tex_escape(k)} ({'all' if v == len(out) > 1 else v})" for k, v in kinds.items()])
+    several = " (a point may have more than one reason)" if sum(kinds.values()) > len(out) else ""
     return (f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
-            f"{'were' if len(out) > 1 else 'was'} set aside and not quoted: {why}; "
+            f"{'were' if len(out) > 1 else 'was'} set aside and not quoted{several}: {why}; "
             + ("Table~\\ref{tab:rerun} lists them with the commands that re-run them." if in_paper else
                "the paper's table of results to re-run lists them with the commands that re-run them."))
 
