@@ -728,3 +728,26 @@ def test_text_taken_from_records_keeps_its_underscores(tmp_path):
     bare = {f.name: m for f in sorted(tables.glob("*.tex"))
             for m in re.findall(r".{0,30}(?<!\\)_.{0,30}", _NAMES.sub("", f.read_text()))}
     assert not bare, bare
+
+
+def test_set_aside_points_are_drawn_apart_and_the_axis_holds_every_point():
+    """The line joins the clean points only; a set-aside point is a hollow grey marker with its own legend entry,
+    and the efficiency axis reaches past a superlinear one instead of clipping it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from kernels.report.scaling import ASIDE_LABEL, aside_legend, efficiency_top, plot_points
+
+    s = pd.DataFrame({"gpus": [1, 2, 4], "efficiency": [1.0, 3.87, 0.8], "clean": [True, False, True]})
+    fig, ax = plt.subplots()
+    line = plot_points(ax, s, 100 * s["efficiency"], label="series")
+    aside_legend(ax, s)
+    assert list(line.get_xdata()) == [1, 4] and list(line.get_ydata()) == [100.0, 80.0]
+    hollow = [ln for ln in ax.lines if ln is not line and list(ln.get_xdata()) == [2]]
+    assert hollow and hollow[0].get_markerfacecolor() == "none" and hollow[0].get_linestyle() == "None"
+    assert ASIDE_LABEL in ax.get_legend_handles_labels()[1]
+    assert efficiency_top(s) >= 387 and efficiency_top(s.assign(efficiency=[1.0, 0.9, 0.8])) == 110
+    plt.close(fig)

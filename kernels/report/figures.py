@@ -132,9 +132,10 @@ def legend(ax, width: int = 44, **kw) -> None:
 
 
 def finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
+    """Rank axis, title, and the legend under the plot, where it covers no point (the saved figure grows)."""
     rank_axis(ax, ranks)
     ax.set_title(wrapped(title))
-    legend(ax)
+    legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.24), frameon=False, borderaxespad=0.0)
     save_figure(fig, out, name)
     return name
 
