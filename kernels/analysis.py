@@ -139,6 +139,8 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
         "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
         "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
         "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),
+        "own_cpu_cores": (summ.get("monitor") or {}).get("own_cpu_cores_mean"),
+        "foreign_cpu_cores": (summ.get("monitor") or {}).get("foreign_cpu_cores_mean"),
         "energy_j": (summ.get("monitor") or {}).get("energy_j"),
         "profile": summ.get("profile") if (summ.get("profile") or {}).get("status") == "complete" else None,
         "run_path": str(d),

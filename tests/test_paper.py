@@ -751,3 +751,29 @@ def test_set_aside_points_are_drawn_apart_and_the_axis_holds_every_point():
     assert ASIDE_LABEL in ax.get_legend_handles_labels()[1]
     assert efficiency_top(s) >= 387 and efficiency_top(s.assign(efficiency=[1.0, 0.9, 0.8])) == 110
     plt.close(fig)
+
+
+def test_the_texts_claim_only_the_records_there_are(tmp_path):
+    """A demo-like selection: the text names the labels records carry and, apart, those none does; one strong
+    series is one I/O series (B fixed), not one-point series per per-rank batch; a comparison whose records are
+    missing is a gap; the CPU sentence is the run's own cores, not the host's load."""
+    runs = tmp_path / "runs"
+    for run_id, n in (("one", 1), ("two", 2)):
+        write_record(runs, run_id, gpus=n, batch=64, x=200.0 * n ** 0.5, label="demo", device="CPU (x86)")
+        summary = runs / run_id / "summary.json"
+        s = records.read_json(summary)
+        records.write_json(summary, {**s, "io": {"source": "device", "data_wait_frac_max": 0.011,
+                                                 "data_wait_frac_min": 0.01, "devices": ["CPU (x86)"]},
+                                     "monitor": {"cpu_util_mean_pct": 92.4, "own_cpu_cores_mean": 1.81 * n / 2,
+                                                 "foreign_cpu_cores_mean": 0.02}})
+    plan = {**SYNTH_PLAN, "select": {"labels": ["demo", "predictor_local"]}}
+    report.build(runs, tmp_path / "out", plan, SYSTEMS)
+    tables = tmp_path / "out" / "tables"
+    sel = (tables / "selection_text.tex").read_text()
+    assert "selected by label demo." in sel and "also names label predictor\\_local, which no record carries" in sel
+    io = (tables / "io_text.tex").read_text()
+    assert "synthetic, device, B=64 delivers" in io and "b=32" not in io, io
+    assert "\\gap{the comparison of MNIST held in memory" in (tables / "io_compare.tex").read_text()
+    prof = (tables / "profiling_text.tex").read_text()
+    assert "this run's processes kept 1.36 cores busy" in prof and "other work on the host 0.02" in prof, prof
+    assert "92.4" not in prof  # the host's load, other work included, is not the run's

@@ -111,12 +111,21 @@ def timing_words(ctx: Context) -> tuple[str, str, str]:
 
 
 def selection_text(ctx: Context) -> str:
+    """Which records the documents use: the selection's labels and studies that records carry, and those of the
+    plan's selection that none does (named apart, so the text never claims records that are not there)."""
     sel = ctx.plan.get("select") or {}
-    crit = listing([f"label {tex_escape(x)}" for x in sel.get("labels") or []] +
-                   [f"study {tex_escape(x)}" for x in sel.get("studies") or []])
-    k = len(ctx.runs)
+    runs = ctx.runs
+    wanted = [("label", x) for x in sel.get("labels") or []] + [("study", x) for x in sel.get("studies") or []]
+    found = [(kind, x) for kind, x in wanted if kind in runs and (runs[kind] == x).any()]
+    unused = [(kind, x) for kind, x in wanted if (kind, x) not in found]
+    crit = listing([f"{kind} {tex_escape(x)}" for kind, x in found])
+    k = len(runs)
     text = (f"This version is built from {k} complete run record{'s' if k != 1 else ''}"
-            + (f" selected by {crit}" if crit else " (all records; no selection in the plan)") + ". ")
+            + (f" selected by {crit}" if crit else " (all records; no selection in the plan)" if not wanted else "")
+            + ". ")
+    if unused:
+        text += (f"The selection also names {listing([f'{kind} {tex_escape(x)}' for kind, x in unused])}, which no "
+                 f"record carries. ")
     if len(ctx.problems):
         text += (f"{len(ctx.problems)} selected record{'s are' if len(ctx.problems) > 1 else ' is'} not complete and "
                  f"left out (listed below). ")

@@ -183,9 +183,17 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
     if len(gpu):
         parts.append(f"The resource monitor sees the GPUs busy {num(gpu.median())}\\,\\% of the training loop "
                      f"(median over {_records(len(gpu))}). ")
+    elif "own_cpu_cores" in runs and runs["own_cpu_cores"].notna().any():  # the run's own share, not the host's
+        own = runs[runs["own_cpu_cores"].notna()]
+        other = pd.to_numeric(own["foreign_cpu_cores"], errors="coerce").dropna()
+        busy = num(own["own_cpu_cores"].median())
+        parts.append(f"The resource monitor sees no GPU; this run's processes kept {busy} cores busy during the "
+                     f"training loop"
+                     + (f", other work on the host {num(other.median())}" if len(other) else "")
+                     + f" (medians over {_records(len(own))}). ")
     elif len(cpu):
-        parts.append(f"The resource monitor sees no GPU; the CPUs are busy {num(cpu.median())}\\,\\% of the training "
-                     f"loop (median over {_records(len(cpu))}). ")
+        parts.append(f"The resource monitor sees no GPU; the host's CPUs, this run and any other work together, are "
+                     f"busy {num(cpu.median())}\\,\\% of the training loop (median over {_records(len(cpu))}). ")
     if not bt.empty:
         counts = runs["bottleneck"].value_counts()
         parts.append("The verdict is " + listing([f"\\emph{{{tex_escape(v)}}} in {_records(n)}"
