@@ -161,6 +161,8 @@ def section(ctx: Context) -> None:
     ctx.put("engine_table.tex", booktabs(eng, ENGINE_COLUMNS, size="\\scriptsize") if not eng.empty
             else gap_note("no configuration ran with both engines (engine=ddp and engine=horovod)"))
     ctx.put("comm_text.tex", text(recs, fits, v, eng))
+    ctx.put("comm_section.tex", "% commbench or engine-comparison records are selected\n" if recs or not eng.empty
+            else "")  # \\ifhas{comm_section}: the paper's Communication section stands only then
     multi = v[v["gpus"] > 1] if not v.empty else v
     goal = f"{100 * TARGET_ERROR:.0f}\\,\\%"
     ctx.put("predictor_goal.tex",  # a sentence with its numbers, or without the one that does not exist yet
