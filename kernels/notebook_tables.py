@@ -66,8 +66,8 @@ class Table:
     """A DataFrame that a notebook shows whole (HTML) and a log reads as plain text (`text` or the table); an
     empty one is the sentence `none`, not pandas' "Empty DataFrame" with its column list."""
 
-    def __init__(self, df, log: str | None = None, none: str = NONE):
-        self.df, self.log, self.none = df, log, none
+    def __init__(self, df, log: str | None = None, none: str = NONE, fold: str | None = None):
+        self.df, self.log, self.none, self.fold = df, log, none, fold
 
     def _repr_html_(self) -> str:
         import html
@@ -77,7 +77,12 @@ class Table:
         if self.df.empty:
             return f"<p><em>{html.escape(self.none)}</em></p>"
         frame = self.df.to_frame() if isinstance(self.df, pd.Series) else self.df
-        return frame.to_html(max_rows=None, max_cols=None, na_rep="", float_format=readable)
+        # a wide table scrolls inside the page instead of running off its right edge
+        body = ('<div style="overflow-x: auto; max-width: 100%;">'
+                + frame.to_html(max_rows=None, max_cols=None, na_rep="", float_format=readable) + "</div>")
+        if self.fold:  # folded: one line until the reader opens it
+            return f"<details><summary>{html.escape(self.fold)}</summary>{body}</details>"
+        return body
 
     def __repr__(self) -> str:
         if self.df.empty:
@@ -85,5 +90,6 @@ class Table:
         return self.log if self.log is not None else as_text(self.df)
 
 
-def table(df, log: str | None = None, none: str = NONE) -> Table:
-    return Table(df, log, none)
+def table(df, log: str | None = None, none: str = NONE, fold: str | None = None) -> Table:
+    """`fold`: the line a folded table shows until it is opened (the page's results come first)."""
+    return Table(df, log, none, fold)

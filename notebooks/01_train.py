@@ -209,8 +209,10 @@ cfg = resolve_notebook_parameters(globals(), _parameter_names)
 preload("matplotlib.pyplot")  # for the plots, while the ranks run
 print(f"global batch {cfg.batch} = {cfg.gpus} rank(s) x {cfg.per_rank_batch} per rank"
       f" ({cfg.micro_batches} micro-batch(es) each); precision {cfg.precision}; pipeline {cfg.pipeline}")
-# the whole table here; the job log gets the same values as name=value lines
-table(pd.Series(cfg.to_dict(), name="value").to_frame(), log=pairs(cfg.to_dict()))
+# the whole configuration, folded under one line (the record's config.json holds it too); the job log gets the
+# same values as name=value lines
+table(pd.Series(cfg.to_dict(), name="value").to_frame(), log=pairs(cfg.to_dict()),
+      fold=f"the resolved configuration: {len(cfg.to_dict())} parameters (open to read them)")
 
 # %% [markdown]
 # ## Launch the ranks

@@ -277,18 +277,23 @@ print("contended:", {True: "yes", False: "no", None: "not measured"}[contention.
       *(["--"] + contention["evidence"] if contention.get("evidence") else []))
 if mon is not None and len(mon):
     gpu = mon.dropna(subset=["gpu_util_pct"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.2))
-    for node, g in mon.drop_duplicates(["node", "unix_s"]).groupby("node"):
-        axes[0].plot(g["t_s"], g["cpu_util_pct"], label=f"{node} CPU")
+    hosts = mon.drop_duplicates(["node", "unix_s"])
+    fig, axes = plt.subplots(1, 2 if gpu.empty else 3, figsize=(13, 3.2))
+    for node, g in hosts.groupby("node"):  # the run's own share of the CPUs, and other work's beside it
+        line, = axes[0].plot(g["t_s"], g["own_cpu_cores"], label=f"{node}: this run")
+        axes[0].plot(g["t_s"], g["foreign_cpu_cores"], ls=":", color=line.get_color(), label=f"{node}: other work")
+    axes[0].set(xlabel="s since the sampler started", ylabel="cores busy", ylim=(0, None), title="CPU")
+    memory = axes[1] if gpu.empty else axes[2]
     for (node, idx), g in gpu.groupby(["node", "gpu"]):
-        axes[0].plot(g["t_s"], g["gpu_util_pct"], ls="--", label=f"{node} GPU {int(idx)}")
-        axes[1].plot(g["t_s"], g["gpu_mem_used_mib"] / 1024, label=f"{node} GPU {int(idx)}")
-    if gpu.empty:
-        for node, g in mon.drop_duplicates(["node", "unix_s"]).groupby("node"):
-            axes[1].plot(g["t_s"], g["host_mem_used_gib"], label=f"{node} host")
-    axes[0].set(xlabel="s since the sampler started", ylabel="utilisation %", ylim=(0, 105), title="utilisation")
-    axes[1].set(xlabel="s since the sampler started", ylabel="GiB",
-                title="GPU memory used" if len(gpu) else "host memory used (no GPU on these nodes)")
+        axes[1].plot(g["t_s"], g["gpu_util_pct"], label=f"{node} GPU {int(idx)}")
+        memory.plot(g["t_s"], g["gpu_mem_used_mib"] / 1024, label=f"{node} GPU {int(idx)}")
+    if len(gpu):
+        axes[1].set(xlabel="s since the sampler started", ylabel="utilisation %", ylim=(0, 105), title="GPU")
+    else:
+        for node, g in hosts.groupby("node"):
+            memory.plot(g["t_s"], g["host_mem_used_gib"], label=f"{node} host")
+    memory.set(xlabel="s since the sampler started", ylabel="GiB",
+               title="GPU memory used" if len(gpu) else "host memory used (no GPU on these nodes)")
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()

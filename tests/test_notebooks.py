@@ -129,6 +129,8 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     html = executed[0].with_suffix(".html").read_text()
     assert html.count('<img alt="Figure (') == 1 and "No description has been provided" not in html
     assert "loss: loss against epoch for train, eval" in html
+    # results first: the resolved configuration is folded under one line, and wide tables scroll in the page
+    assert "<details><summary>the resolved configuration:" in html and 'style="overflow-x: auto;' in html
     assert not nb["metadata"]["papermill"]["exception"]
     assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
     # where the log prints a figure, it says what the figure shows

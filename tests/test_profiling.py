@@ -129,6 +129,9 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
     html = nb.with_suffix(".html").read_text()  # breakdown and monitor figures, each with its alt text
     assert html.count('<img alt="Figure') == 2 and "No description has been provided" not in html
     assert "ms per profiled step (host timeline) for convolution" in html
+    # the CPU panel: the run's own share of the cores, and other work's, not the host's whole load
+    assert "CPU: cores busy against s since the sampler started for" in html and ": this run" in html
+    assert ": other work" in html
     assert "profile: 3 step(s) x 2 rank(s)" in out
     assert "USDT:" not in out + text and "SyncActivityProfilerHandler" not in out + text  # the profiler's marks
 
