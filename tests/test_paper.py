@@ -592,6 +592,8 @@ def test_suspicious_points_are_set_aside_named_with_their_rerun_and_never_quoted
     assert "No scaling figure" in (tables / "abstract_results.tex").read_text()
     text = (tables / "results_text.tex").read_text()
     assert "4 of 5 scaling points were set aside and not quoted" in text
+    bullet = (tables / "slide_results.tex").read_text().split("\\item")[1]  # a slide's bullet stays short
+    assert len(bullet.split()) <= 25 and "4 of 5 points set aside" in bullet, bullet
     # one count per reason, each at most the points set aside; a point with two says so
     why = text.split("not quoted", 1)[1].split(";")[0]
     counts = [int(c) for c in re.findall(r"\((\d+)\)", why)]
@@ -777,3 +779,15 @@ def test_the_texts_claim_only_the_records_there_are(tmp_path):
     prof = (tables / "profiling_text.tex").read_text()
     assert "this run's processes kept 1.36 cores busy" in prof and "other work on the host 0.02" in prof, prof
     assert "92.4" not in prof  # the host's load, other work included, is not the run's
+
+
+def test_a_request_from_contended_records_only_says_so(tmp_path):
+    """Records that could price the request, every one contended: the request is to be measured, and says why
+    (it said 'no complete run records')."""
+    runs = tmp_path / "runs"
+    for n in (1, 2):
+        write_record(runs, f"c{n}", gpus=n, batch=512, x=1000.0 * n, contended=True)
+    report.build(runs, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)
+    request = (tmp_path / "out" / "tables" / "request_text.tex").read_text()
+    assert "to be measured" in request and "all 2 selected records that could price it shared" in request, request
+    assert "no complete run records" not in request

@@ -96,8 +96,12 @@ def to_be_measured(ctx: Context, why: str) -> None:
 
 
 def section(ctx: Context) -> None:
-    runs, plan, system = quiet(ctx.runs), ctx.plan, ctx.system
-    runs, why = proposed_runs(runs, plan, system)
+    plan, system = ctx.plan, ctx.system
+    runs, why = proposed_runs(ctx.runs, plan, system)
+    if not why and quiet(runs).empty:  # records that could price it, none of them quiet
+        why = (f"all {len(runs)} selected records that could price it shared their cores or GPUs with other work "
+               f"(contended)")
+    runs = quiet(runs)
     if why:
         to_be_measured(ctx, why)
         return

@@ -111,6 +111,14 @@ def efficiency_top(scal: pd.DataFrame) -> float:
     return max(110.0, 105.0 * float(scal["efficiency"].max()))
 
 
+def set_aside_brief(scal: pd.DataFrame) -> str:
+    """The set-aside note in a slide's few words: 'k of n points set aside (reasons)'."""
+    out = scal[~scal["clean"]]
+    kinds = list(dict.fromkeys(trust.REASON_WORDS[kind] for reasons in out["reasons"] for kind, _ in reasons))
+    return (f"{len(out)} of {len(scal)} point{'s' if len(scal) > 1 else ''} set aside "
+            f"({tex_escape(', '.join(kinds[:2]) + (', ...' if len(kinds) > 2 else ''))}); the paper lists the re-runs")
+
+
 # The pitch's scaling figure, drawn at the width it is shown (0.74 of a 16:9 Beamer slide's text width) with 9 pt
 # text: 19 pt on the 13.33 in slide a projector shows, where the paper's column figures would print at 8.5 pt.
 SLIDE_FIGURE_IN = (4.08, 2.25)
@@ -229,13 +237,13 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
 
 def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
     """(results paragraph, one abstract sentence, slide bullets) from the main strong series' clean points."""
-    note, elsewhere = set_aside_note(scal), set_aside_note(scal, in_paper=False)
+    note = set_aside_note(scal)
     main = main_series(clean(scal))
     if main.empty or main["gpus"].nunique() < 2:
         if scal.empty:
             return gap_note(NO_SERIES), "", "\\item " + tex_escape(NO_SERIES) + "\n"
         return (f"No scaling figure is quoted. {note}\n", f"No scaling figure is quoted yet: {note}\n",
-                f"\\item No scaling figure quoted yet: {elsewhere}\n")
+                f"\\item No scaling figure quoted yet: {set_aside_brief(scal)}.\n")
     base, top = main.iloc[0], main.iloc[-1]
     n0, n = int(base["gpus"]), int(top["gpus"])
     series = tex_escape(base["series"])
