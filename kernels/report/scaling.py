@@ -202,7 +202,7 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
 
     with_acc = runs[runs["final_eval_acc"].notna()] if not runs.empty else runs
     if not with_acc.empty:
-        fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.0, 2.6))
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.0, 2.8), layout="constrained")  # room for the suptitle
         for (gpus, batch), grp in with_acc.groupby(["gpus", "batch"]):
             m = pd.DataFrame(grp.iloc[0]["metrics"])
             if "eval_acc" in m:
@@ -211,13 +211,18 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend()
         strong = scal[(scal["mode"] == "strong") & scal["acc_gap_points"].notna()] if not scal.empty else scal
-        if not strong.empty:
-            bx.bar(range(len(strong)), strong["acc_gap_points"], color="tab:blue")
+        if not strong.empty:  # a set-aside point's gap is hollow, as in the scaling figures: not quoted
+            ok = strong["clean"].astype(bool).to_numpy()
+            xs, gaps = list(range(len(strong))), list(strong["acc_gap_points"])
+            bx.bar([x for x, k in zip(xs, ok) if k], [g for g, k in zip(gaps, ok) if k], color="tab:blue")
+            if not ok.all():
+                bx.bar([x for x, k in zip(xs, ok) if not k], [g for g, k in zip(gaps, ok) if not k], fill=False,
+                       edgecolor=ASIDE_STYLE["color"], label=ASIDE_LABEL)
             bx.set_xticks(range(len(strong)), [f"{r.gpus}" for r in strong.itertuples()])
             bx.axhline(-TARGET_ACC_GAP, ls="--", color="tab:red", lw=1, label=f"±{TARGET_ACC_GAP:g} points target")
             bx.axhline(TARGET_ACC_GAP, ls="--", color="tab:red", lw=1)
             bx.legend()
-        bx.set(xlabel="ranks", ylabel="accuracy gap to baseline (points)", title="final-accuracy gap")
+        bx.set(xlabel="ranks", ylabel="gap to the baseline (points)", title="final-accuracy gap")
         fig.suptitle(wrapped(hardware_line(runs), 90))
         save_figure(fig, out, "accuracy")
         made.add("accuracy")
