@@ -93,6 +93,18 @@ def test_bad_input_exits_2_and_leaves_no_record(tmp_path, capsys, monkeypatch, a
 
 
 @pytest.mark.integration
+def test_an_mpi_library_that_does_not_load_is_one_line_that_leads_with_the_fix(tmp_path):
+    """mpi4py pointed at a library that is not there (as on a machine with pip's mpi4py and no MPI): one line,
+    the fix first, mpi4py's own words after it, and no record."""
+    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--backend", "mpi", "--gpus", "2",
+                        "--results_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MPI4PY_LIBMPI": str(tmp_path / "libmpi.so")})
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stdout + p.stderr
+    assert p.stderr.startswith("error: parameter 'backend': mpi needs an MPI library that loads: install one")
+    assert "mpi4py is installed and said: cannot load MPI library" in p.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.integration
 def test_the_process_exits_2_on_bad_input(tmp_path):
     """The cases above in-process; this one is the real `python -m kernels.comm` and its exit status."""
     p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--ops", "all_reduce,alltoall", "--results_dir",

@@ -214,10 +214,11 @@ def load_mpi():
     mpi4py.rc.finalize = False
     try:
         from mpi4py import MPI
-    except (ImportError, OSError, RuntimeError) as e:
-        raise ConfigError(f"parameter 'backend': mpi4py is installed but no MPI library loads ({e}); install one "
-                          f"(Debian: apt-get install openmpi-bin libopenmpi-dev) or `module load` the cluster's MPI") \
-            from None
+    except (ImportError, OSError, RuntimeError) as e:  # the fix first, then mpi4py's words on one line
+        why = " ".join(str(e).split())
+        raise ConfigError(f"parameter 'backend': mpi needs an MPI library that loads: install one (Debian: apt-get "
+                          f"install openmpi-bin libopenmpi-dev) or `module load` the cluster's MPI; mpi4py is "
+                          f"installed and said: {why}") from None
     return MPI
 
 
