@@ -191,8 +191,8 @@ def disk_rows(shards, rates: dict, seq: dict, repeats: int, read_mb: float) -> t
                   "rounds "
                   f"and the min-max of the round ratios); its MB/s is samples/s times {per_sample:,.0f} bytes per "
                   "sample, as records (uint8, no decoding) and as normalised float batches.", "",
-              "| cache | sequential (MB/s) | streamed records (MB/s) | records / sequential | streamed, normalised "
-              "(MB/s) "
+              "| cache | sequential (MB/s) | streamed records "
+              "(MB/s) | records / sequential | streamed, normalised (MB/s) "
               "| normalised / sequential |", "|---|---:|---:|---:|---:|---:|"]
     figures = {}
     for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):
@@ -230,8 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample baseline")
     ap.add_argument("--loader-steps", type=int, default=200, help="batches per pass of the per-sample baseline")
     ap.add_argument("--window-mb", type=float, default=64.0)
-    ap.add_argument("--read-mb", type=float, default=8.0, help="MiB per read call, of the stream and the sequential "
-                                                                 "reads alike")
+    ap.add_argument("--read-mb", type=float, default=8.0, help="MiB per read call, of the "
+                                                                 "stream and the sequential reads alike")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -282,8 +282,8 @@ def main(argv=None) -> int:
                 how = f"; {c['describe']['cold_reads']}" if cache == "cold" else ""
                 lines.append(row(label, rates[key], f"whole epochs of {c['windows'] // (args.repeats + 1)} windows; "
                                  f"{c['bytes_read'] / 1e9:.2f} GB read in {c['read_calls']} reads, "
-                                 f"{c['bytes_read'] / c['read_s'] / 1e6:,.0f} MB/s inside reads (per reader "
-                                 f"thread){how}"))
+                                 f"{c['bytes_read'] / c['read_s'] / 1e6:,.0f} "
+                                 f"MB/s inside reads (per reader thread){how}"))
                 print(lines[-1], flush=True)
 
         arrays = mnist.read(src_name, args.data)

@@ -111,13 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16" if cuda else "fp32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1] if cuda else [1, 2],
-                    help="rank counts on this node, each compared in turn (more than 1 on a GPU node needs as many "
-                         "GPUs)")
+                    help="rank counts on this node, each compared "
+                         "in turn (more than 1 on a GPU node needs as many GPUs)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     if any(r < 1 or args.batch % r for r in args.ranks):
-        raise SystemExit(f"error: --ranks {' '.join(map(str, args.ranks))}: each must be >= 1 and divide --batch "
-                         f"{args.batch}")
+        raise SystemExit(f"error: --ranks {' '.join(map(str, args.ranks))}: "
+                         f"each must be >= 1 and divide --batch {args.batch}")
     name = sysinfo.device_name(torch.device("cuda", 0) if cuda else torch.device("cpu"))
     print(f"lab vs seed-style: ResNet-18 width {args.width}, batch {args.batch}, {args.precision}, {args.steps} timed "
           f"steps after {args.warmup}, {args.workers} workers, {args.repeats} repeats at {args.ranks} rank(s), on "

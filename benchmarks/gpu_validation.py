@@ -137,8 +137,8 @@ def lab_row(r: dict) -> str:
             f"{s['peak_mem_gib']:.2f} |")
 
 
-LAB_HEAD = ["| run | GPUs | precision, channels_last, compile | samples/s (p10-p90) | MFU | data wait | host "
-            "syncs/step "
+LAB_HEAD = ["| run | GPUs | precision, channels_last, compile "
+            "| samples/s (p10-p90) | MFU | data wait | host syncs/step "
             "| peak GiB |", "|---|---:|---|---:|---:|---:|---:|---:|"]
 
 

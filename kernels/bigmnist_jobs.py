@@ -41,8 +41,8 @@ def _args(argv):
                 p.add_argument(flag, type=typ, default=f.default, help=f"default {f.default}")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         if name == "build":
-            p.add_argument("--task", type=int, default=None, help="array task index (default: $SLURM_ARRAY_TASK_ID, "
-                                                                  "else 0)")
+            p.add_argument("--task", type=int, default=None, help="array task index (default: "
+                                                                  "$SLURM_ARRAY_TASK_ID, else 0)")
             p.add_argument("--tasks", type=int, default=None,
                            help="array task count (default: $SLURM_ARRAY_TASK_COUNT, else 1)")
         else:

@@ -27,8 +27,8 @@ COMMANDS = {
     "notebooks": ("kernels.notebooks", "regenerate the parameters cell and the .ipynb twins"),
     "submit": ("kernels.submit", "sbatch a notebook run with the geometry computed from --gpus"),
     "study": ("kernels.study", "scaling studies on Slurm: submit, status, resubmit, points"),
-    "comm": ("kernels.comm.__main__", "collective microbenchmarks (nccl-tests layout), alpha-beta fits, scaling "
-                                      "prediction"),
+    "comm": ("kernels.comm.__main__", "collective microbenchmarks (nccl-tests "
+                                      "layout), alpha-beta fits, scaling prediction"),
     "sweep": ("kernels.sweep", "sweep any executable over a grid as a job array"),
     "sysinfo": ("kernels.sysinfo", "describe this node; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),

@@ -51,15 +51,15 @@ class Param:
 COMMON: tuple[Param, ...] = (
     Param("workload", str, "resnet18", "model family: a registered workload (lab train --help lists them) or "
                                        "module:OBJECT for your own"),
-    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists the ones it takes (None: the workload's "
-                                        "default)"),
+    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists "
+                                        "the ones it takes (None: the workload's default)"),
     Param("gpus", int, 1, "world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)"),
     Param("precision", str, PER_WORKLOAD, "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU "
                                           "(None: the workload's default)", ("fp32", "bf16", "fp16")),
     Param("batch", int, PER_WORKLOAD, "GLOBAL batch size over all ranks; each rank takes batch / gpus "
                                       "(None: the workload's default)"),
-    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must "
-                                   "divide)"),
+    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per "
+                                   "rank and step (per-rank batch must divide)"),
     Param("epochs", int, PER_WORKLOAD, "training epochs (None: the workload's default)"),
     Param("lr", float, PER_WORKLOAD, "peak learning rate of the workload's optimizer for the global batch "
                                      "(None: the workload's recipe)"),
@@ -87,10 +87,9 @@ COMMON: tuple[Param, ...] = (
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
     Param("cuda_graphs", bool, PER_DEVICE, "CUDA: replay the compiled forward and backward as CUDA graphs "
-                                           "(torch.compile "
-                                           "mode reduce-overhead): a step is a few graph launches, not hundreds of "
-                                           "kernel launches (None: on with CUDA and compile where the workload's "
-                                           "shapes are static; needs compile)"),
+                                           "(torch.compile mode reduce-overhead): a step is a few graph launches, "
+                                           "not hundreds of kernel launches (None: on with CUDA and compile where "
+                                           "the workload's shapes are static; needs compile)"),
     Param("channels_last", bool, PER_DEVICE, "channels_last memory format for model and inputs (convolutional "
                                              "models; None: on with CUDA; on a CPU where the workload measured it "
                                              "faster: ResNet-18 from width 16)"),
@@ -118,8 +117,8 @@ COMMON: tuple[Param, ...] = (
     Param("checkpoint_every", int, 1, "checkpoint every N epochs (0: never; a run then cannot resume)"),
     Param("checkpoint_async", bool, True, "write checkpoints in a background thread (the state is copied to host "
                                           "memory first; the next save or the end of the run waits for the write)"),
-    Param("eval_every", int, 1, "evaluate over the test set every N epochs, and after the last (0: after the last "
-                                "only)"),
+    Param("eval_every", int, 1, "evaluate over the test set every N "
+                                "epochs, and after the last (0: after the last only)"),
     Param("eval_batch", int, 0, "samples per rank per evaluation batch (0: 4 x the per-rank training batch; "
                                 "evaluation keeps no activations for backward)"),
     Param("stop_after_steps", int, 0, "checkpoint and stop at this total step count (0: run to the end); a run "
@@ -131,8 +130,8 @@ COMMON: tuple[Param, ...] = (
                                           "its Python stacks and fails the run"),
     Param("sync_check_steps", int, 10, "every N steps the ranks agree on a stop request (USR1 or TERM: checkpoint "
                                        "and stop) and on a non-finite loss; one small all-reduce each time"),
-    Param("term_grace_s", float, 60.0, "after SIGTERM, seconds to reach a step boundary and checkpoint before "
-                                       "giving up"),
+    Param("term_grace_s", float, 60.0, "after SIGTERM, seconds to reach "
+                                       "a step boundary and checkpoint before giving up"),
     Param("allow_config_change", bool, False, "resume even though a parameter that alters the run changed "
                                               "(the change is recorded)"),
     Param("resume_unverified", bool, False, "resume from a checkpoint that carries no checksum (one written by "

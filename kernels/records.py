@@ -60,11 +60,11 @@ METRICS_COLUMNS: dict[str, str] = {
     "train_loss": "mean training loss over the epoch's samples, all ranks",
     "eval_loss": "mean loss over the whole test set (sharded over ranks, summed exactly)",
     "lr": "learning rate at the end of the epoch",
-    "peak_mem_gib": "peak memory, GiB (CUDA: max allocated on the device; CPU: max resident set of the process), max "
-                    "over ranks",
+    "peak_mem_gib": "peak memory, GiB (CUDA: max allocated on the "
+                    "device; CPU: max resident set of the process), max over ranks",
     "tflops_per_device": "achieved training TFLOP/s per device (counted FLOPs x samples/s per device)",
-    "mfu": "model FLOPs utilisation: tflops_per_device / the device's dense peak for the precision; empty when the "
-           "peak is unknown",
+    "mfu": "model FLOPs utilisation: tflops_per_device / the device's "
+           "dense peak for the precision; empty when the peak is unknown",
 }
 
 SUMMARY_FIELDS: dict[str, str] = {
@@ -117,9 +117,8 @@ SUMMARY_FIELDS: dict[str, str] = {
                "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
                "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
     "bottleneck": "the verdict (data | communication | compute | host-bound (launch) | unknown), its reason, the "
-                  "evidence "
-                  "(data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the thresholds "
-                  "(kernels/profiling/verdict.py)",
+                  "evidence (data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the "
+                  "thresholds (kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "host_syncs_per_step": "CUDA with sync_debug_steps > 0: host-device synchronisations per training step "
                            "(torch.cuda.set_sync_debug_mode), else empty",
@@ -156,8 +155,8 @@ DCRNN_FIELDS = {
                                    "mae_/rmse_/mape_<horizon>",
     "ranks[].supports, support_nnz": "dense or sparse diffusion matrices, and their non-zeros on this rank",
     "ranks[].own_nodes, halo_nodes": "sensors this rank owns, and the other ranks' sensors its rows read",
-    "ranks[].halo_bytes_per_step": "bytes of halo rows this rank receives per training step, forward and backward "
-                                   "(gp > 1)",
+    "ranks[].halo_bytes_per_step": "bytes of halo rows this rank receives "
+                                   "per training step, forward and backward (gp > 1)",
     "ranks[].collective_bytes_per_step": "bytes in the collective buffers (padded all-gather and all-reduce) per step",
     "ranks[].exchanges_per_forward": "halo exchanges in one forward (one before each multiplication by the supports)",
 }
@@ -590,8 +589,7 @@ def schema_markdown() -> str:
     lines += [f"| `{k}` | {v} |" for k, v in METRICS_COLUMNS.items()]
     lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
               "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed "
-              "squares over "
-              "the summed count) |", ""]
+              "squares over the summed count) |", ""]
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]
@@ -601,8 +599,7 @@ def schema_markdown() -> str:
     lines += [f"| `{k}` | {v} |" for k, v in DCRNN_FIELDS.items()]
     lines += ["", "## sacct.json", "", "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
               "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster "
-              "without accounting gives an "
-              "entry that says so.", "", "| field | meaning |", "|---|---|"]
+              "without accounting gives an entry that says so.", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SACCT_FIELDS.items()]
     lines += [""]
     return "\n".join(lines)

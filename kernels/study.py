@@ -55,8 +55,8 @@ STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free 
               "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
 CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
                 "qos": "Slurm quality of service (empty: the partition's default)",
-                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks per "
-                                                                                        "node",
+                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks "
+                                                                                        "per node",
                 "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
                 "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
                 "modules": "environment modules to load", "nccl_ifname": "network interface for NCCL/gloo",
@@ -93,8 +93,8 @@ def load_cluster(ref: str, what: str = "study key 'cluster'") -> dict:
                        ("modules", []), ("nccl_ifname", ""), ("sbatch_extra", []), ("env", {})):
         prof.setdefault(k, default)
     if prof["gpus_per_node"] < 0 or (prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1):
-        raise ConfigError(f"cluster profile {path}: key 'ranks_per_node' must be >= 1 on CPU-only nodes "
-                          f"(gpus_per_node: 0)")
+        raise ConfigError(f"cluster profile {path}: key 'ranks_per_node' "
+                          f"must be >= 1 on CPU-only nodes (gpus_per_node: 0)")
     return prof
 
 

@@ -76,8 +76,8 @@ def main(argv=None) -> int:
         prog="lab submit", description=__doc__.split("\n")[0],
         epilog="Every other argument passes through to the notebook (papermill): -p NAME VALUE sets one of its "
                "parameters (e.g. -p epochs 5 -p precision bf16), -f FILE a YAML file of them. 'gpus' comes from "
-               "--gpus. Example: lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --dry-run "
-               "-p epochs 5")
+               "--gpus. Example: lab submit notebooks/01_train.ipynb "
+               "--gpus 8 --gpus-per-node 4 --dry-run -p epochs 5")
     ap.add_argument("notebook")
     ap.add_argument("--gpus", type=int, required=True, help="world size (ranks)")
     ap.add_argument("--gpus-per-node", type=int, default=None,

@@ -21,8 +21,8 @@ DIGITS = ["--dataset", "digits"]
     (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
     (["--workload", "gpt2"], "parameter 'workload': unknown workload 'gpt2'; choose one of resnet18, cnn"),
     (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
-    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' takes cifar10, digits, synthetic, not "
-                                "'imagenet'"),
+    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' "
+                                "takes cifar10, digits, synthetic, not 'imagenet'"),
     (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
     (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
     (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),

@@ -136,8 +136,8 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     text = (tmp_path / "gpu-validation-cpu-check.md").read_text()
     assert text.startswith("# GPU validation harness, CPU check (no GPU figures)")
-    for row in ("| resnet18-fp32 | 1 |", "| resnet18-bf16 | 1 |", "| resnet18-fp32-nocompile (= resnet18-fp32 on a "
-                                                                  "CPU) |",
+    for row in ("| resnet18-fp32 | 1 |", "| resnet18-bf16 | 1 |", "| resnet18-fp32-nocompile (= "
+                                                                  "resnet18-fp32 on a CPU) |",
                 "| resnet18-fp32-nchw (= resnet18-fp32 on a CPU) |",
                 "| resnet18-fp32-x2 | 2 |", "| cnn-x1 |", "| cnn-x2 |", "| dcrnn-x1 |", "| dcrnn-x2 |"):
         assert row in text, row

@@ -35,8 +35,8 @@ COMMANDS: dict[str, str] = {
     # --- the README's first two commands, and the documents
     "make demo": RUN,
     "lab run notebooks/01_train.ipynb -p gpus 1 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
-    "-p width 16 -p precision fp32": "skip: make demo's first run (Makefile DEMO_P) under another label; the demo "
-                                     "test runs it",
+    "-p width 16 -p precision fp32": "skip: make demo's first run (Makefile "
+                                     "DEMO_P) under another label; the demo test runs it",
     "lab run notebooks/01_train.ipynb -p gpus 2 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
     "-p width 16 -p precision fp32": "skip: make demo's second run under another label; the demo test runs it",
     "make paper STUDY=mine": "skip: needs the two runs above; the demo test builds the documents from records selected "
@@ -47,8 +47,8 @@ COMMANDS: dict[str, str] = {
     "make paper APPENDIX=no": RUN,
     ". .venv/bin/activate": RUN,
     "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
-    "make lab": "skip: starts a server that runs until stopped; tests/test_jupyterlab.py starts it and opens a "
-                "notebook",
+    "make lab": "skip: starts a server that runs until stopped; "
+                "tests/test_jupyterlab.py starts it and opens a notebook",
     # --- profiling
     "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8":
         "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
@@ -56,8 +56,8 @@ COMMANDS: dict[str, str] = {
     "python -m kernels.profiling breakdown results/runs/<run_id>":
         "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
     "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8":
-        "skip: needs Nsight Systems and GPUs; test_profiling.py checks the command it builds and its missing-tool "
-        "error",
+        "skip: needs Nsight Systems and GPUs; test_profiling.py "
+        "checks the command it builds and its missing-tool error",
     "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
         "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
     # --- proving a restructuring changes no arithmetic (README "Architecture")
@@ -118,14 +118,14 @@ COMMANDS: dict[str, str] = {
                                                      "submitted on the local Slurm in test_study.py",
     "lab study submit studies/weak_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
     "lab study submit studies/sensitivity_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
-    "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's squeue (test_study.py on the local "
-                                                     "Slurm)",
-    "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster (test_study.py on the local "
-                                                       "Slurm)",
-    "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster (test_study.py on "
-                                                                    "the local Slurm)",
-    "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster (test_study.py runs a sweep on the "
-                                                 "local one)",
+    "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's "
+                                                     "squeue (test_study.py on the local Slurm)",
+    "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster "
+                                                       "(test_study.py on the local Slurm)",
+    "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster "
+                                                                    "(test_study.py on the local Slurm)",
+    "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster "
+                                                 "(test_study.py runs a sweep on the local one)",
     "lab sweep collect sweeps/product_grid.yaml": "skip: collects the outputs of the submission above",
     "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system":
         "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
@@ -161,15 +161,15 @@ COMMANDS: dict[str, str] = {
     "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2": RUN,
     "lab study submit studies/horovod_strong.yaml --dry-run": RUN,
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/03_commbench.ipynb "
-    "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs the notebook with gloo on the local two-node "
-                                 "Slurm",
+    "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs "
+                                 "the notebook with gloo on the local two-node Slurm",
     # --- DCRNN
     "python -m kernels.data.traffic generate --shape metr-la": RUN,
     "python -m kernels.data.traffic info synthetic": RUN,
     "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16": RUN,
     "lab train --workload dcrnn --gpus 4":
-        "skip: 100 epochs of 23,974 windows on 4 ranks need GPUs (hours on 2 cores); test_dcrnn.py trains 1, 2 and "
-        "4 ranks on subsets",
+        "skip: 100 epochs of 23,974 windows on 4 ranks need GPUs "
+        "(hours on 2 cores); test_dcrnn.py trains 1, 2 and 4 ranks on subsets",
     "lab train --workload dcrnn --gpus 4 --gp 2":
         "skip: as above; test_dcrnn.py runs the 2 x 2 grid on a small set and compares it with data parallelism",
     "lab fetch metr-la --from DIR": "skip: a template (DIR holds the original files, which need a browser to "
@@ -177,8 +177,8 @@ COMMANDS: dict[str, str] = {
     "lab train --workload dcrnn --dataset metr-la --gpus 4 --gp 2": "skip: needs the METR-LA files",
     "python -m kernels.data.traffic adjacency --distances distances_la_2012.csv --sensor-ids graph_sensor_ids.txt "
     "--out adj_mx.pkl": "skip: needs the original repository's distances CSV; test_dcrnn.py runs this command on "
-                        "a hand-computed case and on the three published layouts (header from,to,cost, none, "
-                        "from,to,distance)",
+                        "a hand-computed case and on the three published "
+                        "layouts (header from,to,cost, none, from,to,distance)",
     "lab study submit studies/dcrnn_strong.yaml --dry-run": RUN,
     "lab study submit studies/dcrnn_graph.yaml --dry-run": RUN,
     "lab fetch metr-la --from ~/Downloads/dcrnn": "skip: needs the original METR-LA files (a browser download)",

@@ -761,11 +761,11 @@ def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
     env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
     cases = [("01_train", ["-p", "btach", "32"], "unknown parameter 'btach' (injected into the notebook, e.g. by "
                                                  "papermill -p); did you mean 'batch'?"),
-             ("02_profile", ["-p", "gpus", "2", "-y", "precision: bf17"], "parameter 'precision': unknown value "
-                                                                          "'bf17'"),
+             ("02_profile", ["-p", "gpus", "2", "-y", "precision: bf17"], "parameter 'precision': unknown "
+                                                                          "value 'bf17'"),
              ("01_train", ["-p", "batch", "abc"], "parameter 'batch': 'abc' is not a valid int"),
-             ("03_commbench", ["-p", "itres", "3"], "unknown parameter 'itres' (injected into the notebook); did you "
-                                                   "mean 'iters'?"),
+             ("03_commbench", ["-p", "itres", "3"], "unknown parameter 'itres' (injected "
+                                                   "into the notebook); did you mean 'iters'?"),
              ("10_analyse_scaling", ["-p", "sytem", "x"], "did you mean 'system'?")]
     for notebook, args, error in cases:
         t0 = time.monotonic()

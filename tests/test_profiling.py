@@ -360,8 +360,8 @@ def test_srun_line_puts_the_rank_wrapper_before_each_rank():
 
 # ------------------------------------------------------------- bad input, before any work
 @pytest.mark.parametrize("raw,needle", [
-    ({"profile_steps": 5, "profile_wait": 10, "stop_after_steps": 12}, "parameter 'profile_steps': the profiled "
-                                                                       "window"),
+    ({"profile_steps": 5, "profile_wait": 10, "stop_after_steps": 12}, "parameter 'profile_steps': the "
+                                                                       "profiled window"),
     ({"profile_with": "external"}, "parameter 'profile_with': external .* set profile_steps > 0"),
     ({"monitor_hz": 10}, "parameter 'monitor_hz'"),
     ({"profile_steps": -1}, "parameter 'profile_steps': must be >= 0"),

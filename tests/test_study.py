@@ -35,10 +35,10 @@ def cli(*args, env=None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "repeat": 2}, "unknown key 'repeat'; did you mean "
-                                                                           "'repeats'?"),
-    ({"mode": "strong", "gpus": [3], "fixed": {"batch": 60}}, "key 'gpus': parameter 'gpus': 3 ranks do not fill "
-                                                              "nodes of 2"),
+    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "repeat": 2}, "unknown key 'repeat'; "
+                                                                           "did you mean 'repeats'?"),
+    ({"mode": "strong", "gpus": [3], "fixed": {"batch": 60}}, "key 'gpus': parameter "
+                                                              "'gpus': 3 ranks do not fill nodes of 2"),
     ({"mode": "strong", "gpus": [8], "fixed": {"batch": 64}}, "key 'gpus': 8 needs 4 nodes but cluster 'local' has 2"),
     ({"mode": "sweep", "gpus": [1], "fixed": {"batch": 64}, "sweep": {"bucket_cap_mb": []}}, "key "
                                                                                              "'sweep.bucket_cap_mb': "
@@ -47,8 +47,8 @@ def cli(*args, env=None) -> subprocess.CompletedProcess:
     ({"mode": "sweep", "gpus": [1], "sweep": {"batch": [32, 32]}}, "key 'sweep.batch' lists a value twice"),
     ({"mode": "strong", "gpus": [1], "fixed": {"bach": 64}}, "key 'fixed/sweep.bach': not a parameter"),
     ({"mode": "weak", "gpus": [1, 2], "fixed": {"batch": 64}}, "key 'fixed.batch_per_gpu'"),
-    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "cluster": "nowhere"}, "key 'cluster': no cluster "
-                                                                                    "profile"),
+    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "cluster": "nowhere"}, "key 'cluster': no "
+                                                                                    "cluster profile"),
     ({"mode": "strongest", "gpus": [1]}, "key 'mode'"),
 ])
 def test_bad_study_files_are_rejected_before_submission(tmp_path, spec, needle):

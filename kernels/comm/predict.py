@@ -332,8 +332,8 @@ def _placements_fitted(ranks: list[int], per_node: int, intra, inter, backend: s
     if inside and intra is None:
         raise ConfigError(f"--gpus {inside[0]} fits in one node (--gpus_per_node {per_node}), but the commbench "
                           f"records {where} have no intra-node all_reduce fit. Measure one in one node "
-                          f"(`lab comm bench --backend {backend} --gpus 2 --ops all_reduce`), or give "
-                          f"--gpus_per_node 1")
+                          f"(`lab comm bench --backend {backend} "
+                          f"--gpus 2 --ops all_reduce`), or give --gpus_per_node 1")
 
 
 # ------------------------------------------------------------------ predicted vs measured
@@ -511,8 +511,8 @@ def write_markdown(path: Path, table, runs, args) -> None:
              "with minus without gradient sync, after training); the model's counterpart is 'exposed ms'.", "",
              "Measured: median step time over repeats (each run's median over its timed steps, slowest rank per "
              "step), min-max over repeats in brackets. Error: predicted / measured - 1.", "",
-             "| series | ranks | nodes | repeats | measured ms | predicted ms | error | eff. measured | eff. "
-             "predicted |"
+             "| series | ranks | nodes | repeats | measured "
+             "ms | predicted ms | error | eff. measured | eff. predicted |"
              " compute ms | all-reduce ms | exposed ms | probe exposed ms | algorithm |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for _, r in table.iterrows():

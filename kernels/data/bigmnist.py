@@ -335,8 +335,8 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
     total_bytes = (lay.shards - 1) * full + shard_bytes(_count(lay, spec, lay.shards - 1))
     log(f"bigmnist: {lay.total:,} samples ({spec.versions} versions x {len(xs):,} {spec.source} images x "
         f"{spec.replicas} replicas) in {lay.shards} shards, {human_bytes(total_bytes)}; "
-        f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} verified and "
-        "skipped; "
+        f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} "
+        "verified and skipped; "
         f"device {device.type}")
     t0 = time.perf_counter()
     written_samples = written_bytes = 0
@@ -444,8 +444,8 @@ def check(data_dir: Path) -> tuple[Path, dict, list[int]]:
         size = path.stat().st_size
         if size != meta["bytes"]:
             raise ConfigError(f"dataset 'bigmnist': {path} has {size:,} bytes, the manifest says {meta['bytes']:,}; "
-                              f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` and rebuild "
-                              "it")
+                              f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` "
+                              "and rebuild it")
         n, offset = read_header(path)
         if n != meta["samples"]:
             raise ConfigError(f"dataset 'bigmnist': {path} holds {n} records, the manifest says {meta['samples']}")

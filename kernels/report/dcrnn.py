@@ -82,8 +82,8 @@ def bench_text(benches: list[dict], others: list[dict], hardware: str) -> str:
     if not benches:
         where = (f" (the recorded one{'s' if len(others) > 1 else ''} ran on {benchmarks.elsewhere(others)}, not "
                  f"on this build's hardware)" if others else "")
-        return gap_note(f"no DCRNN pipeline benchmark on {hardware}{where}: run python benchmarks/bench_dcrnn.py "
-                        f"(make bench) there")
+        return gap_note(f"no DCRNN pipeline benchmark on {hardware}{where}: "
+                        f"run python benchmarks/bench_dcrnn.py (make bench) there")
     parts = []
     for b in benches:
         r = b["rows"]
@@ -97,8 +97,7 @@ def bench_text(benches: list[dict], others: list[dict], hardware: str) -> str:
                      f"{num(pub['epoch_s'])}\\,s, holding {num(lab['data_bytes'] / 1e6)}\\,MB of data instead of "
                      f"{num(pub['data_bytes'] / 1e6)}\\,MB")
     return ("Benchmark (\\texttt{benchmarks/bench\\_dcrnn.py}; both models loaded with the same weights forecast the "
-            "same "
-            "batch within $10^{-5}$\\,mph): " + listing(parts) + ". The target of the seed study, at least "
+            "same batch within $10^{-5}$\\,mph): " + listing(parts) + ". The target of the seed study, at least "
             "3$\\times$, is a GPU target: there the public pipeline also pays a host-to-device copy and hundreds "
             "of small kernel launches per step.\n")
 

@@ -152,8 +152,8 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
         print(f"warning: paper/plan.yaml: {', '.join(left)} still hold placeholders in <angle brackets>, which the "
               f"documents print as they are; edit them before you share the documents", file=out, flush=True)
     if study and not re.fullmatch(r"[A-Za-z0-9_.,-]+", study):
-        raise ConfigError(f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), "
-                          f"comma-separated")
+        raise ConfigError(f"--study: {study!r} must be study ids or "
+                          f"labels (letters, digits, '-', '_', '.'), comma-separated")
     run_analysis(results, runs, system, study, force, out)
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")

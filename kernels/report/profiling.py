@@ -75,8 +75,8 @@ def profile_table(rows: pd.DataFrame) -> str:
     table = booktabs(pd.DataFrame(body), cols, size="\\scriptsize",
                      spec="@{}l" + "r" * (len(cols) - 1) + "@{}")
     if len(rows) > len(shown):
-        table += (f"{{\\scriptsize The {len(shown)} latest of {len(rows)} profiled records; all are in the analysis "
-                  "notebook.}\n")
+        table += (f"{{\\scriptsize The {len(shown)} latest of {len(rows)} "
+                  "profiled records; all are in the analysis notebook.}\n")
     return table
 
 
@@ -162,8 +162,8 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
             why = p["hta"]["status"].split(":", 1)[-1].strip()
             parts.append(f"Holistic Trace Analysis did not run on it: {tex_escape(why)}. ")
     else:
-        parts.append("No selected record was profiled (\\texttt{profile\\_steps} $>0$): there is no breakdown "
-                     "by operator yet. ")
+        parts.append("No selected record was profiled (\\texttt{profile\\_steps} "
+                     "$>0$): there is no breakdown by operator yet. ")
     wait = runs["data_wait_frac"].dropna()
     if len(wait):
         parts.append(f"The {DATA_WAIT} is {pct(wait.median(), 1)} of the step (median over {_records(len(wait))}). ")
@@ -187,8 +187,8 @@ def profiling_text(ctx: Context, prof: pd.DataFrame, bt: pd.DataFrame) -> str:
         own = runs[runs["own_cpu_cores"].notna()]
         other = pd.to_numeric(own["foreign_cpu_cores"], errors="coerce").dropna()
         busy = num(own["own_cpu_cores"].median())
-        parts.append(f"The resource monitor sees no GPU; this run's processes kept {busy} cores busy during the "
-                     f"training loop"
+        parts.append(f"The resource monitor sees no GPU; this run's processes kept {busy} "
+                     f"cores busy during the training loop"
                      + (f", other work on the host {num(other.median())}" if len(other) else "")
                      + f" (medians over {_records(len(own))}). ")
     elif len(cpu):

@@ -257,8 +257,8 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
             f"{num(base['samples_per_s'])} samples/s and an epoch takes {_epoch(base)}. "
             f"At {n} ranks on {int(top['nodes'])} node{'s' if top['nodes'] > 1 else ''} it reaches "
             f"{num(top['samples_per_s'])} samples/s, a speedup of {spd:.2f} and a strong-scaling efficiency of "
-            f"{pct(eff)} (targets: {pct(TARGET_E8)} at 8 GPUs and {pct(TARGET_E)} overall), and an epoch takes "
-            f"{_epoch(top)}. ")
+            f"{pct(eff)} (targets: {pct(TARGET_E8)} at 8 GPUs and {pct(TARGET_E)} "
+            f"overall), and an epoch takes {_epoch(top)}. ")
     reps = sorted(set(main["repeats"]))
     if max(reps) > 1:
         cov = main[main["repeats"] == max(reps)]["ci_level"].dropna()

@@ -75,12 +75,8 @@ def fill(text: str, values: dict, where: str) -> str | None:
 
 
 def table(packages: list[dict], values: dict) -> str:
-    lines = ["\\begin{tabularx}{\\linewidth}{@{}lp{0.17\\linewidth}Xp{0.27\\linewidth}@{}}", "\\toprule", "Months & "
-                                                                                                          "Package & "
-                                                                                                          "Work & "
-                                                                                                          "Milestone "
-                                                                                                          "\\\\",
-             "\\midrule"]
+    lines = ["\\begin{tabularx}{\\linewidth}{@{}lp{0.17\\linewidth}Xp{0.27\\linewidth}@{}}", "\\toprule",
+             "Months & Package & Work & Milestone \\\\", "\\midrule"]
     for i, p in enumerate(packages, 1):
         first, last = p["months"]
         months = str(first) if first == last else f"{first}--{last}"

@@ -67,8 +67,8 @@ def check_free_space(model, run_dir: Path, previous_failure: str | None = None) 
         on_disk = f"; {there} of them on disk already" if held else ""
         raise ConfigError(f"parameter 'results_dir': {probe} has {has} free, this run needs about {needs}{why}: two "
                           f"checkpoints (current and previous) of {each} each (weights and two optimizer moments"
-                          f"{on_disk}) and {room} for the record; free space there or pass results_dir=<a directory "
-                          f"with room>")
+                          f"{on_disk}) and {room} for the record; free "
+                          f"space there or pass results_dir=<a directory with room>")
 
 
 class RunRecord:
@@ -249,8 +249,8 @@ class RunRecord:
         try:
             summarise(error)
         except OSError as e:
-            self.log(f"error: the summary of {self.run_id} could not be written ({e}); {files.FAILURE} there says why "
-                     f"the run failed")
+            self.log(f"error: the summary of {self.run_id} could not be written ({e}); {files.FAILURE} "
+                     f"there says why the run failed")
 
     def _throughput(self, t: dict, rows: list[dict]) -> dict:
         """The headline figures over all timed steps of the run (slowest rank per step), and the FLOP facts."""

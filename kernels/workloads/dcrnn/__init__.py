@@ -123,8 +123,8 @@ def check(cfg) -> None:
     if cfg.max_grad_norm <= 0 or cfg.adam_eps <= 0:
         raise ConfigError("parameters 'max_grad_norm' and 'adam_eps' must be > 0")
     if cfg.compile and gp > 1:
-        raise ConfigError("parameter 'compile': not with gp > 1 (the halo exchange is a collective inside autograd); "
-                          "use compile=false")
+        raise ConfigError("parameter 'compile': not with gp > 1 (the halo "
+                          "exchange is a collective inside autograd); use compile=false")
 
 
 def group_size(cfg) -> int:
