@@ -23,7 +23,9 @@ Definitions (one place; the documents quote them):
   a profiled run (profile_steps > 0) or a run of another notebook than 01_train is
   never a repeat of a training point.
 - Points that may not become a headline (contended, superlinear, disagreeing or too
-  few repeats) are flagged in `flags` and `clean` (kernels/trust.py).
+  few repeats) are flagged in `flags` and `clean` (kernels/trust.py). A contended repeat
+  of a point that also has a quiet one is left out of it (`superseded`): the re-run
+  measured the point.
 """
 from __future__ import annotations
 
@@ -218,7 +220,8 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
             "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
             "samples_per_s_per_device", "step_s", "epoch_s", "epoch_projected", "speedup", "efficiency",
-            "final_eval_acc", "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids"]
+            "final_eval_acc", "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids",
+            "superseded"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     measured = pd.to_numeric(runs["epoch_s"], errors="coerce") if "epoch_s" in runs else float("nan")
@@ -230,6 +233,9 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
                 continue
             if mode == "weak" and series["batch"].nunique() < 2:
                 continue  # fixed per-rank AND fixed global batch: same N only; nothing weak about it
+            gone = trust.superseded(series)  # contended repeats of a point that a quiet re-run measured
+            dropped = series[gone]
+            series = series[~gone]
             agg = series.groupby("gpus").agg(
                 nodes=("nodes", "max"), batch=("batch", "first"), per_rank_batch=("per_rank_batch", "first"),
                 repeats=("run_id", "count"), samples_per_s=("samples_per_s", "median"),
@@ -260,6 +266,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             agg["series"] = series_name(dict(zip(CONFIG_KEYS, key)), by, fixed)
             agg["dataset"] = dict(zip(CONFIG_KEYS, key))["dataset"]
             agg["run_ids"] = [list(series[series["gpus"] == n]["run_id"]) for n in agg["gpus"]]
+            agg["superseded"] = [list(dropped[dropped["gpus"] == n]["run_id"]) for n in agg["gpus"]]
             agg["reasons"] = trust.point_reasons(agg, series)
             agg["flags"] = ["; ".join(t for _, t in why) for why in agg["reasons"]]
             agg["clean"] = agg["flags"] == ""

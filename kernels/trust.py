@@ -3,7 +3,8 @@
 A point (one configuration at one rank count, its repeats aggregated) is set aside, shown
 but never quoted in the abstract, the request or the slides, when:
 - contended: a repeat shared its cores or GPUs with foreign work (summary.json's
-  `contention`, from the resource monitor and the allocation);
+  `contention`, from the resource monitor and the allocation) and no quiet repeat of the
+  point exists (a quiet re-run supersedes the contended repeats: `superseded`);
 - superlinear: its efficiency exceeds 1 + EFFICIENCY_TOL (faster per rank than the
   baseline by more than cache effects plausibly give: usually a slowed baseline);
 - spread: its repeats disagree, (max - min) / median above SPREAD_TOL;
@@ -32,6 +33,14 @@ REASON_WORDS = {"contended": "contended", "superlinear": "superlinear efficiency
 def contended(runs: pd.DataFrame) -> pd.Series:
     """True for the runs that foreign work shared cores or GPUs with (summary.json's contention)."""
     return runs["contended"].fillna(False).astype(bool) if "contended" in runs else pd.Series(False, index=runs.index)
+
+
+def superseded(series: pd.DataFrame) -> pd.Series:
+    """True for a contended run whose point (its rank count in the series) also has a quiet repeat: the quiet
+    re-run measures the point, the contended one is left out of its median (and named in `superseded`)."""
+    hit = contended(series)
+    quiet_at = set(series.loc[~hit, "gpus"])
+    return hit & series["gpus"].isin(quiet_at)
 
 
 def quiet(runs: pd.DataFrame) -> pd.DataFrame:

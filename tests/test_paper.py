@@ -618,8 +618,13 @@ def test_criteria_are_judged_from_the_records(study, tmp_path):
         assert c.loc[k, "status"] == "not measured" and "studies/dcrnn_strong.yaml" in c.loc[k, "evidence"]
     assert "\\labCriteriaMet" not in (tmp_path / "out" / "tables" / "criteria_table.tex").read_text()
 
+    # a contended repeat beside a quiet one: the quiet one measures the point, which still judges
     write_record(study, "s8_hot", gpus=8, batch=512, x=5500.0, contended=True, acc=0.906)
     res = report.build(study, tmp_path / "out2", PLAN, SYSTEMS, SELECT_T)
+    assert res["criteria"].set_index("key").loc["strong_e8", "status"] == "met"
+    # repeats that disagree set the point aside, and it judges nothing
+    write_record(study, "s8_fast", gpus=8, batch=512, x=9000.0, acc=0.906)
+    res = report.build(study, tmp_path / "out3", PLAN, SYSTEMS, SELECT_T)
     c = res["criteria"].set_index("key")
     assert c.loc["strong_e8", "status"] == "not measured" and "set aside" in c.loc["strong_e8", "evidence"]
 
@@ -791,3 +796,23 @@ def test_a_request_from_contended_records_only_says_so(tmp_path):
     request = (tmp_path / "out" / "tables" / "request_text.tex").read_text()
     assert "to be measured" in request and "all 2 selected records that could price it shared" in request, request
     assert "no complete run records" not in request
+
+
+def test_a_quiet_rerun_supersedes_the_contended_repeat_of_its_point(tmp_path):
+    """make demo re-runs a contended point: the quiet re-run measures it, the contended repeat leaves its median and
+    is named as superseded; a point with only contended repeats stays set aside."""
+    from kernels import analysis
+
+    runs = tmp_path / "runs"
+    write_record(runs, "one-busy", gpus=1, batch=64, x=50.0, contended=True)
+    write_record(runs, "one-quiet", gpus=1, batch=64, x=200.0)
+    write_record(runs, "two", gpus=2, batch=64, x=300.0)
+    write_record(runs, "four-busy", gpus=4, batch=64, x=500.0, contended=True)
+    scal = analysis.scaling(analysis.load_runs(runs, SELECT_T)[0]).set_index("gpus")
+    assert scal.loc[1, "repeats"] == 1 and scal.loc[1, "samples_per_s"] == 200.0 and scal.loc[1, "clean"]
+    assert scal.loc[1, "superseded"] == ["one-busy"] and scal.loc[1, "run_ids"] == ["one-quiet"]
+    assert math.isclose(scal.loc[2, "efficiency"], 300.0 / 2 / 200.0) and scal.loc[2, "clean"]
+    assert not scal.loc[4, "clean"] and "contended" in scal.loc[4, "flags"] and scal.loc[4, "superseded"] == []
+    report.build(runs, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)  # the paper says what it left out
+    text = (tmp_path / "out" / "tables" / "results_text.tex").read_text()
+    assert "The run one-busy (1 rank) shared its cores with other work and is left out" in text, text

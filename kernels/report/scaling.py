@@ -111,6 +111,19 @@ def efficiency_top(scal: pd.DataFrame) -> float:
     return max(110.0, 105.0 * float(scal["efficiency"].max()))
 
 
+def superseded_note(points: pd.DataFrame) -> str:
+    """Which contended runs the quoted points leave out because a quiet re-run measured them ('' when none)."""
+    gone = [(int(p["gpus"]), r) for _, p in points.iterrows() for r in (p.get("superseded") or [])]
+    if not gone:
+        return ""
+    runs = listing([f"{tex_escape(r)} ({n} rank{'s' if n > 1 else ''})" for n, r in gone])
+    if len(gone) == 1:
+        return (f"The run {runs} shared its cores with other work and is left out: a quiet re-run of the same "
+                f"configuration measured its point. ")
+    return (f"The runs {runs} shared their cores with other work and are left out: quiet re-runs of the same "
+            f"configurations measured their points. ")
+
+
 def set_aside_brief(scal: pd.DataFrame) -> str:
     """The set-aside note in a slide's few words: 'k of n points set aside (reasons)'."""
     out = scal[~scal["clean"]]
@@ -268,7 +281,7 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
                  + ". ")
     else:
         text += "Each point is a single run: no interval can be given before repeats exist. "
-    text += note + (" " if note else "")
+    text += note + (" " if note else "") + superseded_note(main)
     weak = main_series(clean(scal), "weak")
     if not weak.empty:
         wt = weak.iloc[-1]
