@@ -362,9 +362,8 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert "The node-hours are to be measured" in proposal and "we request" not in proposal
     assert SYSTEMS[PLAN["system"]]["name"].split(" (")[0] in proposal
     assert "WP1 Port" in proposal and "Support needed." in proposal  # the Gantt chart and the paragraph
-    assert "Principal investigator: <principal investigator, e-mail> (<the applicant institution>)" in proposal
-    assert "Code and run records: <repository address>" in proposal
-    assert "<your names>" in pdf_text(pdfs["paper"]) and "<repository address>" in pdf_text(pdfs["pitch"])
+    assert "Principal investigator: <PI name, e-mail> (<institution>); code and run records: <repository>" in proposal
+    assert "<your names>" in pdf_text(pdfs["paper"]) and "<repository>" in pdf_text(pdfs["pitch"])
     # the paper carries the criteria table, and its detail tables in an appendix that the build can drop
     paper = " ".join(pdf_text(pdfs["paper"], layout=False).split())
     assert "judges the targets set before the study" in paper and "The tables and figures behind Sections" in paper

@@ -283,8 +283,12 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     assert len(recs) == 6 and problems.empty
     scal = analysis.scaling(recs)
     strong_rows = scal[scal["mode"] == "strong"].set_index("gpus")
-    assert list(strong_rows.index) == [1, 2, 4] and set(strong_rows["repeats"]) == {2}
-    x = recs.groupby("gpus")["samples_per_s"].median()
+    # two repeats per point; one that shared its cores with the suite's other work while a quiet repeat exists
+    # is left out of the point (kernels/trust.py: superseded)
+    gone = {r for ids in strong_rows["superseded"] for r in ids}
+    assert list(strong_rows.index) == [1, 2, 4]
+    assert set(strong_rows["repeats"] + strong_rows["superseded"].map(len)) == {2}
+    x = recs[~recs["run_id"].isin(gone)].groupby("gpus")["samples_per_s"].median()
     for n in (2, 4):
         assert abs(strong_rows.loc[n, "efficiency"] - (x[n] / n) / x[1]) < 1e-12
     plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
