@@ -78,7 +78,10 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
                                      "reason": f"config.json or summary.json lacks or mistypes {e}; the record is "
                                                f"damaged or from another program: remove it and run again"}
         {"row": rows, "problem": problems, "excluded": excluded}[kind].append(item)
-    return (pd.DataFrame(rows), pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
+    runs = pd.DataFrame(rows)
+    if "epoch_s" in runs:  # a float column even where no record measured one (all None)
+        runs["epoch_s"] = pd.to_numeric(runs["epoch_s"], errors="coerce")
+    return (runs, pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
             pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
 
 
@@ -224,8 +227,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             "superseded"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    measured = pd.to_numeric(runs["epoch_s"], errors="coerce") if "epoch_s" in runs else float("nan")
-    runs = runs.assign(_key=runs.apply(_key, axis=1), epoch_s=measured)
+    runs = runs.assign(_key=runs.apply(_key, axis=1), epoch_s=runs.get("epoch_s", float("nan")))
     out = []
     for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
         for (key, fixed), series in runs.groupby(["_key", by], sort=True):

@@ -136,12 +136,11 @@ def finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
     the legend takes, so the figure prints no taller than with the legend inside."""
     rank_axis(ax, ranks)
     ax.set_title(wrapped(title))
-    labels = [wrapped(t, 44) for t in ax.get_legend_handles_labels()[1]]
-    lines = sum(t.count("\n") + 1 for t in labels)
+    lines = sum(wrapped(t, 44).count("\n") + 1 for t in ax.get_legend_handles_labels()[1])
     w, h = fig.get_size_inches()
-    fig.set_size_inches(w, max(1.6, h - 0.17 * lines))
-    legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.24 * 2.6 / max(1.6, h - 0.17 * lines)), frameon=False,
-           borderaxespad=0.0)
+    height = max(1.6, h - 0.17 * lines)
+    fig.set_size_inches(w, height)
+    legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.24 * 2.6 / height), frameon=False, borderaxespad=0.0)
     save_figure(fig, out, name)
     return name
 

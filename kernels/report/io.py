@@ -4,11 +4,14 @@ from __future__ import annotations
 import pandas as pd
 
 from kernels import analysis
+from kernels.data import DATASETS
 from kernels.report.context import Context
 from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
                                     style, wrapped)
 from kernels.report.quantities import DATA_WAIT_SLOWEST
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+
+STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)  # data sets read from storage
 
 TABLE_COLUMNS = {"dataset": ("Data", "s"), "pipeline": ("Pipeline", "s"), "io_cache": ("Cache", "s"),
                  "gpus": ("Ranks", "d"), "nodes": ("Nodes", "d"), "repeats": ("Rep.", "d"),
@@ -117,14 +120,12 @@ def io_text(t: pd.DataFrame) -> str:
 def compare_sentence(t: pd.DataFrame) -> str:
     """What the I/O table and figures compare: in-memory and streamed records side by side where both exist; where
     one kind is missing, a gap saying which (the paper lists it under "Not yet measured")."""
-    from kernels.data import DATASETS
-
-    streamed = t["dataset"].map(lambda d: bool(getattr(DATASETS.get(d), "streamed", False))) if not t.empty else t
-    if not t.empty and streamed.any() and (~streamed).any():
+    streamed = t["dataset"].isin(STREAMED)
+    if streamed.any() and not streamed.all():
         return ("Table~\\ref{tab:io} and \\inappendix{Fig.}{fig:io} compare data sets held in memory with data "
                 "streamed from storage.\n")
-    have = "no records with I/O figures" if t.empty else (
-        "only streamed records" if streamed.all() else "only records of data held in memory")
+    have = ("no records with I/O figures" if t.empty else
+            "only streamed records" if streamed.all() else "only records of data held in memory")
     return gap_note(f"the comparison of MNIST held in memory with bigMNIST streamed from storage: the selection has "
                     f"{have}; run studies/io_mnist.yaml and studies/io_bigmnist.yaml and select both")
 

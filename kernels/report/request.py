@@ -7,9 +7,9 @@ import pandas as pd
 
 from kernels import analysis
 from kernels.trust import quiet
-from kernels.data import DATASETS
 from kernels.flops import PEAK_TFLOPS
 from kernels.report.context import Context
+from kernels.report.io import STREAMED
 from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
 from kernels.params import default
@@ -18,7 +18,6 @@ NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("R
                      "epoch_s": ("Epoch (s)", ".3g"), "source": ("Time per epoch", "s"),
                      "node_hours": ("Node-hours", ",.3g")}
 # data sets streamed from storage (bigMNIST): their runs belong to the I/O study
-STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)
 SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
 
 
@@ -97,11 +96,11 @@ def to_be_measured(ctx: Context, why: str) -> None:
 
 def section(ctx: Context) -> None:
     plan, system = ctx.plan, ctx.system
-    runs, why = proposed_runs(ctx.runs, plan, system)
-    if not why and quiet(runs).empty:  # records that could price it, none of them quiet
-        why = (f"all {len(runs)} selected records that could price it shared their cores or GPUs with other work "
+    could, why = proposed_runs(ctx.runs, plan, system)
+    runs = quiet(could)
+    if not why and runs.empty:  # records that could price it, none of them quiet
+        why = (f"all {len(could)} selected records that could price it shared their cores or GPUs with other work "
                f"(contended)")
-    runs = quiet(runs)
     if why:
         to_be_measured(ctx, why)
         return
@@ -118,8 +117,7 @@ def section(ctx: Context) -> None:
         basis = f"the strong-scaling series {tex_escape(main['series'].iloc[0])}"
     elif not runs.empty:
         projected = runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"]
-        measured = pd.to_numeric(runs["epoch_s"], errors="coerce") if "epoch_s" in runs else projected
-        epoch_by_n = runs.assign(e=measured.fillna(projected)).groupby("gpus")["e"].median().to_dict()
+        epoch_by_n = runs.assign(e=runs["epoch_s"].fillna(projected)).groupby("gpus")["e"].median().to_dict()
         basis = "the complete runs (no scaling series yet)"
     else:
         epoch_by_n = {}

@@ -69,16 +69,22 @@ def clean(scal: pd.DataFrame) -> pd.DataFrame:
     return scal[scal["clean"]] if not scal.empty else scal
 
 
+def _reason_counts(out: pd.DataFrame) -> dict[str, int]:
+    """Set-aside points per reason, in words (trust.REASON_WORDS), in the order they first appear."""
+    kinds: dict[str, int] = {}
+    for reasons in out["reasons"]:
+        for kind, _ in reasons:
+            kinds[trust.REASON_WORDS[kind]] = kinds.get(trust.REASON_WORDS[kind], 0) + 1
+    return kinds
+
+
 def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
     """'k of n points were set aside (reasons)': what the headline sentences left out, and why ('' when none).
     in_paper: point to the re-run table by its reference (the paper holds it), else by name."""
     if scal.empty or scal["clean"].all():
         return ""
     out = scal[~scal["clean"]]
-    kinds: dict[str, int] = {}
-    for reasons in out["reasons"]:
-        for kind, _ in reasons:
-            kinds[trust.REASON_WORDS[kind]] = kinds.get(trust.REASON_WORDS[kind], 0) + 1
+    kinds = _reason_counts(out)
     why = listing([f"{tex_escape(k)} ({'all' if v == len(out) > 1 else v})" for k, v in kinds.items()])
     several = " (a point may have more than one reason)" if sum(kinds.values()) > len(out) else ""
     return (f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
@@ -127,7 +133,7 @@ def superseded_note(points: pd.DataFrame) -> str:
 def set_aside_brief(scal: pd.DataFrame) -> str:
     """The set-aside note in a slide's few words: 'k of n points set aside (reasons)'."""
     out = scal[~scal["clean"]]
-    kinds = list(dict.fromkeys(trust.REASON_WORDS[kind] for reasons in out["reasons"] for kind, _ in reasons))
+    kinds = list(_reason_counts(out))
     return (f"{len(out)} of {len(scal)} point{'s' if len(scal) > 1 else ''} set aside "
             f"({tex_escape(', '.join(kinds[:2]) + (', ...' if len(kinds) > 2 else ''))}); the paper lists the re-runs")
 
