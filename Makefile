@@ -20,14 +20,14 @@ help:
 	@echo "make reliability the fault-injection suite, and its measured table into docs/reliability.md"
 	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop)"
 	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
-	@echo "make records-doc  regenerate results/README.md from kernels/records.py"
+	@echo "make records-doc  regenerate results/README.md from kernels/records/schema.py"
 
 setup: $(STAMP)
 
 # CUDA=1: a GPU cluster's setup, also under constraints-cuda.txt (the CUDA runtime torch brings),
 # checked after the install. TORCH_INDEX: a PyTorch wheel index for another CUDA than PyPI's
 # (e.g. https://download.pytorch.org/whl/cu126 for a driver older than CUDA 13); lock it first
-# with `make lock-cuda TORCH_INDEX=...`. kernels/lock.py says more.
+# with `make lock-cuda TORCH_INDEX=...`. tools/lock.py says more.
 CUDA ?=
 TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
@@ -41,14 +41,14 @@ $(STAMP): requirements.txt constraints.txt constraints-cuda.txt pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements.txt $(TORCH_LOCK)
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/python -c "import torch, numpy; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'numpy', numpy.__version__)"
-	$(if $(CUDA),$(BIN)/python -m kernels.lock verify constraints-cuda.txt)
+	$(if $(CUDA),$(BIN)/python tools/lock.py verify constraints-cuda.txt)
 	touch $(STAMP)
 
 # What pip would install for torch==2.13.0 on a GPU machine (nothing is installed), as constraints-cuda.txt.
 lock-cuda: setup
 	$(BIN)/python -m pip install --dry-run --quiet --ignore-installed -c constraints.txt $(TORCH_FROM) \
 		--report $(VENV)/cuda-report.json "torch==2.13.0"
-	$(BIN)/python -m kernels.lock cuda $(VENV)/cuda-report.json --index "$(TORCH_INDEX)" > $(VENV)/constraints-cuda.txt
+	$(BIN)/python tools/lock.py cuda $(VENV)/cuda-report.json --index "$(TORCH_INDEX)" > $(VENV)/constraints-cuda.txt
 	mv $(VENV)/constraints-cuda.txt constraints-cuda.txt
 
 # Horovod 0.28.1 from the PyPI sdist (sha256-checked) with C++17 in the three places torch >= 2.1
@@ -95,14 +95,14 @@ bench-gpu: setup
 # 2 cores, 1 rank uses one and 2 ranks use both). One rank with two threads against two ranks with one each
 # measured threads, and beside other work a two-thread rank waits for the busy core at every step.
 # A training run that other work shared the cores with is run again, DEMO_RERUNS times at most
-# (kernels/demo.py): a quiet re-run measures the point, and the analysis leaves the contended one out.
+# (kernels/notebook/demo.py): a quiet re-run measures the point, and the analysis leaves the contended one out.
 DEMO_P := -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 -p width 16 -p precision fp32 -p label demo
 DEMO_THREADS ?= $(or $(OMP_NUM_THREADS),1)
 DEMO_RERUNS ?= 1
 demo: setup
-	OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m kernels.demo --reruns $(DEMO_RERUNS) $(DEMO_P)
+	OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m kernels.notebook.demo --reruns $(DEMO_RERUNS) $(DEMO_P)
 
-# Regenerate 01_train's parameters cell from kernels/params.py and the .ipynb
+# Regenerate 01_train's parameters cell from kernels/base/params.py and the .ipynb
 # twins from the py:percent sources (the .py is always the source).
 notebooks: setup
 	$(BIN)/lab notebooks sync

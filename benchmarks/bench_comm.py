@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
-from kernels import sysinfo  # noqa: E402
+from kernels.base import sysinfo  # noqa: E402
 from kernels.comm.bench import mpirun_command, parse_size, read_record, resolve  # noqa: E402
 
 TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402
 import dcrnn_public as public  # noqa: E402
-from kernels import sysinfo  # noqa: E402
+from kernels.base import sysinfo  # noqa: E402
 from kernels.data import traffic  # noqa: E402
 from kernels.data.series import SeriesStore, WindowSource  # noqa: E402
 from kernels.workloads import dcrnn  # noqa: E402

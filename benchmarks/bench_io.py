@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernels import sysinfo  # noqa: E402
+from kernels.base import sysinfo  # noqa: E402
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.data import bigmnist, mnist  # noqa: E402

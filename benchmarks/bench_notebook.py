@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
-from kernels import sysinfo  # noqa: E402
+from kernels.base import sysinfo  # noqa: E402
 
 RUN = {"dataset": "digits", "gpus": 2, "epochs": 1, "batch": 64, "width": 16, "precision": "fp32", "lr": 0.05,
        "comm_probe_steps": 0}

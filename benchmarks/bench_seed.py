@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
-from kernels import ports, sysinfo  # noqa: E402
+from kernels.base import ports, sysinfo  # noqa: E402
 
 
 def run_seed(args, ranks: int = 1, channels_last: bool = False) -> dict:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
-from kernels import sysinfo  # noqa: E402
+from kernels.base import sysinfo  # noqa: E402
 
 NOTEBOOK_MAX_S = 3.0
 COLD_STREAM_MIN_PCT = 80.0

@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from kernels import sysinfo
+from kernels.base import sysinfo
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -39,7 +39,7 @@ def train(results: Path, run_id: str, **params) -> tuple[subprocess.CompletedPro
 
 def weights(run_dir: Path) -> tuple[torch.Tensor, dict]:
     """The trained parameters, flat (BatchNorm statistics left out: per rank under DDP), and the whole state."""
-    from kernels import checkpoint
+    from kernels.records import checkpoint_file as checkpoint
 
     state, problem = checkpoint.read_state(run_dir / "checkpoint.pt")
     if state is None:

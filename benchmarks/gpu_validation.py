@@ -55,7 +55,7 @@ def sh(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProc
 def versions(cuda: bool) -> dict:
     import torch
 
-    from kernels import sysinfo
+    from kernels.base import sysinfo
 
     out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
@@ -74,7 +74,7 @@ class Plan:
     """The sizes: a GPU's, or --tiny (CPU, for the tests)."""
 
     def __init__(self, args, cuda: bool):
-        from kernels import sysinfo
+        from kernels.base import sysinfo
 
         self.cuda, self.tiny = cuda, args.tiny
         self.batch = 32 if args.tiny else args.batch

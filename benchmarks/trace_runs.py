@@ -58,14 +58,15 @@ if os.environ.get("LAB_TRACE_DIR") and (os.environ.get("RANK") or os.environ.get
 
 if os.environ.get("LAB_TRACE_CPU_FP16"):
     # The lab refuses fp16 without a GPU (check_environment); torch runs fp16 autocast and an enabled GradScaler on
-    # a CPU, which is the code path to trace. Whichever module defines check_environment (kernels.params in older
-    # trees, kernels.config now) gets it wrapped to let that one refusal pass, before anything imports the name.
+    # a CPU, which is the code path to trace. Whichever module defines check_environment (kernels.params, then
+    # kernels.config in older trees, kernels.launch.config now) gets it wrapped to let that one refusal pass, before
+    # anything imports the name.
     import importlib.abc
     import sys
 
     class _Lift(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name not in ("kernels.params", "kernels.config"):
+            if name not in ("kernels.params", "kernels.config", "kernels.launch.config"):
                 return None
             sys.meta_path.remove(self)
             try:
@@ -156,7 +157,7 @@ def _flat(prefix: str, obj, out: list) -> None:
 
 
 def checksums(run_dir: Path) -> dict:
-    from kernels import checkpoint
+    from kernels.records import checkpoint_file as checkpoint
 
     state, problem = checkpoint.read_state(run_dir / "checkpoint.pt")
     if state is None:

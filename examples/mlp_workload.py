@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels.data import load_image_dataset
 from kernels.data.pipeline import tensor_sources
-from kernels.params import ConfigError, Param
+from kernels.base.params import ConfigError, Param
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
 # Its own parameters: group = the workload's name; they appear under their own heading in `lab train --help`.

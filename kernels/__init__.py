@@ -1,6 +1,6 @@
 """The scaling lab's importable core: everything that crosses a process boundary.
 
 Needs torch and numpy only. See kernels/ddp_core.py for the training loop,
-kernels/params.py for the parameters and kernels/records.py for run records.
+kernels/base/params.py for the parameters and kernels/records/schema.py for run records.
 """
 __version__ = "0.1.0"

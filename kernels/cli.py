@@ -23,25 +23,25 @@ import sys
 
 COMMANDS = {
     "train": ("kernels.train", "train from the command line"),
-    "run": ("kernels.notebooks", "run a notebook headless with Papermill"),
-    "notebooks": ("kernels.notebooks", "regenerate the parameters cell and the .ipynb twins"),
-    "submit": ("kernels.submit", "sbatch a notebook run with the geometry computed from --gpus"),
-    "study": ("kernels.study", "scaling studies on Slurm: submit, status, resubmit, points"),
+    "run": ("kernels.notebook.runner", "run a notebook headless with Papermill"),
+    "notebooks": ("kernels.notebook.runner", "regenerate the parameters cell and the .ipynb twins"),
+    "submit": ("kernels.slurm.submit", "sbatch a notebook run with the geometry computed from --gpus"),
+    "study": ("kernels.slurm.study", "scaling studies on Slurm: submit, status, resubmit, points"),
     "comm": ("kernels.comm.__main__", "collective microbenchmarks (nccl-tests "
                                       "layout), alpha-beta fits, scaling prediction"),
-    "sweep": ("kernels.sweep", "sweep any executable over a grid as a job array"),
-    "sysinfo": ("kernels.sysinfo", "describe this node; writes SYSTEM.md"),
+    "sweep": ("kernels.slurm.sweep", "sweep any executable over a grid as a job array"),
+    "sysinfo": ("kernels.base.sysinfo", "describe this node; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),
-    "bigmnist": ("kernels.bigmnist_jobs", "build (here or as a job array), verify and describe bigMNIST"),
+    "bigmnist": ("kernels.slurm.bigmnist_jobs", "build (here or as a job array), verify and describe bigMNIST"),
     "paper": ("kernels.report.documents", "records -> analysis -> paper, proposal and slides"),
     "jupyter": (None, "JupyterLab on this repository"),
-    "records-doc": ("kernels.records", "print the run-record schema as Markdown"),
+    "records-doc": ("kernels.records.schema", "print the run-record schema as Markdown"),
 }
 
 
 def jupyter(argv: list[str]) -> int:
     """JupyterLab rooted at the repository; jupytext (installed with the lab) opens notebooks/*.py as notebooks."""
-    from kernels.files import PROJECT_ROOT
+    from kernels.base.files import PROJECT_ROOT
 
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={PROJECT_ROOT}", "--no-browser"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:

@@ -20,12 +20,14 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from kernels import checkpoint as ckpt, sysinfo
+from kernels.base.dist import all_gather_object, process_group, rank_env, select_device
+from kernels.base.flops import model_flops_per_sample
+from kernels.base.params import RunConfig, device_type
+from kernels.base.sysinfo import device_name
+from kernels.base.timers import synchronize
 from kernels.data.pipeline import micro_batches
-from kernels.dist import all_gather_object, process_group, rank_env, select_device
 from kernels.engines import make_engine
-from kernels.flops import model_flops_per_sample
-from kernels.params import RunConfig, device_type
+from kernels.records.checkpoint_file import seed_everything
 from kernels.run.checkpointing import POSITION, Checkpointer, restore, start_position
 from kernels.run.guards import StopSignals, Watchdog, agree, die_hung, stop_note
 from kernels.run import memory
@@ -35,7 +37,6 @@ from kernels.run.metrics import MetricSums, detach, epoch_line, epoch_row
 from kernels.run.observe import Observers
 from kernels.run.probe import run_probe
 from kernels.run.record import RunRecord, utc_now, workload_report
-from kernels.timers import synchronize
 from kernels.workloads import get_workload
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -68,7 +69,7 @@ class Loop:
     def _build(self) -> None:
         """Data, model (and its FLOPs), the engine's wrap and the workload's recipe."""
         cfg, wl, dev = self.cfg, self.wl, self.device
-        ckpt.seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
         self.src, self.eval_src, self.info = wl.make_data(cfg, self.rank, self.world, dev)
         self.src.check_batch(cfg.batch)
         px, py = self.src.probe(2)
@@ -80,11 +81,10 @@ class Loop:
         # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
         flops = model_flops_per_sample(copy.deepcopy(model), px, wl.loss, py,
                                        forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
-        name = sysinfo.device_name(dev)
+        name = device_name(dev)
         self.engine = make_engine(cfg)
         self.ddp = self.engine.wrap_model(model, dev)
-        # Weights come from the common seed (and the engine broadcasts rank 0's anyway); from here on each rank
-        # draws its own random numbers (dropout), or all ranks would drop the same units of different samples.
+        # weights came from the common seed; from here on each rank draws its own random numbers (its own dropout)
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.rank + 1))
         self.capture = Capture(cfg)
         self.train_model = self.capture.compile(self.ddp, cfg)

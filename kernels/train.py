@@ -1,7 +1,7 @@
 """Command line: `lab train --gpus 2 --dataset digits ...` (also `python -m kernels.train`).
 
-Parameters are those of kernels/params.py and the workloads' (`--help` lists them);
-kernels/launch.py starts the ranks (`--launcher auto|none|local|srun`).
+Parameters are those of kernels/base/params.py and the workloads' (`--help` lists them);
+kernels/launch/ranks.py starts the ranks (`--launcher auto|none|local|srun`).
 Everything is validated before a process is spawned or a file is written; bad
 input exits with status 2 and a message naming the parameter.
 """
@@ -12,11 +12,11 @@ import signal
 import sys
 import traceback
 
-from kernels import files
-from kernels.config import resolve, table
-from kernels.errors import ConfigError
-from kernels.launch import EXIT_INTERRUPTED, leave, prepare, start
-from kernels.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
+from kernels.base import files
+from kernels.launch.config import resolve, table
+from kernels.base.errors import ConfigError
+from kernels.launch.ranks import EXIT_INTERRUPTED, leave, prepare, start
+from kernels.base.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
 
 
 def _default_text(p, workloads) -> str:
@@ -79,7 +79,7 @@ def rank_failure(e: BaseException) -> int:
         print(f"stopped: {e}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED if guards.INTERRUPTED else 1
     left = guards.peer_left(e)
-    if files.disk_full_at(e):  # the record says so too (kernels/files.py)
+    if files.disk_full_at(e):  # the record says so too (kernels/base/files.py)
         print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
               file=sys.stderr, flush=True)
     elif left:  # the rank that left says why; this one's traceback would only bury it
@@ -92,7 +92,7 @@ def rank_failure(e: BaseException) -> int:
 
 def _single_rank() -> bool:
     """A rank started by hand, alone (not by a launcher, which prints the record's path itself)."""
-    from kernels.dist import rank_env  # imports torch: only a rank, which has it already, asks
+    from kernels.base.dist import rank_env  # imports torch: only a rank, which has it already, asks
 
     return rank_env().source == "single"
 

@@ -28,7 +28,7 @@
 #
 # The parameters cell below holds literals only: the common parameters, then a section per
 # workload. `None` means "the workload's default" (its recipe's lr, batch, epochs, precision,
-# data set). It is generated from `kernels/params.py` and the workloads by `lab notebooks sync`,
+# data set). It is generated from `kernels/base/params.py` and the workloads by `lab notebooks sync`,
 # and a test keeps them equal. Papermill injects overrides after it. A name that is not a
 # parameter, or a parameter of another workload, is an error here, not a warning.
 
@@ -200,9 +200,9 @@ synthetic_shape = 'metr-la'     # shape of the synthetic traffic set: metr-la (3
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
 import pandas as pd
 
-from kernels.notebook_tables import pairs, table
-from kernels.notebooks import launch_from_notebook, preload, resolve_notebook_parameters
-from kernels.records import read_run
+from kernels.notebook.tables import pairs, table
+from kernels.notebook.runner import launch_from_notebook, preload, resolve_notebook_parameters
+from kernels.records.schema import read_run
 from kernels.workloads import get_workload
 
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
@@ -249,8 +249,8 @@ table(metrics)
 # %%
 import matplotlib.pyplot as plt
 
-from kernels.alttext import show
-from kernels.axis_labels import plain_log_labels
+from kernels.base.alttext import show
+from kernels.base.axis_labels import plain_log_labels
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
 epoch_axis = metrics["epoch"]  # 1-based, as in metrics.csv

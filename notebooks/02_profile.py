@@ -28,7 +28,7 @@
 #   (one report per rank in `<run>/nsys/`); Nsight Compute on one rank: `slurm/profile_ncu.sbatch`.
 # - From the CLI, any run: `lab train ... --profile_steps 5`.
 #
-# The parameters cell is `01_train`'s (generated from `kernels/params.py` by `lab notebooks sync`)
+# The parameters cell is `01_train`'s (generated from `kernels/base/params.py` by `lab notebooks sync`)
 # with `profile_steps = 5` and two epochs by default.
 
 # %%
@@ -198,10 +198,10 @@ synthetic_shape = 'metr-la'     # shape of the synthetic traffic set: metr-la (3
 _parameter_names = set(globals()) - _names_before_parameters  # first: before any import adds names
 import pandas as pd
 
-from kernels.notebook_tables import readable, table
-from kernels.notebooks import launch_from_notebook, preload, resolve_notebook_parameters
-from kernels.params import ConfigError
-from kernels.records import read_run
+from kernels.notebook.tables import readable, table
+from kernels.notebook.runner import launch_from_notebook, preload, resolve_notebook_parameters
+from kernels.base.params import ConfigError
+from kernels.records.schema import read_run
 
 cfg = resolve_notebook_parameters(globals(), _parameter_names)
 if cfg.profile_steps == 0:
@@ -250,7 +250,7 @@ table(by_category.sort_values("share (all)", ascending=False).round(3))
 # %%
 from IPython.display import display
 
-from kernels.alttext import show, show_png
+from kernels.base.alttext import show, show_png
 
 show_png(run_dir / "breakdown.png", required=True)
 

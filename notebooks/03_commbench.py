@@ -68,7 +68,7 @@ _parameter_names = set(globals()) - _names_before_parameters  # first: before an
 import pandas as pd
 
 from kernels.comm import bench
-from kernels.notebooks import check_parameter_names, handoff
+from kernels.notebook.runner import check_parameter_names, handoff
 
 check_parameter_names(_parameter_names, bench.BY_NAME)
 cfg = bench.resolve({name: globals()[name] for name in bench.BY_NAME})
@@ -105,7 +105,7 @@ pd.Series(s["avg_busbw_gbs"], name="avg busbw (GB/s)").to_frame()
 # %%
 import matplotlib.pyplot as plt
 
-from kernels.alttext import show
+from kernels.base.alttext import show
 
 fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
 for (op, dtype), g in rows.groupby(["op", "dtype"]):

@@ -30,7 +30,7 @@
 #   numbers do, otherwise the document shows a framed gap;
 # - `results/tables/numbers.tex`: `\newcommand` macros, so the prose never types a number.
 #
-# Definitions are in `kernels/analysis.py`: E_s = T1/(N·TN), E_w = T1/TN, both equal
+# Definitions are in `kernels/analysis/runs.py`: E_s = T1/(N·TN), E_w = T1/TN, both equal
 # to (X_N/N)/X_1. Records that are not complete, or whose software versions differ, are
 # listed and flagged, not silently mixed; records outside the selection are listed too.
 
@@ -51,11 +51,12 @@ from pathlib import Path
 import pandas as pd  # noqa: F401 - the tables below are DataFrames; the kernel imports pandas ahead
 from IPython.display import display
 
-from kernels import report, yamlfile
-from kernels.alttext import show_png
-from kernels.notebook_tables import table
-from kernels.notebooks import check_parameter_names, handoff
-from kernels.params import PROJECT_ROOT
+from kernels import report
+from kernels.base import yamlfile
+from kernels.base.alttext import show_png
+from kernels.notebook.tables import table
+from kernels.notebook.runner import check_parameter_names, handoff
+from kernels.base.params import PROJECT_ROOT
 
 check_parameter_names(_parameter_names, ["runs_dir", "out_dir", "plan", "system", "study"])
 runs_path = Path(runs_dir) if runs_dir else PROJECT_ROOT / "results" / "runs"
@@ -104,7 +105,7 @@ table(result["scaling"].drop(columns=["run_ids", "reasons"]), none="no scaling s
 # ## Results to re-run
 # Points set aside (column `flags` above) and never quoted in the abstract, the request or
 # the slides: a contended run, efficiency above 100 % + the tolerance, disagreeing repeats,
-# fewer repeats than the study asked for (kernels/trust.py). Each with the command that
+# fewer repeats than the study asked for (kernels/analysis/trust.py). Each with the command that
 # measures it again.
 
 # %%

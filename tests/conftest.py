@@ -63,6 +63,46 @@ def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+COUNTER = """
+import importlib.abc, importlib.util, os, sys
+
+MODULE, NAMES, LOG = {module!r}, {names!r}, {log!r}
+
+
+class _Count(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            for n in NAMES:
+                def counted(*a, _f=getattr(module, n), _n=n, **k):
+                    with open(LOG, "a") as out:
+                        out.write(f"{{os.getpid()}} {{_n}} {{sorted(k.items())}}\\n")
+                    return _f(*a, **k)
+                setattr(module, n, counted)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Count())
+"""
+
+
+def counting_env(tmp: Path, module: str, names: list[str]) -> tuple[dict, Path]:
+    """An environment whose Python processes log every call of `module`'s functions `names` (module globals, so
+    calls inside the module count too) to the returned file: one line per call, "PID NAME KEYWORD-ARGUMENTS"."""
+    site, log = tmp / "counting-site", tmp / "calls.log"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(COUNTER.format(module=module, names=names, log=str(log)))
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}, log
+
+
 def cli_in_process(capsys, monkeypatch, *args) -> tuple[int, str, str]:
     """`lab train ARGS` called in this process: (exit status, stdout, stderr).
 
@@ -120,7 +160,7 @@ def write_cifar_tarball(directory: Path, per_batch: int = 20, seed: int = 0) -> 
 
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint's state, verified and read as data only, as a resume reads it."""
-    from kernels import checkpoint
+    from kernels.records import checkpoint_file as checkpoint
 
     state, problem = checkpoint.read_state(Path(path))
     assert state is not None, f"{path}: {problem}"

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from kernels.sysinfo import cpu_name
+from kernels.base.sysinfo import cpu_name
 
 SLOWEST = 30
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def _memory_gib() -> str:
 
 
 def _commit() -> str:
-    from kernels.sysinfo import git_info
+    from kernels.base.sysinfo import git_info
 
     g = git_info(ROOT)
     if not g["commit"]:

@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import sys
-from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -21,28 +20,24 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 
-# From the bottom up; a module may import its own layer and the layers below. Patterns are module names
-# (fnmatch); the first that matches places a module.
+# The layers are kernels/'s folders, from the bottom up; a module may import its own layer and the layers below.
+# The loop and the command-line entry points are the only modules at the top of kernels/ (TOP_LEVEL).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("kernels", "kernels.errors", "kernels.files", "kernels.params", "kernels.stats", "kernels.timers",
-              "kernels.flops", "kernels.alttext", "kernels.axis_labels", "kernels.sysinfo",
-              "kernels.dist", "kernels.yamlfile",
-              "kernels.ports", "kernels.safe_pickle")),
-    ("records", ("kernels.records", "kernels.checkpoint", "kernels.trust", "kernels.criteria", "kernels.analysis")),
-    ("data", ("kernels.data", "kernels.data.*")),
-    ("workloads", ("kernels.workloads", "kernels.workloads.*")),
-    ("run parts", ("kernels.engines", "kernels.engines.*", "kernels.run", "kernels.run.*", "kernels.profiling",
-                   "kernels.profiling.*", "kernels.config")),
-    ("core", ("kernels.ddp_core",)),
-    ("launch", ("kernels.launch", "kernels.train")),
-    ("comm", ("kernels.comm", "kernels.comm.*")),
-    ("orchestrate", ("kernels.notebooks", "kernels.demo",
-                     "kernels.study", "kernels.sweep", "kernels.submit", "kernels.cli",
-                     "kernels.bigmnist_jobs", "kernels.accounting", "kernels.papermill_args", "kernels.lock",
-                     "kernels.notebook_tables", "kernels.notebook_html", "kernels.notebook_kernel",
-                     "kernels.papermill_cli")),
-    ("report", ("kernels.report", "kernels.report.*")),
+    ("base", ("base",)),
+    ("records", ("records",)),
+    ("analysis", ("analysis",)),
+    ("data", ("data",)),
+    ("workloads", ("workloads",)),
+    ("run parts", ("engines", "run", "profiling")),
+    ("core", ()),
+    ("launch", ("launch",)),
+    ("comm", ("comm",)),
+    ("slurm", ("slurm",)),
+    ("notebook", ("notebook",)),
+    ("report", ("report",)),
+    ("entry", ()),
 ]
+TOP_LEVEL = {"kernels": "base", "kernels.ddp_core": "core", "kernels.train": "launch", "kernels.cli": "entry"}
 
 MAX_FUNCTION_LINES = 80
 MAX_CORE_LINES = 300
@@ -60,11 +55,15 @@ def modules() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> int:
-    for i, (_, patterns) in enumerate(LAYERS):
-        if any(fnmatch(module, pat) for pat in patterns):
+    names = [name for name, _ in LAYERS]
+    if module in TOP_LEVEL:
+        return names.index(TOP_LEVEL[module])
+    folder = module.split(".")[1]
+    for i, (_, folders) in enumerate(LAYERS):
+        if folder in folders:
             return i
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name} (and "
-                         "docs/architecture.md)")
+    raise AssertionError(f"{module} is in no layer: kernels/{folder}/ is not in LAYERS in {Path(__file__).name} "
+                         "(add it there and in docs/architecture.md)")
 
 
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -136,7 +135,7 @@ def test_no_import_circle():
 def test_the_checks_find_what_they_look_for():
     """Negative controls: a circle and an upward import are found in a graph made to have them."""
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("kernels.report.tex") > layer_of("kernels.ddp_core") > layer_of("kernels.params")
+    assert layer_of("kernels.report.tex") > layer_of("kernels.ddp_core") > layer_of("kernels.base.params")
     known = {"kernels.ddp_core": None, "kernels.report": None, "kernels.report.tex": None}
     src = ROOT / "kernels" / "ddp_core.py"
     assert imports_of("kernels.ddp_core", src, {**modules(), **known}) >= {"kernels.engines", "kernels.run.record"}
@@ -174,6 +173,13 @@ def test_the_loop_is_short_and_names_no_workload_dataset_or_engine():
     body = code[code.index('"""', 3) + 3:]  # past the module docstring
     quoted = {n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", body)}
     assert not quoted, f"kernels/ddp_core.py branches on names: {quoted}"
+
+
+def test_only_the_loop_and_the_entry_points_sit_at_the_top_of_kernels():
+    top = {module_name(p) for p in KERNELS.glob("*.py")}
+    assert top == set(TOP_LEVEL), f"at the top of kernels/, not in a layer's folder: {top - set(TOP_LEVEL)}"
+    folders = {p.name for p in KERNELS.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == {f for _, fs in LAYERS for f in fs}, folders ^ {f for _, fs in LAYERS for f in fs}
 
 
 @pytest.mark.parametrize("layer", [name for name, _ in LAYERS])

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import config, params
-from kernels.params import ConfigError
-from kernels.config import check_environment, resolve
+from kernels.launch import config
+from kernels.base import params
+from kernels.base.params import ConfigError
+from kernels.launch.config import check_environment, resolve
 
 from conftest import ROOT, cli_in_process, run_cli
 
@@ -134,7 +135,7 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     """`lab submit ... --cluster leonardo-booster --account ehpc123` on a laptop ended in a FileNotFoundError
     traceback for 'sbatch'. It prints the line it would submit, then one line saying Slurm is not here (exit 2);
     `lab study submit` likewise."""
-    from kernels import submit
+    from kernels.slurm import submit
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
     rc = submit.main([str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "8",
@@ -143,8 +144,8 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     out, err = capsys.readouterr()
     assert rc == 2 and out.startswith("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 "), out + err
     assert err.count("\n") == 1 and "sbatch is not on PATH" in err and "--dry-run" in err, err
-    # a study goes through the same check (kernels.study.run_sbatch, which sweeps use too)
-    from kernels import study
+    # a study goes through the same check (kernels.slurm.study.run_sbatch, which sweeps use too)
+    from kernels.slurm import study
 
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
     rc = study.main(["submit", str(ROOT / "studies" / "strong_resnet18.yaml")])

@@ -18,7 +18,7 @@ import torch
 
 from kernels.data import bigmnist
 from kernels.data.stream import PerSampleSource, ShardSet, StreamSource
-from kernels.params import ConfigError
+from kernels.base.params import ConfigError
 
 from conftest import ROOT, merge_args, run_cli
 
@@ -30,7 +30,7 @@ SMALL = ["--source", "fashion-mnist", "--source-samples", "1500", "--versions", 
 
 
 def build(out: Path, root: Path, *extra, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernels.bigmnist_jobs", "build", "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "kernels.slurm.bigmnist_jobs", "build", "--out", str(out),
                            "--data-dir", str(root), *SMALL, *map(str, extra)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -79,7 +79,7 @@ def test_build_is_deterministic_whatever_the_task_count_and_has_its_manifest(sma
 def test_a_killed_build_resumes_and_leaves_no_complete_looking_shard(small_set, fashion_root, tmp_path):
     out = tmp_path / "killed"
     # slow the writes down so the build is caught mid-shard: 60 shards of 100
-    args = [sys.executable, "-m", "kernels.bigmnist_jobs", "build", "--out", str(out), "--data-dir",
+    args = [sys.executable, "-m", "kernels.slurm.bigmnist_jobs", "build", "--out", str(out), "--data-dir",
             str(fashion_root), *SMALL]
     args[args.index("--shard-samples") + 1] = "100"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -305,7 +305,7 @@ def test_bad_sets_and_parameters_are_refused_before_work(small_set, fashion_root
     assert not (tmp_path / "r").exists()
     # more ranks than shards
     with pytest.raises(ConfigError, match="7 ranks but the bigMNIST set .* has 6 shards"):
-        from kernels.config import resolve
+        from kernels.launch.config import resolve
 
         resolve({"workload": "cnn", "dataset": "bigmnist", "data_dir": str(small_set), "gpus": 7, "batch": 70})
     # the resident pipeline cannot hold a streamed set, and the stream needs shards

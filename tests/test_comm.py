@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from kernels import sysinfo
+from kernels.base import sysinfo
 from kernels.comm import bench, predict
 from kernels.comm.collectives import OPS
-from kernels.params import ConfigError
+from kernels.base.params import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -264,7 +264,7 @@ def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
     """`lab comm predict` starts from what the 1-rank run used (its threads per rank and backend) and from the runs
     it is compared with: multi-rank runs of its label that keep the global batch make it strong scaling, ones
     whose batch grows with the ranks weak; with none beside it, strong (the global batch kept), and it says so."""
-    from kernels import records
+    from kernels.records import schema as records
 
     def record(name, gpus, batch, label="L", threads=2):
         d = tmp_path / "runs" / name
@@ -296,7 +296,7 @@ def test_predict_without_a_fit_for_a_placement_says_which_record_is_missing():
     """`lab comm predict --run R --gpus 1,2,4` with commbench records from one node only: 4 ranks at 2 per node
     span two nodes, and the error names the missing inter-node fit and the command that measures it (it died
     with `ValueError: no inter-node all_reduce fit` deep in the step model)."""
-    from kernels.errors import ConfigError
+    from kernels.base.errors import ConfigError
 
     run = {"device": "CPU", "param_bytes": [4096], "bucket_cap_mb": 25.0, "t1_s": 0.1, "p90_s": 0.11,
            "data_s": 0.0, "batch": 64}
@@ -364,7 +364,7 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     import pandas as pd
     import yaml
 
-    from kernels.analysis import load_runs
+    from kernels.analysis.runs import load_runs
     from test_study import cli, wait_for
 
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
@@ -386,7 +386,7 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     # one study after the other: the predictor starts from the 1-rank point's step time and its
     # spread, which commbench jobs sharing the machine's two cores would inflate
     for path in specs:
-        p = cli("kernels.study", "submit", path, env=env)
+        p = cli("kernels.slurm.study", "submit", path, env=env)
         assert p.returncode == 0, p.stdout + p.stderr
         wait_for(__import__("re").findall(r"submitted job array (\d+)", p.stdout), env, timeout=900)
     recs = predict.load_comm_records(tmp_path / "comm")
@@ -446,7 +446,7 @@ def test_straggler_factor_and_published_fits():
 
 
 def test_node_hours_prefer_a_prediction_to_the_assumed_efficiency():
-    from kernels.analysis import node_hours
+    from kernels.analysis.runs import node_hours
 
     import pandas as pd
 

@@ -9,7 +9,7 @@ from kernels.data import cifar10, load_image_dataset
 from kernels.data.embedded import load_digits
 from kernels.data.pipeline import (EvalSource, ImageTransform, LoaderSource, Split, TensorSource, epoch_permutation,
                                    rank_slice, steps_per_epoch)
-from kernels.params import ConfigError
+from kernels.base.params import ConfigError
 
 from conftest import write_cifar_tarball
 

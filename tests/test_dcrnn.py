@@ -24,8 +24,8 @@ import torch
 
 from kernels.data import traffic
 from kernels.data.series import SeriesStore, WindowEvalSource, WindowSource
-from kernels.params import ConfigError
-from kernels.config import resolve
+from kernels.base.params import ConfigError
+from kernels.launch.config import resolve
 from kernels.workloads import dcrnn
 from kernels.workloads.dcrnn.graph import Graph, dual_supports, edge_cut, halo_plans, partition
 from kernels.workloads.dcrnn.model import DCRNN
@@ -379,7 +379,7 @@ def test_a_checkpoint_holding_sparse_supports_is_written_and_verified(tmp_path):
     """DCRNN's supports on a CPU are CSR tensors in the model's state: the checkpoint holds and verifies them, a
     changed byte is found, and the content checksum of an earlier format's files covers their indices and values
     (a CSR tensor has no flat bytes; that write failed at the first epoch's end)."""
-    from kernels import checkpoint
+    from kernels.records import checkpoint_file as checkpoint
 
     ids, adj = small_graph(6)
     g = Graph([m.astype(np.float32) for m in dual_supports(adj)], None, "sparse")
@@ -430,7 +430,7 @@ GP_WORKER = r'''
 import json, os, sys
 import numpy as np, torch, torch.distributed as dist
 from kernels.data import traffic
-from kernels.dist import grid
+from kernels.base.dist import grid
 from kernels.workloads import dcrnn
 from kernels.workloads.dcrnn.graph import Graph, dual_supports, halo_plans, partition
 from kernels.workloads.dcrnn.model import DCRNN
@@ -470,7 +470,7 @@ dist.destroy_process_group()
 def run_gp(tmp_path, root, world: int, pairs: list[tuple[str, str]]) -> dict:
     """The model split over `world` ranks, for each (form, support layout): {pair: (predictions of all nodes, the
     loss, the gradients as DDP averages them, halo nodes of rank 0)}."""
-    from kernels.ports import free_port
+    from kernels.base.ports import free_port
 
     out = tmp_path / f"gp{world}"
     out.mkdir()

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from kernels import records
+from kernels.records import schema as records
 from kernels.workloads import Metric
 
-from conftest import TINY, load_checkpoint, merge_args, run_cli
+from conftest import TINY, counting_env, load_checkpoint, merge_args, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +113,19 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
 
 def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     res = tmp_path / "runs"
+    env, calls = counting_env(tmp_path, "kernels.launch.config", ["resolve", "check_environment"])
     p = run_cli(*merge_args(*TINY, "--gpus", "2", "--dataset", "synthetic", "--train_samples", "256", "--batch", "64",
                             "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1", "--label", "ci",
-                            "--results_dir", res))
+                            "--results_dir", res), env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+    # the configuration is resolved once by the driver and once by each rank; the driver alone checks the machine
+    # in full (and runs the workload's prepare); a rank checks only what is its own
+    by_pid = {}
+    for line in calls.read_text().splitlines():
+        pid, name, kw = line.split(" ", 2)
+        by_pid.setdefault(pid, []).append(name + (" rank_only" if "('rank_only', True)" in kw else ""))
+    assert sorted(map(sorted, by_pid.values())) == [["check_environment", "resolve"]] + 2 * [
+        ["check_environment rank_only", "resolve"]], by_pid
     run = only_run(res)
     assert "-g2-ci-" in run.name
     assert f"record: {run}" in p.stdout

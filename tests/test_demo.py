@@ -1,4 +1,4 @@
-"""make demo's re-runs (kernels/demo.py): a contended training run is run again, a bounded number of times.
+"""make demo's re-runs (kernels/notebook/demo.py): a contended training run is run again, a bounded number of times.
 
 The notebook runner is replaced here by one that writes a record in the real schema, contended or not as the
 test says; the demo test in tests/test_docs.py runs the real notebooks (with DEMO_RERUNS=0: in the suite the
@@ -10,14 +10,15 @@ import io
 
 import pytest
 
-from kernels import demo, records
+from kernels.notebook import demo
+from kernels.records import schema as records
 from test_paper import write_record
 
 pytestmark = pytest.mark.unit
 
 
 def runner(runs_dir, contended: list[bool], calls: list, rc: int = 0):
-    """A stand-in for kernels.notebooks.run: each call leaves one record, contended as the next entry says."""
+    """A stand-in for kernels.notebook.runner.run: each call leaves one record, contended as the next entry says."""
     def run(notebook, args):
         gpus = int(args[args.index("gpus") + 1])
         n = len(calls)

@@ -245,7 +245,7 @@ def test_unresolvable_master_addr_fails_fast(tmp_path):
 
 
 def test_nobody_serves_the_rendezvous(tmp_path):
-    from kernels.ports import free_port
+    from kernels.base.ports import free_port
 
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
@@ -277,7 +277,7 @@ def test_a_second_run_on_the_same_directory_fails_fast_naming_the_first(tmp_path
 
 def _damage_tensor_bytes(path: Path) -> None:
     """Flip bytes inside the largest tensor of a checkpoint, leaving its zip whole: torch.load alone loads it."""
-    from kernels import checkpoint as ckpt
+    from kernels.records import checkpoint_file as ckpt
 
     import struct
     import zipfile
@@ -324,14 +324,14 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, reference
 
 
 def _state(step: int) -> bytes:
-    from kernels import checkpoint as ckpt
+    from kernels.records import checkpoint_file as ckpt
 
     return ckpt.serialise([{"torch": torch.get_rng_state()}], global_step=step, model={"w": torch.full((1000,), step)})
 
 
 def _kill_the_writer_at(point: str, run: Path) -> None:
     """Write the next checkpoint (step 2) in a forked writer that the injection point kills with SIGKILL."""
-    from kernels import checkpoint as ckpt
+    from kernels.records import checkpoint_file as ckpt
 
     data = _state(2)
     pid = os.fork()
@@ -352,7 +352,7 @@ def test_a_writer_killed_anywhere_in_the_checkpoint_write_leaves_one_that_verifi
     that: a crash between left a good checkpoint with another's checksum, and resume refused it. Now the file
     carries its checksum, and the writer is killed (SIGKILL) at each point of the write in turn: resume takes
     the newest checkpoint that is whole (the new one from the moment it is fsynced), and the write after works."""
-    from kernels import checkpoint as ckpt
+    from kernels.records import checkpoint_file as ckpt
 
     assert ckpt.POINTS == ("start", "prev-removed", "next-half-written", "next-written", "rotated", "done")
     run = tmp_path / "r"
@@ -396,8 +396,8 @@ def test_rank0_killed_mid_checkpoint_resumes_from_the_newest_whole_one(tmp_path,
 def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
     """A study with `gpus: [1, 2]` and later `gpus: [4]` lost two points silently (the last key won). Every YAML the
     lab reads refuses a repeated key, naming both lines, before anything is submitted or built."""
-    from kernels import yamlfile
-    from kernels.errors import ConfigError
+    from kernels.base import yamlfile
+    from kernels.base.errors import ConfigError
 
     study = (ROOT / "studies" / "predictor_local.yaml").read_text()
     assert study.count("\ngpus: [1, 2, 4]\n") == 1
@@ -405,7 +405,7 @@ def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
     twice.write_text(study.replace("\ngpus: [1, 2, 4]\n", "\ngpus: [1, 2]\nrepeats: 1\ngpus: [4]\n"))
     first = twice.read_text().splitlines().index("gpus: [1, 2]") + 1
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "kernels.study", "submit", str(twice), "--dry-run"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(twice), "--dry-run"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     record_fault("study file with a key given twice", 20, time.monotonic() - t0, p.returncode, "refused")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
@@ -428,7 +428,7 @@ def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
 
 
 def test_truncated_summary_is_a_clear_error(tmp_path):
-    from kernels import analysis
+    from kernels.analysis import runs as analysis
 
     p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", tmp_path, "--run_id", "r")
     assert p.returncode == 0
@@ -511,7 +511,7 @@ def test_full_file_system(small_disk):
                            p.stderr).groups()
     assert int(has.replace(",", "")) < int(needs.replace(",", "")) and "for the record" in p.stderr
     assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
-    from kernels.records import RecordError, atomic_write_bytes
+    from kernels.records.schema import RecordError, atomic_write_bytes
 
     with pytest.raises(RecordError, match=rf"cannot write {re.escape(str(mnt))}/big.*No space left"):
         atomic_write_bytes(mnt / "big", b"\0" * (8 << 20))
@@ -556,7 +556,8 @@ def test_a_disk_that_fills_mid_run_fails_the_run_saying_so(small_disk, tmp_path,
 def test_when_even_the_summary_cannot_be_written_the_reserved_space_says_why(small_disk):
     """The last line of defence on a full disk: the cause written in place into the reserved space needs no
     new room, the launcher's mark and the next attempt read it there."""
-    from kernels import files, records
+    from kernels.base import files
+    from kernels.records import schema as records
 
     d = small_disk / "runs" / "r"
     d.mkdir(parents=True)
@@ -725,7 +726,7 @@ def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, referen
              "test_samples": 64, "log_every": 0, "timing_warmup_steps": 1, "comm_probe_steps": 0,
              "sync_check_steps": 1, "seed": 11, "epochs": 6, "results_dir": str(tmp_path / "runs")}
     spec.write_text(yaml.safe_dump({"name": "arr", "cluster": "local", "mode": "strong", "gpus": [2], "fixed": fixed}))
-    p = subprocess.run([sys.executable, "-m", "kernels.study", "submit", str(spec)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(spec)], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     array = re.search(r"submitted job array (\d+)", p.stdout).group(1)
@@ -746,7 +747,7 @@ def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, referen
 def test_free_space_figures_never_print_alike_when_they_differ():
     """'has 20 MiB free, needs about 20 MiB' explained nothing: two different sizes always print differently,
     in one unit (KiB below 100 MiB)."""
-    from kernels.files import sizes
+    from kernels.base.files import sizes
 
     assert sizes(20.4 * 2**20, 20.6 * 2**20) == ["20,890 KiB", "21,094 KiB"]
     assert sizes(20 * 2**20, 20 * 2**20 + 10) == ["20,480.00 KiB", "20,480.01 KiB"]
@@ -769,8 +770,8 @@ def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
              ("10_analyse_scaling", ["-p", "sytem", "x"], "did you mean 'system'?")]
     for notebook, args, error in cases:
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", f"notebooks/{notebook}.ipynb", *args],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", f"notebooks/{notebook}.ipynb",
+                            *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         if notebook == "01_train" and args[1] == "btach":
             record_fault("notebook parameter misspelt (lab run ... -p btach 32)", 10, time.monotonic() - t0,
                          p.returncode, "refused, nothing written")
@@ -778,8 +779,8 @@ def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
         assert len(p.stderr.strip().splitlines()) == 1 and "papermill" not in p.stdout.lower(), p.stdout + p.stderr
         assert not (tmp_path / "results").exists()  # no staged notebook, no HTML, no record
     # a good parameter set still runs (the notebook's own check agrees with the runner's)
-    p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", "notebooks/01_train.ipynb", "-p", "dataset",
-                        "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "precision", "fp32", "-y",
+    p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", "notebooks/01_train.ipynb", "-p",
+                        "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "precision", "fp32", "-y",
                         "train_samples: 128\ntest_samples: 64\nbatch: 32"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and "notebook complete" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
@@ -796,7 +797,7 @@ def test_an_integer_beyond_what_its_use_can_hold_is_refused_at_once():
     p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--iters", str(2**31)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "parameter 'iters': 2147483648 is beyond what it can hold" in p.stderr, p.stderr
-    from kernels.params import COMMON, coerce
+    from kernels.base.params import COMMON, coerce
 
     gpus = next(x for x in COMMON if x.name == "gpus")
     assert coerce(gpus, str(2**31 - 1)) == 2**31 - 1 and coerce(gpus, "-3") == -3  # the range checks say the rest
@@ -838,7 +839,8 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
 
     import yaml
 
-    from kernels import records, report
+    from kernels.records import schema as records
+    from kernels import report
 
     res = tmp_path / "results"
     env = {**os.environ, "LAB_RESULTS": str(res)}

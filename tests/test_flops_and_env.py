@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dist import expand_hostlist, rank_env, slurm_port
-from kernels.flops import mfu, model_flops_per_sample, peak_tflops
+from kernels.base.dist import expand_hostlist, rank_env, slurm_port
+from kernels.base.flops import mfu, model_flops_per_sample, peak_tflops
 from kernels.workloads.convnets import ResNet18Cifar
 
 pytestmark = pytest.mark.unit

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from kernels.dist import check_distinct_gpus, gpu_index
-from kernels.ports import PORT_BASE, PORT_SPAN, free_port, slurm_port
-from kernels.flops import peak_tflops
-from kernels.params import ConfigError
-from kernels.config import resolve
-from kernels.launch import srun_command
+from kernels.base.dist import check_distinct_gpus, gpu_index
+from kernels.base.ports import PORT_BASE, PORT_SPAN, free_port, slurm_port
+from kernels.base.flops import peak_tflops
+from kernels.base.params import ConfigError
+from kernels.launch.config import resolve
+from kernels.launch.ranks import srun_command
 
 from conftest import ROOT
 
@@ -34,8 +34,9 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
 def test_cpu_counts_follow_the_binding_not_the_machine():
     """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
-    code = ("from kernels.config import resolve, check_environment; from kernels.errors import ConfigError; from "
-            "kernels.launch import _thread_env\n"
+    code = ("from kernels.launch.config import resolve, check_environment\n"
+            "from kernels.base.errors import ConfigError\n"
+            "from kernels.launch.ranks import _thread_env\n"
             "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
             "print(_thread_env(resolve({'gpus': 1}), 1)['OMP_NUM_THREADS'])\n"
             "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
@@ -152,8 +153,8 @@ def test_backend_gloo_lets_ranks_share_a_gpu_and_nccl_needs_one():
 
 
 def test_device_facts_hopper_peaks_mig_slices_and_bf16_capability():
-    from kernels.dist import bf16_refusal
-    from kernels.flops import peak_note
+    from kernels.base.dist import bf16_refusal
+    from kernels.base.flops import peak_note
 
     assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.0 and peak_tflops("NVIDIA H200", "bf16") == 989.0
     assert peak_tflops("NVIDIA H100 NVL", "bf16") == 835.0 and peak_tflops("NVIDIA H100 PCIe", "fp32") == 378.0

@@ -24,7 +24,7 @@ def _get(url: str, token: str):
 
 
 def test_lab_jupyter_opens_01_train_py_as_a_notebook(tmp_path):
-    from kernels.ports import free_port
+    from kernels.base.ports import free_port
 
     port, token = free_port(), secrets.token_hex(8)
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}

@@ -1,7 +1,8 @@
-"""The CUDA lock (constraints-cuda.txt, kernels/lock.py): what a GPU cluster's `make setup CUDA=1` installs."""
+"""The CUDA lock (constraints-cuda.txt, tools/lock.py): what a GPU cluster's `make setup CUDA=1` installs."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,7 +10,10 @@ import sys
 import pytest
 
 from conftest import ROOT
-from kernels import lock
+
+_spec = importlib.util.spec_from_file_location("lock", ROOT / "tools" / "lock.py")
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +21,7 @@ REPORT = ROOT / "tests" / "data" / "pip-report-torch-2.13.0-pypi.json.gz"  # pip
 
 
 def test_the_cuda_lock_is_what_pip_resolved_and_agrees_with_the_base_lock():
-    """constraints-cuda.txt is exactly `kernels.lock cuda` of pip's own resolution of torch==2.13.0 from PyPI
+    """constraints-cuda.txt is exactly `tools/lock.py cuda` of pip's own resolution of torch==2.13.0 from PyPI
     under constraints.txt (kept beside the tests), pins the CUDA runtime packages torch leaves as ranges
     (cuda-bindings, cuda-pathfinder, nvidia-nvjitlink), and agrees with constraints.txt on every package both
     pin."""
@@ -49,10 +53,10 @@ def test_a_lock_that_disagrees_or_a_cpu_resolution_is_refused(tmp_path):
 
 @pytest.mark.integration
 def test_verify_refuses_a_cpu_torch_under_the_cuda_lock():
-    """`make setup CUDA=1` ends with `kernels.lock verify`: this CPU environment passes the base lock and fails
+    """`make setup CUDA=1` ends with `tools/lock.py verify`: this CPU environment passes the base lock and fails
     the CUDA lock, saying what to do."""
     def run(f):
-        return subprocess.run([sys.executable, "-m", "kernels.lock", "verify", f], cwd=ROOT, capture_output=True,
+        return subprocess.run([sys.executable, "tools/lock.py", "verify", f], cwd=ROOT, capture_output=True,
                               text=True)
     import torch
 

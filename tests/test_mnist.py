@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kernels.data import idx, mnist
-from kernels.params import ConfigError
+from kernels.base.params import ConfigError
 
 from conftest import cli_in_process, run_cli
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kernels import notebooks
-from kernels.config import table
+from kernels.notebook import runner as notebooks
+from kernels.launch.config import table
 
 from conftest import ROOT, merge_p
 
@@ -24,7 +24,7 @@ TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-
 
 def run_notebook(tmp_path, *args, notebook=NB):
     env = {**os.environ, "LAB_RESULTS": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", str(notebook), *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -36,7 +36,7 @@ def interrupted_run(tmp_path, notebook, args, when: str, limit_s: float):
 
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "kernels.notebooks", "run", str(notebook), *map(str, args)],
+        p = subprocess.Popen([sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
                              cwd=ROOT, env={**os.environ, "LAB_RESULTS": str(tmp_path)}, stdout=f,
                              stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.monotonic()
@@ -90,7 +90,7 @@ def test_parameters_cell_is_generated_from_the_one_definition():
     src = (ROOT / "notebooks" / "01_train.py").read_text()
     assert notebooks.with_parameters_cell(src) == src, "run `make notebooks`"
     # 02_profile's: the same table, with profiling on by default
-    from kernels.notebooks import PROFILE_DEFAULTS, profile_params
+    from kernels.notebook.runner import PROFILE_DEFAULTS, profile_params
 
     prof = (ROOT / "notebooks" / "02_profile.py").read_text()
     assert notebooks.with_parameters_cell(prof, profile_params()) == prof, "run `make notebooks`"
@@ -149,7 +149,7 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     again = tmp_path / "again" / executed[0].name  # the same name: the page's title is the notebook's
     again.parent.mkdir()
     again.write_bytes(executed[0].read_bytes())
-    subprocess.run([sys.executable, "-m", "kernels.notebook_html", str(again)], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "kernels.notebook.html", str(again)], check=True, cwd=ROOT)
     assert again.with_suffix(".html").read_text() == html
     # and it is nbconvert's own lab page but for the figures' alt text (the lab template's code cells, escaped
     # source included, without its second sanitising pass), as BeautifulSoup reads both
@@ -172,7 +172,7 @@ def test_the_page_gets_htmlexporters_alt_text_and_tabindex_without_its_second_pa
     from bs4 import BeautifulSoup
     from nbconvert import HTMLExporter
 
-    from kernels.notebook_html import NO_ALT, TEMPLATE, exporter
+    from kernels.notebook.html import NO_ALT, TEMPLATE, exporter
 
     v4 = nbformat.v4
     jpeg = "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAP" + "A" * 40
@@ -203,13 +203,15 @@ def test_the_runners_checks_do_not_import_torch():
     """The runner checks the parameters and the launcher picks the run id and port before any rank starts;
     none of it imports torch (seconds on a small machine, paid by every notebook run's runner and kernel), nor
     does `lab train`'s driver around the ranks (its start and its exit: 2-4 s of every CLI run here)."""
-    code = ("import sys, tempfile; from pathlib import Path; from kernels import launch, notebooks; "
-            "from kernels import train; from kernels.config import resolve; train.start = lambda *a, **k: 0; "
+    code = ("import sys, tempfile; from pathlib import Path; from kernels import train; "
+            "from kernels.launch import ranks as launch; from kernels.notebook import runner as notebooks; "
+            "from kernels.launch.config import resolve; train.start = lambda *a, **k: 0; "
             "assert train.main(['--gpus', '2', '--dataset', 'digits', '--results_dir', tempfile.mkdtemp()]) == 0; "
             "notebooks.precheck(Path('notebooks/01_train.ipynb'), ['-p', 'gpus', '2', '-p', 'dataset', 'digits']); "
             "[resolve({'workload': w}) for w in ('resnet18', 'cnn', 'dcrnn')]; "
             "launch.prepare(resolve({'gpus': 2, 'dataset': 'digits', 'results_dir': tempfile.mkdtemp()}), 'local'); "
-            "from kernels.ports import free_port; free_port(); print(sorted(m for m in sys.modules if m == 'torch'))")
+            "from kernels.base.ports import free_port; free_port(); "
+            "print(sorted(m for m in sys.modules if m == 'torch'))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.splitlines()[-1] == "[]", p.stdout + p.stderr
 
@@ -277,7 +279,7 @@ def test_the_kernel_started_ahead_runs_without_the_debugger_and_preloads_what_it
     imports the preload modules in a thread; a module that fails to import there does not stop the kernel."""
     from jupyter_core.utils import run_sync
 
-    from kernels import notebook_kernel
+    from kernels.notebook import kernel as notebook_kernel
 
     kernel = notebook_kernel.start({}, preload=("pandas", "no_such_module_for_this_test"))
     assert kernel is not None
@@ -310,7 +312,7 @@ def test_an_interrupt_while_the_kernel_imports_prints_nothing(tmp_path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "kernels.notebook_kernel", "-f", str(tmp_path / "kernel.json")],
+    p = subprocess.Popen([sys.executable, "-m", "kernels.notebook.kernel", "-f", str(tmp_path / "kernel.json")],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(0.3)  # in its imports: they take about 0.8 s
@@ -332,7 +334,7 @@ def test_what_the_kernel_preloads_is_what_each_of_the_labs_notebooks_imports():
 
 @pytest.mark.integration
 def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
-    from kernels.notebook_html import HtmlRenderer
+    from kernels.notebook.html import HtmlRenderer
 
     helper = HtmlRenderer()
     helper.proc.stdin.close()  # the runner ended before any notebook existed
@@ -389,7 +391,7 @@ def test_a_log_axis_is_labelled_in_plain_numbers():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernels.axis_labels import plain_log_labels
+    from kernels.base.axis_labels import plain_log_labels
 
     fig, (wide, narrow) = plt.subplots(1, 2)
     wide.plot([1, 2, 3], [12, 2.8, 0.07])
@@ -414,7 +416,7 @@ def test_figure_text_states_what_the_chart_shows_and_travels_with_the_png(tmp_pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kernels.alttext import describe, png_description
+    from kernels.base.alttext import describe, png_description
     from kernels.report.figures import save_figure
 
     fig, (a, b) = plt.subplots(1, 2)
@@ -439,7 +441,7 @@ def test_a_table_reads_whole_in_the_log_and_an_empty_one_says_so():
     sentence, in the page and in the log, not pandas' "Empty DataFrame" with its column list."""
     import pandas as pd
 
-    from kernels.notebook_tables import table
+    from kernels.notebook.tables import table
 
     t = table(pd.DataFrame({"samples_per_s": [13420416.0, None], "mfu": [0.00928, 0.5]}))
     assert repr(t).split("\n")[1].split() == ["0", "13,420,416", "0.00928"] and "nan" not in repr(t).lower()

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from kernels import records, report
-from kernels.config import resolve
+from kernels.records import schema as records
+from kernels import report
+from kernels.launch.config import resolve
 from kernels.report.tex import GAP, num
 from kernels.workloads import Metric
 
@@ -123,7 +124,7 @@ SYNTH_PLAN = {**PLAN, "workloads": ["ResNet-18 on synthetic images"]}  # what th
 def test_epoch_times_are_the_records_measured_ones_and_a_projection_says_so(tmp_path):
     """A first epoch that compiles and warms up makes the measured epoch longer than steps x step time; the
     documents quote what the records measured (median over repeats), and label a projection as one."""
-    from kernels import analysis
+    from kernels.analysis import runs as analysis
 
     runs = tmp_path / "runs"
     for run_id, n, x, epoch_s in (("a", 1, 1000.0, 60.0), ("b", 1, 1000.0, 70.0), ("c", 1, 1000.0, 65.0),
@@ -426,7 +427,7 @@ def test_lab_paper_without_tex_names_the_packages(tmp_path):
 
 
 def test_bad_plan_is_one_clear_error(tmp_path):
-    from kernels.params import ConfigError
+    from kernels.base.params import ConfigError
 
     with pytest.raises(ConfigError, match="unknown key 'margn'.*did you mean 'margin'"):
         report.check_plan({**PLAN, "margn": 0.2}, SYSTEMS)
@@ -634,7 +635,7 @@ def test_a_profile_tables_shares_add_up_to_the_whole_step():
     import pandas as pd
 
     from kernels.profiling.breakdown import CATEGORIES
-    from kernels.report import profiling
+    from kernels.report import profiling_section as profiling
 
     shares = dict(zip(CATEGORIES, [0.40, 0.12, 0.08, 0.05, 0.01, 0.03, 0.09, 0.025, 0.015, 0.02, 0.16]))
     assert sum(shares.values()) == pytest.approx(1.0)
@@ -800,7 +801,7 @@ def test_a_request_from_contended_records_only_says_so(tmp_path):
 def test_a_quiet_rerun_supersedes_the_contended_repeat_of_its_point(tmp_path):
     """make demo re-runs a contended point: the quiet re-run measures it, the contended repeat leaves its median and
     is named as superseded; a point with only contended repeats stays set aside."""
-    from kernels import analysis
+    from kernels.analysis import runs as analysis
 
     runs = tmp_path / "runs"
     write_record(runs, "one-busy", gpus=1, batch=64, x=50.0, contended=True)

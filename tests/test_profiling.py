@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from kernels.run.probe import probe_result
-from kernels.params import ConfigError
-from kernels.config import check_environment, resolve
+from kernels.base.params import ConfigError
+from kernels.launch.config import check_environment, resolve
 from kernels.profiling import breakdown, tools, verdict
 from kernels.profiling.monitor_csv import summarise
-from kernels.stats import median_ci
+from kernels.base.stats import median_ci
 
 from conftest import ROOT
 
@@ -36,7 +36,7 @@ def profiled(tmp_path_factory):
     """One 2-rank profiled run of notebooks/02_profile.ipynb through the runner (Papermill), as make demo does."""
     tmp = tmp_path_factory.mktemp("profile")
     env = {**os.environ, "LAB_RESULTS": str(tmp)}
-    p = subprocess.run([sys.executable, "-m", "kernels.notebooks", "run", str(NB), *PROFILE_P,
+    p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", str(NB), *PROFILE_P,
                         "-p", "results_dir", str(tmp / "runs")], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
@@ -139,7 +139,7 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
 def test_the_launcher_leaves_the_profiler_librarys_marks_out_of_the_log():
     import io
 
-    from kernels.launch import _pump
+    from kernels.launch.ranks import _pump
 
     rank = io.StringIO("epoch 1/2\nUSDT:2026-11-28 03:09:45 13802:13802 SyncActivityProfilerHandler.cpp:52] "
                        "profiler_start\nSTAGE:2026-11-28 13:03:20 30496:30496 SyncActivityProfilerHandler.cpp:60] "
@@ -168,7 +168,7 @@ def test_comm_probe_is_never_negative(profiled):
 
 
 def test_median_ci_has_the_sign_test_coverage():
-    def ci(values):  # the probe's interval: kernels.stats.median_ci at 90 %
+    def ci(values):  # the probe's interval: kernels.base.stats.median_ci at 90 %
         c = median_ci(values, level=0.90)
         return c["ci_lo"], c["ci_hi"]
 
@@ -347,7 +347,7 @@ def test_wrapper_refuses_to_start_without_the_tool(tool):
 
 
 def test_srun_line_puts_the_rank_wrapper_before_each_rank():
-    from kernels.launch import srun_command
+    from kernels.launch.ranks import srun_command
 
     cfg = resolve({"gpus": 4, "dataset": "digits", "profile_steps": 3, "profile_with": "external"})
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import records
+from kernels.records import schema as records
 from kernels.workloads import Metric
 from conftest import ROOT
 
@@ -34,7 +34,7 @@ def test_records_honour_the_umask(tmp_path):
     import subprocess
     import sys
 
-    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from kernels import records; "
+    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from kernels.records import schema as records; "
             "records.write_json(__import__('pathlib').Path(sys.argv[1]), {'status': 'complete'})")
     for mask, mode in (("022", 0o644), ("002", 0o664), ("077", 0o600)):
         path = tmp_path / f"summary-{mask}.json"

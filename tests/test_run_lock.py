@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from kernels import records
-from kernels.errors import ConfigError
+from kernels.records import schema as records
+from kernels.base.errors import ConfigError
 
 from conftest import record_fault
 

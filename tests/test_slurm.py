@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, merge_p
-from kernels import records
+from kernels.records import schema as records
 
 pytestmark = pytest.mark.system
 
@@ -84,7 +84,7 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     assert entry["available"] is False and "accounting storage is disabled" in entry["note"], entry
     assert "sacct: not available (accounting database: sacct exited 1" in log
     # after the job, its completion log has it: the record then holds Slurm's own final view
-    p = subprocess.run([sys.executable, "-m", "kernels.accounting", "store", job, str(run)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "kernels.slurm.accounting", "store", job, str(run)], cwd=ROOT,
                        env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]}, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and f"sacct: job {job} COMPLETED" in p.stdout, p.stdout + p.stderr
@@ -227,8 +227,8 @@ def test_unknown_notebook_fails_the_job(slurm, tmp_path):
 
 def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
     res = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", "--gpus", "4", "--gpus-per-node", "2",
-           "--time", "00:10:00", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
+    cmd = [sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", "--gpus", "4", "--gpus-per-node",
+           "2", "--time", "00:10:00", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
            "--sbatch-arg=--cpus-per-task=1"]
     job, rc, log = sbatch(slurm, tmp_path, [], [*TINY_P, "-p", "results_dir", res, "-p", "label", "helper"], cmd=cmd)
     assert rc == 0, log
@@ -238,8 +238,8 @@ def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
 
 def test_submit_helper_dry_run_and_bad_geometry():
     def run(*a):
-        return subprocess.run([sys.executable, "-m", "kernels.submit", "notebooks/01_train.ipynb", *a, "--dry-run"],
-                              cwd=ROOT, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", *a,
+                               "--dry-run"], cwd=ROOT, capture_output=True, text=True)
     p = run("--gpus", "8", "--gpus-per-node", "4", "-p", "epochs", "5")
     assert p.returncode == 0
     assert p.stdout.strip() == ("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "

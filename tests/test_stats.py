@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kernels.stats import median_ci, percentile, step_summary, thin
+from kernels.base.stats import median_ci, percentile, step_summary, thin
 
 pytestmark = pytest.mark.unit
 

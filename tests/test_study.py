@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernels import analysis, report, study, sweep, sysinfo
-from kernels.params import ConfigError
+from kernels.analysis import runs as analysis
+from kernels import report
+from kernels.slurm import study, sweep
+from kernels.base import sysinfo
+from kernels.base.params import ConfigError
 
 from conftest import ROOT
 
@@ -54,7 +57,7 @@ def cli(*args, env=None) -> subprocess.CompletedProcess:
 def test_bad_study_files_are_rejected_before_submission(tmp_path, spec, needle):
     spec = {"cluster": "local", **spec}
     path = write_study(tmp_path, "bad", **spec)
-    p = cli("kernels.study", "submit", path, env={"LAB_RESULTS": str(tmp_path / "res")})
+    p = cli("kernels.slurm.study", "submit", path, env={"LAB_RESULTS": str(tmp_path / "res")})
     assert p.returncode == 2, p.stdout + p.stderr
     assert needle in p.stderr, p.stderr
     assert "sbatch" not in p.stdout and not (tmp_path / "res").exists()
@@ -63,7 +66,7 @@ def test_bad_study_files_are_rejected_before_submission(tmp_path, spec, needle):
 def test_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: broken\ncluster: local\ngpus: [1, 2\nmode: strong\n")
-    p = cli("kernels.study", "submit", path, env={"LAB_RESULTS": str(tmp_path / "res")})
+    p = cli("kernels.slurm.study", "submit", path, env={"LAB_RESULTS": str(tmp_path / "res")})
     assert p.returncode == 2
     err = p.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -72,15 +75,15 @@ def test_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
 
 def test_points_can_be_written_and_printed_for_the_rerun_recipe(tmp_path):
     env = {"LAB_RESULTS": str(tmp_path)}
-    p = cli("kernels.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--write", env=env)
+    p = cli("kernels.slurm.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--write", env=env)
     assert p.returncode == 0, p.stderr
     files = sorted((tmp_path / "studies" / "strong_resnet18" / "points").glob("p*.yaml"))
     assert len(files) == 21 and files[12].name == "p012.yaml"
     params = yaml.safe_load(files[12].read_text())
     assert params["run_id"] == "strong_resnet18-p012" and params["gpus"] == 16 and params["batch"] == 512
-    p = cli("kernels.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--point", "12", env=env)
+    p = cli("kernels.slurm.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--point", "12", env=env)
     assert yaml.safe_load(p.stdout) == params
-    p = cli("kernels.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--point", "99", env=env)
+    p = cli("kernels.slurm.study", "points", ROOT / "studies" / "strong_resnet18.yaml", "--point", "99", env=env)
     assert p.returncode == 2 and "points 0..20, not 99" in p.stderr
 
 
@@ -88,7 +91,7 @@ def test_cluster_qos_and_missing_account(tmp_path):
     prof = tmp_path / "prod.yaml"
     prof.write_text(yaml.safe_dump({"name": "prod", "partition": "gpu", "qos": "normal", "gpus_per_node": 4}))
     path = write_study(tmp_path, "q", mode="strong", gpus=[4], fixed={"batch": 64}, cluster=str(prof))
-    p = cli("kernels.study", "submit", path, "--dry-run", env={"LAB_RESULTS": str(tmp_path / "res")})
+    p = cli("kernels.slurm.study", "submit", path, "--dry-run", env={"LAB_RESULTS": str(tmp_path / "res")})
     assert p.returncode == 0, p.stderr
     assert "--qos=normal" in p.stdout and "--partition=gpu" in p.stdout
     assert "has no account" in p.stderr and "account:" in p.stderr
@@ -108,7 +111,7 @@ def test_points_strong_weak_and_sweep():
 
 
 def test_dry_run_prints_one_array_per_geometry(tmp_path):
-    p = cli("kernels.study", "submit", ROOT / "studies" / "strong_resnet18.yaml", "--dry-run",
+    p = cli("kernels.slurm.study", "submit", ROOT / "studies" / "strong_resnet18.yaml", "--dry-run",
             env={"LAB_RESULTS": str(tmp_path)})
     assert p.returncode == 0
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("sbatch")]
@@ -245,7 +248,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
 
     jobs = []
     for path in (strong, sens):
-        p = cli("kernels.study", "submit", path, env=env)
+        p = cli("kernels.slurm.study", "submit", path, env=env)
         assert p.returncode == 0, p.stdout + p.stderr
         jobs += re.findall(r"submitted job array (\d+)", p.stdout)
     assert len(jobs) == 3 + 1  # strong: geometries 1x1, 1x2, 2x2; sensitivity: one array of 2
@@ -256,7 +259,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     assert states == {0: "done", 1: "failed", 2: "done", 3: "done", 4: "done", 5: "done"}, rows
     failed = rows[1]
     assert "File exists" in failed["reason"] and "st-p001" in failed["reason"], failed
-    p = cli("kernels.study", "status", strong, env=env)
+    p = cli("kernels.slurm.study", "status", strong, env=env)
     assert "done 5 running 0 failed 1 missing 0" in p.stdout and "File exists" in p.stdout
     assert all(r["state"] == "done" for r in study.status(study.load(sens)))
 
@@ -264,7 +267,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     finished = {r["run_id"]: json.loads((runs / r["run_id"] / "summary.json").read_text())["finished_utc"]
                 for r in rows if r["state"] == "done"}
     (runs / "st-p001").unlink()
-    p = cli("kernels.study", "resubmit", strong, env=env)
+    p = cli("kernels.slurm.study", "resubmit", strong, env=env)
     assert p.returncode == 0 and "resubmitting 1 point(s): 1" in p.stdout, p.stdout + p.stderr
     wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
     rows = study.status(study.load(strong))
@@ -284,7 +287,7 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     scal = analysis.scaling(recs)
     strong_rows = scal[scal["mode"] == "strong"].set_index("gpus")
     # two repeats per point; one that shared its cores with the suite's other work while a quiet repeat exists
-    # is left out of the point (kernels/trust.py: superseded)
+    # is left out of the point (kernels/analysis/trust.py: superseded)
     gone = {r for ids in strong_rows["superseded"] for r in ids}
     assert list(strong_rows.index) == [1, 2, 4]
     assert set(strong_rows["repeats"] + strong_rows["superseded"].map(len)) == {2}
@@ -304,7 +307,7 @@ def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
     spec = ROOT / "sweeps" / "product_grid.yaml"  # as shipped; its outputs go under LAB_RESULTS
-    p = cli("kernels.sweep", "submit", spec, env=env)
+    p = cli("kernels.slurm.sweep", "submit", spec, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
     rows = sweep.collect(sweep.load(spec))
@@ -324,7 +327,7 @@ def test_mpi_allreduce_sweep_compiles_runs_and_collects_one_table(slurm, tmp_pat
     spec["grid"] = {"ranks": [2, 4], "bytes": [8, 65536]}
     path = tmp_path / "allreduce_latency.yaml"
     path.write_text(yaml.safe_dump(spec))
-    p = cli("kernels.sweep", "submit", path, env=env)
+    p = cli("kernels.slurm.sweep", "submit", path, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (tmp_path / "sweeps" / "allreduce_latency" / "allreduce_latency").is_file()  # built by the setup
     wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
@@ -336,7 +339,7 @@ def test_mpi_allreduce_sweep_compiles_runs_and_collects_one_table(slurm, tmp_pat
     table = (tmp_path / "sweeps" / "allreduce_latency" / "table.csv").read_text().splitlines()
     assert set(table[0].split(",")) >= {"index", "ranks", "bytes", "exit_code", "avg_us", "busbw_GBps", "wrong"}
     assert len(table) == 5
-    p = cli("kernels.sweep", "collect", path, env=env)
+    p = cli("kernels.slurm.sweep", "collect", path, env=env)
     assert p.returncode == 0 and "avg_us" in p.stdout and "table.csv" in p.stdout, p.stdout + p.stderr
 
 
@@ -345,15 +348,15 @@ def test_sweep_setup_failure_submits_nothing(tmp_path, monkeypatch):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"name": "bad", "cluster": "local", "setup": "exit 3", "command": "echo {n}",
                                     "grid": {"n": [1]}, "parse": "(?P<n>\\d+)"}))
-    p = cli("kernels.sweep", "submit", path)
+    p = cli("kernels.slurm.sweep", "submit", path)
     assert p.returncode == 2 and "setup failed (exit 3), nothing submitted" in p.stderr, p.stderr
     assert not (tmp_path / "sweeps" / "bad" / "commands.txt").exists()
     path.write_text(yaml.safe_dump({"name": "bad", "command": "echo {n}", "grid": {"n": [1]}, "parse": "\\d+"}))
-    p = cli("kernels.sweep", "submit", path, "--dry-run")
+    p = cli("kernels.slurm.sweep", "submit", path, "--dry-run")
     assert p.returncode == 2 and "key 'parse' needs named groups" in p.stderr, p.stderr
     path.write_text(yaml.safe_dump({"name": "dry", "cluster": "local", "setup": "make prog", "command": "./prog {n}",
                                     "grid": {"n": [1, 2]}}))
-    p = cli("kernels.sweep", "submit", path, "--dry-run")  # the printed line names files that then exist
+    p = cli("kernels.slurm.sweep", "submit", path, "--dry-run")  # the printed line names files that then exist
     listed = re.search(r"slurm/sweep_task.sbatch (\S+)", p.stdout).group(1)
     assert p.returncode == 0 and Path(listed).read_text().split("\n")[:2] == ["./prog 1", "./prog 2"], p.stdout
     assert "its setup has not run: run `make prog`" in p.stdout

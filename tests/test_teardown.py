@@ -34,7 +34,7 @@ REPEATS = 2
 
 
 def test_two_rank_start_and_teardown_never_fails_a_complete_run(tmp_path):
-    from kernels.ports import free_port
+    from kernels.base.ports import free_port
 
     failures = []
     for i in range(REPEATS):

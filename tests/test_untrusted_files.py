@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import checkpoint as ckpt
-from kernels import safe_pickle
+from kernels.records import checkpoint_file as ckpt
+from kernels.base import safe_pickle
 from kernels.data import cifar10, traffic
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 from conftest import record_fault, write_cifar_tarball
 
@@ -231,21 +231,21 @@ def test_a_run_directory_that_is_a_link_or_another_users_is_refused(tmp_path, ca
         assert rc == 2 and "parameter 'results_dir'" in err and "belongs to another user" in err, err
         assert not list(theirs.iterdir())
     # the user's own link to a results folder elsewhere (scratch) is fine
-    from kernels.files import foreign
+    from kernels.base.files import foreign
 
     (tmp_path / "mine").symlink_to(elsewhere)
     assert foreign(tmp_path / "mine", own_link_ok=True) is None and foreign(tmp_path / "mine") is not None
 
 
 def _grown(path):
-    from kernels.files import create
+    from kernels.base.files import create
 
     with create(path) as f:
         f.write("t,cpu\n")
 
 
 def test_files_written_whole_or_as_they_grow_never_follow_a_planted_link(tmp_path):
-    from kernels.files import atomic_write_text
+    from kernels.base.files import atomic_write_text
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -260,8 +260,8 @@ def test_files_written_whole_or_as_they_grow_never_follow_a_planted_link(tmp_pat
 def test_a_squatted_rendezvous_port_is_one_line_naming_it(tmp_path):
     import socket
 
-    from kernels.dist import RankEnv, rendezvous_store
-    from kernels.ports import PORT_BASE, PORT_SPAN, free_port
+    from kernels.base.dist import RankEnv, rendezvous_store
+    from kernels.base.ports import PORT_BASE, PORT_SPAN, free_port
 
     with socket.socket() as squatter:  # another user's process on the port rank 0 must serve
         squatter.bind(("", 0))
@@ -289,7 +289,7 @@ def test_a_squatted_rendezvous_port_is_one_line_naming_it(tmp_path):
 def test_sweep_values_that_would_inject_are_refused(tmp_path, change, needle):
     import yaml
 
-    from kernels import sweep
+    from kernels.slurm import sweep
 
     spec = {"name": "s", "command": "echo {n}", "grid": {"n": [1, 2]}, **change}
     path = tmp_path / "s.yaml"
@@ -301,7 +301,8 @@ def test_sweep_values_that_would_inject_are_refused(tmp_path, change, needle):
 # ------------------------------------------------------------------ one line, not a traceback
 def test_unreadable_inputs_are_one_line_errors(tmp_path, capsys, monkeypatch):
     from conftest import ROOT, cli_in_process
-    from kernels import papermill_args, study, sweep
+    from kernels.notebook import papermill_args
+    from kernels.slurm import study, sweep
 
     binary, listed = tmp_path / "binary.yaml", tmp_path / "list.yaml"
     binary.write_bytes(bytes(range(256)))
@@ -352,7 +353,7 @@ def test_a_model_that_cannot_fit_is_refused_before_it_is_built(tmp_path, capsys,
     import resource
 
     from conftest import cli_in_process
-    from kernels.config import resolve
+    from kernels.launch.config import resolve
     from kernels.run import memory
     from kernels.train import parse_args
     from kernels.workloads import get_workload

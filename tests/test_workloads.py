@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.data.pipeline import EvalSource, Split, TensorSource
-from kernels.notebooks import resolve_notebook_parameters
-from kernels.params import ConfigError, Param
-from kernels.config import resolve, table
+from kernels.notebook.runner import resolve_notebook_parameters
+from kernels.base.params import ConfigError, Param
+from kernels.launch.config import resolve, table
 from kernels.workloads import DataInfo, Metric, Recipe, Workload
 
 from conftest import ROOT, TINY, cli_in_process, load_checkpoint, merge_args, run_cli
@@ -145,7 +145,7 @@ def test_study_file_with_a_parameter_of_another_workload(tmp_path):
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\ncluster: local\nmode: strong\ngpus: [1]\nfixed: {workload: cnn, batch: 64, width: 8}\n")
-    p = subprocess.run([sys.executable, "-m", "kernels.study", "submit", str(path), "--dry-run"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(path), "--dry-run"], cwd=ROOT,
                        capture_output=True, text=True, env={**os.environ, "LAB_RESULTS": str(tmp_path)})
     assert p.returncode == 2 and "'width' is a parameter of workload resnet18, not cnn" in p.stderr
 

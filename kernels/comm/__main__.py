@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernels.errors import ConfigError, exit_status
+from kernels.base.errors import ConfigError, exit_status
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -28,12 +28,12 @@ def bench_parser() -> argparse.ArgumentParser:
 
 def bench(argv: list[str]) -> int:
     from kernels.comm import bench as b
-    from kernels.launch import leave
+    from kernels.launch.ranks import leave
 
     ap = bench_parser()
     known, rest = ap.parse_known_args(argv)
     if rest:
-        from kernels.params import unknown_name_error
+        from kernels.base.params import unknown_name_error
 
         raise unknown_name_error(rest[0].lstrip("-").split("=")[0], where=f" on the command line ({rest[0]})",
                                  known=list(b.BY_NAME))

@@ -36,11 +36,12 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels import files, records
+from kernels.base import files
+from kernels.records import schema as records
 from kernels.comm.collectives import DTYPES, FORMS, OPS, count_wrong
-from kernels.errors import ConfigError
-from kernels.files import results_home
-from kernels.params import Param, coerce, unknown_name_error
+from kernels.base.errors import ConfigError
+from kernels.base.files import results_home
+from kernels.base.params import Param, coerce, unknown_name_error
 
 ALL_OPS = ",".join(OPS)
 PARAMS: tuple[Param, ...] = (
@@ -250,7 +251,7 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
         raise ConfigError(f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
                           f"torchrun (launcher none)")
     if launcher == "srun":
-        from kernels.launch import check_allocation
+        from kernels.launch.ranks import check_allocation
 
         check_allocation(cfg)
     return cfg
@@ -341,7 +342,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 # ------------------------------------------------------------------ one rank
 def _versions(backend: str) -> dict:
-    from kernels.sysinfo import software_versions
+    from kernels.base.sysinfo import software_versions
 
     v = software_versions(import_torch=backend != "mpi")
     if backend == "mpi":
@@ -374,7 +375,7 @@ def worker(cfg: CommConfig) -> int:
             if not MPI.Is_finalized():
                 MPI.Finalize()
     from kernels.comm.collectives import TorchRunner
-    from kernels.dist import process_group, rank_env, select_device
+    from kernels.base.dist import process_group, rank_env, select_device
 
     renv = rank_env()
     if renv.world_size != cfg.gpus:
@@ -386,7 +387,7 @@ def worker(cfg: CommConfig) -> int:
 
 
 def _measure(cfg: CommConfig, runner, device) -> int:
-    from kernels.sysinfo import device_name
+    from kernels.base.sysinfo import device_name
 
     n, rank = runner.n, runner.rank
     if n != cfg.gpus:
@@ -413,7 +414,7 @@ def _measure(cfg: CommConfig, runner, device) -> int:
             lines.append(line)
 
     if is0:
-        from kernels.sysinfo import git_info, slurm_ids
+        from kernels.base.sysinfo import git_info, slurm_ids
 
         records.ensure_not_complete(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -555,7 +556,7 @@ def mpirun_command(cfg: CommConfig, command: list[str]) -> list[str]:
 
 def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     """Validate, then start the ranks with the chosen launcher. Returns (exit status, record directory)."""
-    from kernels.launch import exit_cause, run_srun, spawn_local, srun_command
+    from kernels.launch.ranks import exit_cause, run_srun, spawn_local, srun_command
 
     stdout = stdout or sys.stdout
     launcher = choose_launcher(cfg)

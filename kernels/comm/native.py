@@ -35,7 +35,7 @@ def requested_loop(env=None) -> str:
     """$LAB_MPI_LOOP: auto (the C loop when it builds, the default) or python."""
     value = (env if env is not None else os.environ).get("LAB_MPI_LOOP", "auto") or "auto"
     if value not in LOOP_CHOICES:
-        from kernels.errors import ConfigError
+        from kernels.base.errors import ConfigError
 
         raise ConfigError(f"LAB_MPI_LOOP={value!r}: use auto (time in C when mpicc builds the loop) or python")
     return value

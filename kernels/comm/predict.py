@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from kernels.comm.collectives import OPS
-from kernels.errors import ConfigError
-from kernels.files import results_home
-from kernels.sysinfo import usable_cores
-from kernels.params import default
+from kernels.base.errors import ConfigError
+from kernels.base.files import results_home
+from kernels.base.sysinfo import usable_cores
+from kernels.base.params import default
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 # A fit resolves alpha and busbw only from at least this many message sizes, with an rms relative error of its
@@ -114,7 +114,7 @@ def fits(records: list[dict], form: str = "auto", by: str = "system", unresolved
     (by="label": e.g. a paper/systems.yaml key). `form`: which timing column (out, in, or auto: out-of-place
     where the API has it, else in-place). Unresolved fits are left out (the predictor and the proposal use these)
     unless `unresolved` (the tables list them, marked)."""
-    from kernels.analysis import system_of
+    from kernels.analysis.runs import system_of
 
     groups: dict[tuple, list] = {}
     for rec in records:
@@ -244,7 +244,7 @@ def cpu_share(ranks_per_node: int, threads_per_rank: int, cores: int, on_gpu: bo
 
 def run_inputs(run_dir: Path) -> dict:
     """What the predictor needs from a 1-rank run record."""
-    from kernels.records import read_run
+    from kernels.records.schema import read_run
 
     rec = read_run(run_dir)
     s, c = rec["summary"] or {}, rec["config"] or {}
@@ -258,7 +258,7 @@ def run_inputs(run_dir: Path) -> dict:
     if not grads:
         raise ConfigError(f"--run {run_dir}: the record has no gradient sizes (grad_param_bytes); it predates them: "
                           f"run the 1-rank point again")
-    from kernels.analysis import system_of
+    from kernels.analysis.runs import system_of
 
     t1 = s["step_ms_p50"] / 1e3
     p90 = s.get("step_ms_p90")
@@ -275,7 +275,7 @@ def scaling_mode(run_dir: Path, run: dict) -> tuple[str, str]:
     """(strong or weak, where that came from): the multi-rank runs beside the 1-rank one with its label tell
     (they keep its global batch: strong; their batch grows with the ranks: weak); without them, strong (the
     1-rank run's global batch kept), said so."""
-    from kernels.records import RecordError, read_json
+    from kernels.records.schema import RecordError, read_json
 
     for d in sorted(Path(run_dir).parent.glob("*/config.json")):
         try:
@@ -356,7 +356,7 @@ def validation(runs, comm_records: list[dict]):
     backend. One row per (series, N): medians over repeats; error = predicted / measured - 1."""
     import pandas as pd
 
-    from kernels.analysis import CONFIG_KEYS, series_name
+    from kernels.analysis.runs import CONFIG_KEYS, series_name
 
     if runs.empty or "grad_param_bytes" not in runs:
         return pd.DataFrame(columns=VALIDATION_COLUMNS)
@@ -495,7 +495,7 @@ def _fmt(v, spec: str = ".1f") -> str:
 def write_markdown(path: Path, table, runs, args) -> None:
     from datetime import datetime, timezone
 
-    from kernels.files import atomic_write_bytes
+    from kernels.base.files import atomic_write_bytes
 
     used = runs[runs["run_id"].notna()]
     lines = ["# Step predictor: predicted against measured step time", "",
@@ -526,7 +526,7 @@ def write_markdown(path: Path, table, runs, args) -> None:
 
 
 def validate_main(argv: list[str]) -> int:
-    from kernels.analysis import load_runs
+    from kernels.analysis.runs import load_runs
 
     ap = argparse.ArgumentParser(prog="lab comm validate", description="predicted against measured step times of "
                                  "every series with a 1-rank point and commbench fits on the same system")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 
 def _check_cifar10(root: Path) -> None:

@@ -2,7 +2,7 @@
 
 The format, the reader's checks (check, verify, load_manifest) and the builder of a range of
 shards (build, finish). The command line, which also submits the build as a Slurm job array,
-is kernels/bigmnist_jobs.py (`lab bigmnist build|submit|verify|info`).
+is kernels/slurm/bigmnist_jobs.py (`lab bigmnist build|submit|verify|info`).
 
 What is built (the seed study's bigMNIST, made deterministic):
 - the 60,000 training images of MNIST (or Fashion-MNIST, --source) in `versions`
@@ -44,9 +44,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.errors import ConfigError
-from kernels.files import sizes
-from kernels.sysinfo import free_space
+from kernels.base.errors import ConfigError
+from kernels.base.files import sizes
+from kernels.base.sysinfo import free_space
 
 RECORD = np.dtype([("image", np.uint8, (28, 28)), ("label", np.uint8)])
 RECORD_BYTES = RECORD.itemsize  # 785
@@ -228,7 +228,7 @@ def write_records(path: Path, images: np.ndarray, labels: np.ndarray) -> dict:
 
 
 def _write_json(path: Path, obj) -> None:
-    from kernels.files import atomic_write_bytes
+    from kernels.base.files import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 

@@ -12,7 +12,7 @@ Verification: fetch checks the tarball's md5 and each extracted file's
 official md5. Before a run the files are checked against the official md5s in
 this module, and nothing else: a checksum file in the data folder vouches for
 nothing (anyone who can write the folder could write it too). The batches are
-read by the data-only unpickler (kernels.safe_pickle), so even a file that got
+read by the data-only unpickler (kernels.base.safe_pickle), so even a file that got
 past the check cannot run code.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from kernels.data.download import download, md5sum
-from kernels import safe_pickle
-from kernels.errors import ConfigError
+from kernels.base import safe_pickle
+from kernels.base.errors import ConfigError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 TARBALL = "cifar-10-python.tar.gz"

@@ -6,7 +6,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 
 def _digest(path: Path, algo: str, chunk: int = 1 << 22) -> str:

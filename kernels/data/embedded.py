@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 DIGITS_TEST = 360
 SPLIT_SEED = 0

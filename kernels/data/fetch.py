@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from kernels.errors import ConfigError, exit_status
-from kernels.files import PROJECT_ROOT
+from kernels.base.errors import ConfigError, exit_status
+from kernels.base.files import PROJECT_ROOT
 
 FETCHABLE = ("cifar10", "mnist", "fashion-mnist", "metr-la", "pems-bay")
 

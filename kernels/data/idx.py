@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049

@@ -27,7 +27,7 @@ import numpy as np
 
 from kernels.data import idx
 from kernels.data.download import download, md5sum
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 

@@ -42,7 +42,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 
 class TrainSource:

@@ -60,7 +60,7 @@ import torch
 
 from kernels.data import bigmnist
 from kernels.data.pipeline import ImageTransform, Split, TrainSource, gather_rows, steps_per_epoch
-from kernels.errors import ConfigError
+from kernels.base.errors import ConfigError
 
 MIB = 2**20
 ALIGN = 4096  # O_DIRECT's unit: buffer address, file offset and length in multiples of a logical block (512 or 4 KiB)

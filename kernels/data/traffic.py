@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels import safe_pickle
+from kernels.base import safe_pickle
 from kernels.data.download import sha256sum
-from kernels.errors import ConfigError, exit_status
-from kernels.files import PROJECT_ROOT, sizes
-from kernels.sysinfo import free_space
+from kernels.base.errors import ConfigError, exit_status
+from kernels.base.files import PROJECT_ROOT, sizes
+from kernels.base.sysinfo import free_space
 
 SEQ_LEN = HORIZON = 12
 STEP_MIN = 5

@@ -38,8 +38,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from kernels.engines import Engine
-from kernels.errors import ConfigError
-from kernels.sysinfo import usable_cores
+from kernels.base.errors import ConfigError
+from kernels.base.sysinfo import usable_cores
 
 VERSION = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
@@ -406,7 +406,7 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
 def main(argv=None) -> int:
     import argparse
 
-    from kernels.errors import exit_status
+    from kernels.base.errors import exit_status
 
     ap = argparse.ArgumentParser(prog="python -m kernels.engines.horovod",
                                  description="build Horovod 0.28.1 for this torch (make horovod)")

@@ -387,7 +387,7 @@ def plot(per_rank: list[dict], combined: dict, path: Path, title: str = "") -> P
     if title:
         ax.set_title(title, fontsize=8)
     fig.tight_layout()
-    from kernels.alttext import png_metadata
+    from kernels.base.alttext import png_metadata
 
     fig.savefig(path, dpi=130, bbox_inches="tight", metadata=png_metadata(fig))
     plt.close(fig)

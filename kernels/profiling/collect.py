@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from kernels import files
+from kernels.base import files
 from kernels.profiling import breakdown, hta
 
 

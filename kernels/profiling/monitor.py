@@ -31,8 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from kernels import files
-from kernels.sysinfo import cpu_set
+from kernels.base import files
+from kernels.base.sysinfo import cpu_set
 
 MAX_HZ = 5.0
 COLUMNS = ("unix_s", "t_s", "node", "gpu", "gpu_util_pct", "gpu_mem_used_mib", "gpu_power_w", "gpu_temp_c",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.files import atomic_write_bytes
+from kernels.base.files import atomic_write_bytes
 
 TEXT = ("node",)  # every other column is a number
 

@@ -37,7 +37,7 @@ def trace_name(rank: int, job: str) -> str:
 
 def job_tag(environ=None) -> str:
     """j<job id> (j<array job>_<task> in an array) under Slurm, as the executed notebooks are named; else local."""
-    from kernels.sysinfo import job_tag as slurm_tag
+    from kernels.base.sysinfo import job_tag as slurm_tag
 
     env = os.environ if environ is None else environ
     return f"j{slurm_tag(env)}" if "SLURM_JOB_ID" in env else "local"

@@ -20,17 +20,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels import analysis
-from kernels.report import comm, criteria, dcrnn, io, lab, profiling, request, scaling, workplan
+from kernels.analysis import runs as analysis
+from kernels.report import comm, criteria_table, dcrnn, io, lab, profiling_section, request, scaling, workplan
 from kernels.report.context import Context
 from kernels.report.planned import describe, planned_points
 from kernels.report.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
                                 write_if_changed)
 
 # criteria and request use the scaling results, request the I/O ones too: keep them last
-SECTIONS = (lab, scaling, io, dcrnn, comm, profiling, criteria, request, workplan)
+SECTIONS = (lab, scaling, io, dcrnn, comm, profiling_section, criteria_table, request, workplan)
 SECTION_TITLES = {"lab": "Setup", "scaling": "Scaling and optimisations", "io": "Input and output",
-                  "dcrnn": "DCRNN", "comm": "Communication", "profiling": "Profiling", "criteria": "Targets",
+                  "dcrnn": "DCRNN", "comm": "Communication", "profiling_section": "Profiling",
+                  "criteria_table": "Targets",
                   "request": "Resource request", "workplan": "Work plan"}
 IDENTITY = {"author": "author line of the paper and the slides", "affiliation": "affiliation line of the paper",
             "pi": "the proposal's principal investigator", "institution": "the proposal's applicant institution",
@@ -50,8 +51,8 @@ PLAN_KEYS = {"system": "a key of paper/systems.yaml", **IDENTITY,
 
 def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.DataFrame:
     """Refuse a bad plan in one line; return its planned runs (the study files, read once)."""
-    from kernels.errors import ConfigError
-    from kernels.params import unknown_name_error
+    from kernels.base.errors import ConfigError
+    from kernels.base.params import unknown_name_error
 
     for k in plan:
         if k not in PLAN_KEYS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernels.files import PROJECT_ROOT
+from kernels.base.files import PROJECT_ROOT
 
 
 def load(name: str, dirs: list[Path] | None = None) -> list[dict]:

@@ -28,7 +28,7 @@ ENGINE_COLUMNS = {"series": ("Configuration", "s"), "gpus": ("Ranks", "d"), "ddp
 
 def compare_rows(recs: list[dict]) -> pd.DataFrame:
     """Per record and collective: latency at the smallest size and bus bandwidth at the largest (fp32)."""
-    from kernels.analysis import system_of
+    from kernels.analysis.runs import system_of
 
     rows = []
     for rec in recs:
@@ -56,7 +56,7 @@ def _form(row: dict, column: str):
 
 def engine_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """Median throughput of DDP and Horovod at equal everything else, where both ran."""
-    from kernels.analysis import CONFIG_KEYS, series_name
+    from kernels.analysis.runs import CONFIG_KEYS, series_name
 
     if runs.empty or "engine" not in runs or runs["engine"].nunique() < 2:
         return pd.DataFrame(columns=list(ENGINE_COLUMNS))

@@ -30,9 +30,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernels.errors import ConfigError, exit_status
-from kernels.files import PROJECT_ROOT
-from kernels.sysinfo import usable_cores
+from kernels.base.errors import ConfigError, exit_status
+from kernels.base.files import PROJECT_ROOT
+from kernels.base.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
 DOCUMENTS = {"paper": PROJECT_ROOT / "paper" / "paper.tex", "proposal": PROJECT_ROOT / "paper" / "proposal.tex",
@@ -68,7 +68,7 @@ def check_tex() -> None:
 
 def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool, out=sys.stdout) -> bool:
     """Run the analysis notebook when its inputs changed. True when it ran."""
-    from kernels import notebooks
+    from kernels.notebook import runner as notebooks
 
     stamp = results / "tables" / ".inputs.sha256"
     fp = fingerprint(analysis_inputs(runs), extra=f"{runs.resolve()}|{system}|{study}")
@@ -138,7 +138,7 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     runs = results / "runs"
     # the plan and the systems are checked here, before the analysis notebook starts (a duplicate key, an unknown
     # key or system is one line naming the file, not a failed notebook)
-    from kernels import yamlfile
+    from kernels.base import yamlfile
     from kernels.report import check_plan, placeholders
 
     systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")

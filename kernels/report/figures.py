@@ -37,10 +37,10 @@ def _smallest_font(fig) -> float:
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
     """<out>/figures/<name>.pdf and .png, each rewritten only when its bytes change; the PNG carries the
-    figure's alternative text (kernels.alttext)."""
+    figure's alternative text (kernels.base.alttext)."""
     import matplotlib.pyplot as plt
 
-    from kernels.alttext import png_metadata
+    from kernels.base.alttext import png_metadata
 
     box = fig.get_tightbbox(fig.canvas.get_renderer())  # the box savefig crops to (laid out, not drawn)
     SAVED[name] = (_smallest_font(fig), box.width + 2 * 0.1)  # savefig's tight crop pads 0.1 in a side

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kernels import analysis
+from kernels.analysis import runs as analysis
 from kernels.data import DATASETS
 from kernels.report.context import Context
 from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,

@@ -148,7 +148,7 @@ def data_notes(ctx: Context, mix: dict) -> str:
 
 
 def section(ctx: Context) -> None:
-    from kernels import analysis
+    from kernels.analysis import runs as analysis
 
     runs = ctx.runs
     mix = analysis.version_mix(runs)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kernels.errors import ConfigError
-from kernels.files import PROJECT_ROOT
-from kernels.params import default
+from kernels.base.errors import ConfigError
+from kernels.base.files import PROJECT_ROOT
+from kernels.base.params import default
 from kernels.report.tex import listing, tex_escape
 
 MODES = {"strong": "strong scaling", "weak": "weak scaling", "sweep": "a sweep"}
@@ -17,7 +17,7 @@ MODES = {"strong": "strong scaling", "weak": "weak scaling", "sweep": "a sweep"}
 
 def planned_points(plan: dict, where: str = "paper/plan.yaml") -> pd.DataFrame:
     """One row per run of the plan's studies: study, mode, gpus, epochs, repeat, and what a sweep varies."""
-    from kernels import study
+    from kernels.slurm import study
 
     studies = plan.get("studies") or []
     if not studies:

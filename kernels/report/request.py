@@ -5,14 +5,14 @@ import math
 
 import pandas as pd
 
-from kernels import analysis
-from kernels.trust import quiet
-from kernels.flops import PEAK_TFLOPS
+from kernels.analysis import runs as analysis
+from kernels.analysis.trust import quiet
+from kernels.base.flops import PEAK_TFLOPS
 from kernels.report.context import Context
 from kernels.report.io import STREAMED
 from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
-from kernels.params import default
+from kernels.base.params import default
 
 NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),
                      "epoch_s": ("Epoch (s)", ".3g"), "source": ("Time per epoch", "s"),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kernels import analysis, trust
-from kernels.analysis import main_series
+from kernels.analysis import runs as analysis, trust
+from kernels.analysis.runs import main_series
 from kernels.report.context import Context
 from kernels.report.figures import (FONT_PT, figure_snippet, finish_rank_plot, hardware_line, log_value_axis,
                                     rank_axis, save_figure, style, wrapped)
@@ -315,8 +315,8 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
 
 def resolved_defaults(params: dict) -> dict:
     """Every parameter's default for a record's workload (what a re-run command may leave out)."""
-    from kernels import config
-    from kernels.errors import ConfigError
+    from kernels.launch import config
+    from kernels.base.errors import ConfigError
 
     try:
         return config.resolve({"workload": params.get("workload")}).to_dict()

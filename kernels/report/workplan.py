@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-from kernels.errors import ConfigError
-from kernels.files import PROJECT_ROOT
+from kernels.base.errors import ConfigError
+from kernels.base.files import PROJECT_ROOT
 from kernels.report.context import Context
 from kernels.report.tex import tex_escape
 

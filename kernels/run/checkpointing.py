@@ -1,6 +1,6 @@
 """Checkpointing a run: every rank's part gathered, rank 0's snapshot and (asynchronous) write, and resume.
 
-The files and their checks are kernels/checkpoint.py's; this component decides what goes in
+The files and their checks are kernels/records/checkpoint_file.py's; this component decides what goes in
 (model, optimizer, scaler, scheduler, position, record rows, timing, config, and every rank's
 RNG states, I/O counters, partial sums and buffers: BatchNorm statistics are per rank), times
 the snapshot and the write, and puts a checkpoint's state back into a rank's parts.
@@ -14,8 +14,8 @@ from statistics import median
 import torch
 import torch.distributed as dist
 
-from kernels import checkpoint as ckpt
-from kernels.dist import all_gather_object
+from kernels.records import checkpoint_file as ckpt
+from kernels.base.dist import all_gather_object
 from kernels.run.metrics import zero_timing
 
 POSITION = ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_utc")

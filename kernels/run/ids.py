@@ -1,4 +1,4 @@
-"""A run's id, fixed by the launcher before the ranks start (no torch here: see kernels/ports.py)."""
+"""A run's id, fixed by the launcher before the ranks start (no torch here: see kernels/base/ports.py)."""
 from __future__ import annotations
 
 import os

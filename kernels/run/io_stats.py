@@ -6,7 +6,7 @@ go into every checkpoint, so a resumed run's I/O figures cover all its attempts.
 """
 from __future__ import annotations
 
-from kernels import sysinfo
+from kernels.base import sysinfo
 from kernels.run.metrics import rounded
 
 

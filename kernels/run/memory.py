@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from kernels.files import sizes
+from kernels.base.files import sizes
 
 
 def estimate(wl, cfg, info, probe_x, probe_y) -> dict | None:
     """{params, buffers, activations, micro, total} in bytes per rank, or None when the model cannot be built on
     meta. Every random generator is left as it was: the run's model is built after, from the same seed."""
-    from kernels.checkpoint import rng_state, set_rng_state
+    from kernels.records.checkpoint_file import rng_state, set_rng_state
 
     saved = rng_state()
     try:
@@ -101,8 +101,8 @@ def refuse_what_cannot_fit(wl, cfg, info, probe, device: torch.device, rank: int
     once, by rank 0). Returns the estimate for the record."""
     import socket
 
-    from kernels.dist import all_gather_object
-    from kernels.errors import ConfigError
+    from kernels.base.dist import all_gather_object
+    from kernels.base.errors import ConfigError
 
     hosts = all_gather_object(socket.gethostname())
     est = estimate(wl, cfg, info, *probe)

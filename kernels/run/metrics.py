@@ -12,9 +12,9 @@ import resource
 import torch
 import torch.distributed as dist
 
-from kernels.dist import all_reduce
-from kernels.flops import mfu
-from kernels.stats import step_summary, thin
+from kernels.base.dist import all_reduce
+from kernels.base.flops import mfu
+from kernels.base.stats import step_summary, thin
 
 # Step times kept per epoch for the run's median (evenly strided beyond this): enough for a
 # stable median and p10/p90, small enough for the checkpoint of a 100k-step epoch.

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from kernels.dist import all_gather_object
+from kernels.base.dist import all_gather_object
 from kernels.profiling import monitor as res_monitor
 from kernels.profiling import monitor_csv
 from kernels.profiling.trace import StepProfiler
-from kernels.errors import ConfigError
-from kernels.timers import StepTimer, synchronize
+from kernels.base.errors import ConfigError
+from kernels.base.timers import StepTimer, synchronize
 
 
 class Observers:

@@ -13,9 +13,9 @@ from statistics import median
 
 import torch.distributed as dist
 
-from kernels.dist import all_reduce
-from kernels.stats import median_ci
-from kernels.timers import synchronize
+from kernels.base.dist import all_reduce
+from kernels.base.stats import median_ci
+from kernels.base.timers import synchronize
 
 
 def run_probe(cfg, world: int, engine, ddp, train_model, wl, autocast, opt, src, device, log) -> dict:

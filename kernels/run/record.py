@@ -1,7 +1,7 @@
 """A run's record over its life: the run id, fresh or resume (or refuse), the lock, config.json, metrics.csv,
 summary.json, and the failure mark.
 
-Global rank 0 alone writes; every rank learns rank 0's decision. The schema is kernels/records.py's.
+Global rank 0 alone writes; every rank learns rank 0's decision. The schema is kernels/records/schema.py's.
 """
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from statistics import median
 
 import torch
 
-from kernels import checkpoint as ckpt
-from kernels import files, records, sysinfo
-from kernels.dist import all_gather_object, broadcast_object, check_distinct_gpus, gpu_uuid
-from kernels.errors import ConfigError
-from kernels.flops import mfu, peak_note, peak_tflops
+from kernels.records import checkpoint_file as ckpt
+from kernels.base import files, sysinfo
+from kernels.records import schema as records
+from kernels.base.dist import all_gather_object, broadcast_object, check_distinct_gpus, gpu_uuid
+from kernels.base.errors import ConfigError
+from kernels.base.flops import mfu, peak_note, peak_tflops
 from kernels.profiling import verdict
 from kernels.run.metrics import peak_memory_gib, rounded
-from kernels.stats import step_summary
+from kernels.base.stats import step_summary
 from kernels.run.ids import make_run_id
 
 # Parameters that do not change what a run computes: they may differ between attempts.

@@ -22,7 +22,7 @@ WORKLOADS: dict[str, str] = {
 
 
 def get_workload(name: str) -> Workload:
-    from kernels.errors import ConfigError
+    from kernels.base.errors import ConfigError
 
     if name in WORKLOADS:
         return importlib.import_module(WORKLOADS[name]).WORKLOAD

@@ -98,7 +98,7 @@ class Workload:
                                             # cuda_graphs defaults on with CUDA and compile
 
     def __post_init__(self):
-        from kernels.params import COMMON_BY_NAME, OVERRIDABLE
+        from kernels.base.params import COMMON_BY_NAME, OVERRIDABLE
 
         missing = [k for k in OVERRIDABLE if k not in self.defaults and k != "dataset"]
         if missing:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernels.errors import ConfigError
-from kernels.params import Param
+from kernels.base.errors import ConfigError
+from kernels.base.params import Param
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import math
 
-from kernels.errors import ConfigError
-from kernels.params import Param, device_type
+from kernels.base.errors import ConfigError
+from kernels.base.params import Param, device_type
 from kernels.workloads import classification
 from kernels.workloads.base import DataInfo, Recipe, Workload, fused
 

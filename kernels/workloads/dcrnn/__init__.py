@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kernels.errors import ConfigError
-from kernels.params import Param
+from kernels.base.errors import ConfigError
+from kernels.base.params import Param
 from kernels.workloads.base import DataInfo, Metric, Recipe, Workload, fused
 
 if TYPE_CHECKING:  # annotations only: torch is imported where models and data are built
@@ -143,7 +143,7 @@ def prepare(cfg) -> None:
 def make_data(cfg, rank: int, world: int, device: torch.device):
     from kernels.data import traffic
     from kernels.data.series import SeriesStore, WindowEvalSource, WindowSource
-    from kernels.dist import grid
+    from kernels.base.dist import grid
     from kernels.workloads.dcrnn.graph import Graph, dual_supports, edge_cut, halo_plans, partition
 
     gp = group_size(cfg)

@@ -1,0 +1,349 @@
+"""What machine and software this is: feeds every run record."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kernels.base.files import PROJECT_ROOT
+
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
+              "SLURM_JOB_NUM_NODES", "SLURM_NTASKS", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
+              "SLURM_CLUSTER_NAME", "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT")
+LAB_VARS = ("LAB_STUDY_ID", "LAB_STUDY_POINT", "LAB_STUDY_REPEATS", "LAB_CONTAINER", "LAB_NOTEBOOK")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity (what Slurm's binding or taskset left it), not the
+    machine's count, which overstates it inside an allocation."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_per_rank(ranks_here: int) -> str:
+    """OMP threads for each of `ranks_here` CPU ranks on this node: OMP_NUM_THREADS when set, else the usable
+    cores shared out, as Slurm's --cpus-per-task would give them (never oversubscribed). A string, as OpenMP
+    reads it (it may hold a list, e.g. "4,2")."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // ranks_here))
+
+
+def git_info(root: Path = PROJECT_ROOT) -> dict:
+    def git(*args):
+        try:
+            p = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return p.stdout.strip() if p.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit, "dirty": dirty}
+
+
+def software_versions(import_torch: bool = True) -> dict:
+    """Versions a record keeps. import_torch=False (a process that never uses torch, e.g. an MPI rank): torch's
+    version from its installed metadata, and no CUDA, cuDNN or NCCL, which only an imported torch can tell."""
+    import numpy
+
+    if not import_torch:
+        from importlib import metadata
+
+        try:
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch_version = None
+        return {"python": platform.python_version(), "torch": torch_version, "numpy": numpy.__version__,
+                "cuda": None, "cudnn": None, "nccl": None}
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_device_name() -> str:
+    """The name benchmark tables give this host's CPU as a device, without importing torch."""
+    return f"CPU ({cpu_name()})"
+
+
+def device_name(device) -> str:
+    """The GPU's name for a CUDA device, else this host's CPU; `device` a torch.device or its string ("cpu",
+    "cuda:1"). Only a CUDA device imports torch, so a process that never uses torch (an MPI rank) can ask."""
+    if str(device).split(":")[0] == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return cpu_device_name()
+
+
+def slurm_ids(environ=None) -> dict:
+    env = os.environ if environ is None else environ
+    return {k.lower(): env[k] for k in SLURM_VARS if k in env}
+
+
+def job_tag(environ=None) -> str:
+    """<job id> (<array job>_<task> in an array) under Slurm, else local-<time>-<pid>: names executed notebooks
+    and traces."""
+    env = os.environ if environ is None else environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if "SLURM_JOB_ID" in env:
+        return env["SLURM_JOB_ID"]
+    return "local-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def lab_ids(environ=None) -> dict:
+    env = os.environ if environ is None else environ
+    return {k.lower(): env[k] for k in LAB_VARS if k in env}
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def gpus() -> list[dict]:
+    """GPUs with model, memory and driver (nvidia-smi when present, else what torch sees)."""
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        p = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        out = []
+        for line in p.stdout.strip().splitlines():
+            idx, name, mem, driver = [x.strip() for x in line.split(",")]
+            out.append({"index": int(idx), "name": name, "memory_gib": round(int(mem) / 1024, 1), "driver": driver})
+        if out:
+            return out
+    import torch
+
+    if torch.cuda.is_available():
+        return [{"index": i, "name": torch.cuda.get_device_name(i),
+                 "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1), "driver": None}
+                for i in range(torch.cuda.device_count())]
+    return []
+
+
+def network_interfaces() -> list[dict]:
+    """Interfaces with state and speed (Mb/s, when the kernel reports it); InfiniBand devices too."""
+    out = []
+    base = Path("/sys/class/net")
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        def read(name):
+            try:
+                return (d / name).read_text().strip()
+            except OSError:
+                return None
+        speed = read("speed")
+        out.append({"name": d.name, "state": read("operstate"), "mtu": read("mtu"),
+                    "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None})
+    ib = Path("/sys/class/infiniband")
+    for d in sorted(ib.iterdir()) if ib.is_dir() else []:
+        out.append({"name": d.name, "state": "infiniband", "mtu": None, "speed_mbps": None})
+    return out
+
+
+def slurm_version() -> str | None:
+    import shutil
+
+    for tool in ("sinfo", "srun", "scontrol"):
+        if shutil.which(tool):
+            p = subprocess.run([tool, "--version"], capture_output=True, text=True)
+            if p.returncode == 0 and p.stdout.strip():
+                return p.stdout.strip()
+    # the tools exit before printing their version when no slurm.conf is reachable
+    return "installed, not configured on this machine" if shutil.which("sinfo") else None
+
+
+def container() -> str | None:
+    return (os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+            or os.environ.get("LAB_CONTAINER") or None)
+
+
+def node_facts() -> dict:
+    """This node's hardware, network, Slurm and container: what every run record adds to its versions."""
+    return {"host": host(), "slurm_node": os.environ.get("SLURMD_NODENAME"), "os": platform.platform(),
+            "cpu": cpu_name(), "cpu_cores": os.cpu_count(), "memory_gib": memory_gib(), "gpus": gpus(),
+            "network": network_interfaces(), "slurm": slurm_version(), "container": container()}
+
+
+def system_facts() -> dict:
+    """Everything SYSTEM.md says about this node."""
+    return {**node_facts(), "software": software_versions(), "git": git_info()}
+
+
+def markdown(nodes: list[dict], command: str = "") -> str:
+    """SYSTEM.md from the facts of one or more nodes: every host is named; identical nodes share one table."""
+    from datetime import datetime, timezone
+
+    groups: list[tuple[list[dict], dict]] = []
+    for f in nodes:  # identical hardware and software: one table, all their host names
+        key = {k: f.get(k) for k in ("os", "cpu", "cpu_cores", "memory_gib", "gpus", "software", "slurm", "container")}
+        for hosts, k in groups:
+            if k == key:
+                hosts.append(f)
+                break
+        else:
+            groups.append(([f], key))
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    hostnames = ", ".join(f["host"] + (f" (Slurm node {f['slurm_node']})" if f.get("slurm_node") else "")
+                          for f in nodes)
+    lines = ["# SYSTEM", "",
+             f"Generated by `{command or 'lab sysinfo'}` on {when} from {len(nodes)} node(s): {hostnames}.",
+             "Do not edit by hand. On a cluster: `srun --ntasks-per-node=1 "
+             "lab sysinfo --json --out-dir results/system`",
+             "inside an allocation, then `lab sysinfo --merge results/system/*.json`.", ""]
+    for members, _ in groups:
+        f = members[0]
+        sw = f["software"]
+        names = ", ".join(m["host"] + (f" ({m['slurm_node']})" if m.get("slurm_node") else "") for m in members)
+        lines += [f"## {names}" + (" (identical nodes)" if len(members) > 1 else ""), "",
+                  "| item | value |", "|---|---|",
+                  f"| OS | {f['os']} |", f"| CPU | {f['cpu']}, {f['cpu_cores']} logical cores |",
+                  f"| memory | {f['memory_gib']} GiB |",
+                  f"| GPUs | {len(f['gpus'])}" + (f" x {f['gpus'][0]['name']} ({f['gpus'][0]['memory_gib']} GiB)"
+                                                    if f["gpus"] else " (none)") + " |",
+                  f"| GPU driver | {f['gpus'][0]['driver'] if f['gpus'] and f['gpus'][0]['driver'] else 'none'} |",
+                  f"| Python | {sw['python']} |", f"| PyTorch | {sw['torch']} |",
+                  f"| CUDA / cuDNN / NCCL | {sw['cuda'] or 'none'} / {sw['cudnn'] or 'none'} / "
+                  f"{sw['nccl'] or 'none'} |",
+                  f"| NumPy | {sw['numpy']} |", f"| Slurm | {f['slurm'] or 'not installed'} |",
+                  f"| container | {f['container'] or 'none (virtual environment)'} |",
+                  "| code | "
+                  f"{(f['git'].get('commit') or 'unknown')[:12]}{' (dirty)' if f['git'].get('dirty') else ''} |",
+                  "", "Network interfaces:", "", "| interface | state | MTU | speed |", "|---|---|---|---|"]
+        lines += [f"| {n['name']} | {n['state']} | {n['mtu'] or ''} | "
+                  f"{str(n['speed_mbps']) + ' Mb/s' if n['speed_mbps'] else ''} |" for n in f["network"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _read_node(path: Path) -> dict:
+    import json
+
+    from kernels.base.errors import ConfigError
+
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--merge: {path} is not a node description written by `lab sysinfo --json` ({e}); "
+                          f"write one file per node with `srun --ntasks-per-node=1 lab sysinfo --json --out-dir DIR`")
+    missing = [k for k in ("host", "cpu", "software", "gpus", "network", "git") if k not in facts]
+    if missing:
+        raise ConfigError(f"--merge: {path} lacks {', '.join(missing)}; regenerate it with `lab sysinfo --json`")
+    return facts
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import sys
+
+    from kernels.base.errors import exit_status
+    from kernels.base.files import atomic_write_bytes
+
+    ap = argparse.ArgumentParser(prog="lab sysinfo", description="Describe this node (or several) in SYSTEM.md")
+    ap.add_argument("--json", action="store_true", help="this node's facts as JSON (stdout, or --out-dir)")
+    ap.add_argument("--out-dir", type=Path, help="with --json: write <out-dir>/<host>.json (one file per node "
+                                                 "when run under srun --ntasks-per-node=1)")
+    ap.add_argument("--merge", nargs="+", type=Path, help="JSON files of several nodes -> one SYSTEM.md")
+    ap.add_argument("--out", default=str(PROJECT_ROOT / "SYSTEM.md"),
+                    help="where the Markdown goes (default: SYSTEM.md of the repository; '-' prints it)")
+    a = ap.parse_args(argv)
+    command = "lab sysinfo " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def body() -> None:
+        if a.json:
+            text = json.dumps(system_facts(), indent=2, default=str) + "\n"
+            if a.out_dir:
+                # the Slurm node name first: emulated or containerised nodes can share a host name
+                path = a.out_dir / f"{os.environ.get('SLURMD_NODENAME') or host()}.json"
+                atomic_write_bytes(path, text.encode())
+                print(f"wrote {path}")
+            else:
+                print(text, end="")
+            return
+        nodes = [_read_node(p) for p in a.merge] if a.merge else [system_facts()]
+        text = markdown(nodes, command.strip())
+        if a.out == "-":
+            print(text, end="")
+        else:
+            atomic_write_bytes(Path(a.out), text.encode())  # never a half-written or empty SYSTEM.md
+            print(f"wrote {a.out} ({len(nodes)} node(s))")
+
+    return exit_status(body)
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
+
+
+def free_space(path: Path) -> tuple[Path, int]:
+    """(the nearest existing directory at or above `path`, its free bytes): room on the disk a path will go to."""
+    import shutil
+
+    probe = Path(path)
+    while not probe.exists():
+        probe = probe.parent
+    return probe, shutil.disk_usage(probe).free
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """0,1,2,3,8,9 -> '0-3,8-9' (the form of taskset and Slurm's cpu lists)."""
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def cpu_set(text: str | None) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}: the inverse of cpu_list (Slurm's and taskset's cpu list form)."""
+    out: set[int] = set()
+    for part in (text or "").split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out |= set(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.add(int(part))
+    return out

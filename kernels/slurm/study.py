@@ -1,0 +1,554 @@
+"""Scaling studies on Slurm: one YAML file -> job arrays of notebook runs -> status -> resubmission.
+
+    lab study submit   studies/strong_resnet18.yaml [--dry-run]
+    lab study status   studies/strong_resnet18.yaml
+    lab study resubmit studies/strong_resnet18.yaml [--points 3,7] [--dry-run]
+    lab study points   studies/strong_resnet18.yaml [--write | --point N]
+
+A study file names the notebook, a cluster profile (clusters/<name>.yaml: the
+only file that changes between clusters), the mode (strong: fixed global batch;
+weak: fixed per-GPU batch; sweep: a grid at each GPU count), the GPU counts,
+fixed and swept parameters of 01_train and the repeats. Every (GPU count,
+grid combination, repeat) is a point with a stable run id `<study>-p<NNN>`.
+Points of one job geometry (nodes x tasks per node) go into one job array; each
+array task runs slurm/papermill_run.sbatch on the notebook with its point's
+parameters, and the study id and point are recorded in the run record.
+
+Repeat r of a point runs with seed + r, so repeats are independent samples.
+Everything is validated (unknown keys, impossible geometry, empty grids,
+duplicate points, unknown parameters) before anything is submitted.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from kernels.records.schema import RecordError, read_json
+from kernels.base.errors import ConfigError, exit_status
+from kernels.base.files import PROJECT_ROOT, results_home
+from kernels.launch.config import resolve, table
+from kernels.launch.ranks import geometry
+from kernels.base import files, yamlfile
+
+STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
+              "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
+              "cluster": "cluster profile: a name in clusters/ or a path",
+              "mode": "strong | weak | sweep", "gpus": "list of GPU counts", "repeats": "runs per point (>= 1)",
+              "ranks_per_node": "list of ranks per node to sweep at each GPU count (default: the cluster's)",
+              "serial": "true: run the points one at a time (every array throttled to one task, arrays after each "
+                        "other), for timings on nodes that share a machine",
+              "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
+              "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
+              "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
+CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
+                "qos": "Slurm quality of service (empty: the partition's default)",
+                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks "
+                                                                                        "per node",
+                "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
+                "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
+                "modules": "environment modules to load", "nccl_ifname": "network interface for NCCL/gloo",
+                "sbatch_extra": "further sbatch options", "env": "environment variables exported to the jobs"}
+MODES = ("strong", "weak", "sweep")
+
+
+def results_root() -> Path:
+    return results_home()
+
+
+def _check_keys(d: dict, allowed: dict, where: str) -> None:
+    import difflib
+
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys ({', '.join(allowed)}), got {type(d).__name__}")
+    for k in d:
+        if k not in allowed:
+            close = difflib.get_close_matches(str(k), list(allowed), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"{where}: unknown key '{k}'{hint} Allowed: {', '.join(allowed)}")
+
+
+def load_cluster(ref: str, what: str = "study key 'cluster'") -> dict:
+    path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{what}: no cluster profile {path}; "
+                          f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
+    prof = yamlfile.read(path, "cluster profile")
+    _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
+    prof.setdefault("name", path.stem)
+    for k, default in (("partition", ""), ("account", ""), ("qos", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
+                       ("max_nodes", 0), ("time", "01:00:00"), ("cpus_per_task", 1), ("container", ""),
+                       ("modules", []), ("nccl_ifname", ""), ("sbatch_extra", []), ("env", {})):
+        prof.setdefault(k, default)
+    if prof["gpus_per_node"] < 0 or (prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1):
+        raise ConfigError(f"cluster profile {path}: key 'ranks_per_node' "
+                          f"must be >= 1 on CPU-only nodes (gpus_per_node: 0)")
+    return prof
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    gpus: int
+    repeat: int
+    params: dict          # the notebook's parameters for this run (without gpus)
+    nodes: int
+    tasks_per_node: int
+
+    @property
+    def run_id(self) -> str:
+        return self.params["run_id"]
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    notebook: str
+    cluster: dict
+    mode: str
+    points: list[Point]
+    env: dict = None
+    serial: bool = False
+
+    @property
+    def state_dir(self) -> Path:
+        return results_root() / "studies" / self.name
+
+    @property
+    def runs_dir(self) -> Path:
+        rd = self.points[0].params.get("results_dir") if self.points else ""
+        return Path(rd) if rd else results_home() / ("comm" if is_commbench(self.notebook) else "runs")
+
+
+def is_commbench(notebook: str) -> bool:
+    return Path(notebook).stem == "03_commbench"
+
+
+def _notebook_params(notebook: str, fixed: dict):
+    """(parameter names, resolve function, what to call them) of the study's notebook."""
+    if is_commbench(notebook):
+        from kernels.comm import bench
+
+        return [p.name for p in bench.PARAMS], bench.resolve, "03_commbench"
+    return [p.name for p in table(str(fixed.get("workload") or ""))], resolve, "01_train"
+
+
+def load(path: Path) -> Study:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"study file {path} not found")
+    spec = yamlfile.read(path, "study file")
+    where = f"study file {path}"
+    _check_keys(spec, STUDY_KEYS, where)
+    name = str(spec.get("name") or path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only")
+    mode = spec.get("mode", "strong")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: key 'mode': {mode!r} is not one of {', '.join(MODES)}")
+    gpus = spec.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise ConfigError(f"{where}: key 'gpus' must be a non-empty list of GPU counts")
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"{where}: key 'gpus' lists a GPU count twice (duplicate points): {gpus}")
+    repeats = spec.get("repeats", 1)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"{where}: key 'repeats' must be an integer >= 1")
+    fixed = dict(spec.get("fixed") or {})
+    sweep = dict(spec.get("sweep") or {})
+    if mode == "sweep" and not sweep:
+        raise ConfigError(f"{where}: key 'sweep': mode sweep needs a grid (parameter: [values, ...])")
+    for k, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: key 'sweep.{k}': an empty grid; give a list of values")
+        if len(set(map(str, values))) != len(values):
+            raise ConfigError(f"{where}: key 'sweep.{k}' lists a value twice (duplicate points): {values}")
+        if k in fixed:
+            raise ConfigError(f"{where}: key 'sweep.{k}' is also in 'fixed' (duplicate points)")
+    per_gpu = fixed.pop("batch_per_gpu", None)
+    if mode == "weak" and (per_gpu is None or "batch" in fixed or "batch" in sweep):
+        raise ConfigError(f"{where}: key 'fixed.batch_per_gpu': weak scaling fixes the per-GPU batch "
+                          f"(and not 'batch', which becomes batch_per_gpu x gpus)")
+    if mode != "weak" and per_gpu is not None:
+        raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
+    notebook = spec.get("notebook", "notebooks/01_train.ipynb")
+    if not (PROJECT_ROOT / notebook).is_file():
+        raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
+    known, check, nb_name = _notebook_params(notebook, fixed)
+    if is_commbench(notebook) and mode == "weak":
+        raise ConfigError(f"{where}: key 'mode': a commbench study has no batch to hold fixed; use strong (a list "
+                          f"of rank counts) or sweep (a grid of 03_commbench parameters at each count)")
+    for k in (*fixed, *sweep):
+        if k not in known:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of {nb_name}"
+                              + (f"; did you mean '{close[0]}'?" if close else ""))
+        if k in ("gpus", "run_id", "label", "launcher"):
+            raise ConfigError(f"{where}: key '{k}' is set by the study itself; remove it")
+    cluster = load_cluster(str(spec.get("cluster", "local")))
+    per_node = cluster["gpus_per_node"] or cluster["ranks_per_node"]
+    rpn_list = spec.get("ranks_per_node", [per_node])
+    if not isinstance(rpn_list, list) or not rpn_list or not all(isinstance(x, int) and x >= 1 for x in rpn_list):
+        raise ConfigError(f"{where}: key 'ranks_per_node' must be a non-empty list of integers >= 1, got {rpn_list!r}")
+    if per_node and max(rpn_list) > per_node:
+        raise ConfigError(f"{where}: key 'ranks_per_node': {max(rpn_list)} exceeds the {per_node} per node of cluster "
+                          f"'{cluster['name']}'")
+
+    combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
+    shapes = _shapes(where, gpus, rpn_list, cluster, per_node)
+    points = _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check)
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
+    for k, v in env.items():
+        one_line(where, f"env.{k}", v)
+    serial = spec.get("serial", False)
+    if not isinstance(serial, bool):
+        raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
+    return Study(name, path, notebook, cluster, mode, points, {str(k): str(v) for k, v in env.items()}, serial)
+
+
+def one_line(where: str, key: str, value) -> None:
+    """A value that reaches a command line holds no control character: commands.txt is one command per line, so
+    a newline would make the rest of the value a command of its own."""
+    bad = [c for c in str(value) if ord(c) < 32 or ord(c) == 127]
+    if bad:
+        raise ConfigError(f"{where}: key '{key}': {str(value)!r} holds a control character ({bad[0]!r}); values that "
+                          f"reach a command line must be one line of printable text")
+
+
+def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int) -> list[tuple[int, int, int]]:
+    """(ranks, nodes, ranks per node) of every point shape the cluster can hold."""
+    shapes = []
+    for n in gpus:
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: key 'gpus': {n!r} is not a GPU count >= 1")
+        for rpn in rpn_list:
+            try:
+                nodes, tasks = geometry(n, rpn)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node"
+                                  f"{'' if len(rpn_list) == 1 else f'; ranks_per_node {rpn}'})") from None
+            if cluster["max_nodes"] and nodes > cluster["max_nodes"]:
+                if len(rpn_list) > 1:  # a nodes x ranks-per-node grid: the shapes that fit are run
+                    continue
+                raise ConfigError(f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
+                                  f"has {cluster['max_nodes']} (max_nodes)")
+            if (n, nodes, tasks) not in shapes:  # n <= rpn: one node whatever rpn is; run that shape once
+                shapes.append((n, nodes, tasks))
+        if not any(sh[0] == n for sh in shapes):
+            raise ConfigError(f"{where}: key 'gpus': {n} fits no ranks_per_node of {rpn_list} on cluster "
+                              f"'{cluster['name']}' ({cluster['max_nodes']} nodes, max_nodes)")
+    return shapes
+
+
+def _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check) -> list:
+    """Every point of the study: shapes x grid x repeats, each checked as its notebook would."""
+    points, seen = [], set()
+    base_seed = int(fixed.get("seed", 0))
+    for n, nodes, tasks in shapes:
+        for combo in combos:
+            for r in range(repeats):
+                params = {**fixed, **combo, "label": name}
+                if not is_commbench(notebook):
+                    params["seed"] = base_seed + r
+                if mode == "weak":
+                    params["batch"] = per_gpu * n
+                key = json.dumps({"gpus": n, "nodes": nodes, "repeat": r, **params}, sort_keys=True, default=str)
+                if key in seen:
+                    raise ConfigError(f"{where}: duplicate point gpus={n} {combo}")
+                seen.add(key)
+                params["run_id"] = f"{name}-p{len(points):03d}"
+                try:
+                    check({**params, "gpus": n})
+                except ConfigError as e:
+                    raise ConfigError(f"{where}: point gpus={n} {combo}: {e}") from None
+                points.append(Point(len(points), n, r, params, nodes, tasks))
+    return points
+
+
+# -------------------------------------------------------------- submission
+def point_file(study: Study, p: Point) -> Path:
+    return study.state_dir / "points" / f"p{p.index:03d}.yaml"
+
+
+def point_yaml(p: Point) -> str:
+    """The point's 01_train parameters as a Papermill parameter file (-f FILE)."""
+    return yaml.safe_dump({**p.params, "gpus": p.gpus}, sort_keys=True)
+
+
+def write_point(study: Study, p: Point) -> Path:
+    path = point_file(study, p)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.atomic_write_text(path, point_yaml(p))
+    return path
+
+
+
+def cluster_options(cluster: dict) -> list[str]:
+    """The sbatch options every job on this cluster gets from its profile."""
+    opts = [f"--partition={cluster['partition']}"] if cluster["partition"] else []
+    opts += [f"--account={cluster['account']}"] if cluster["account"] else []
+    opts += [f"--qos={cluster['qos']}"] if cluster["qos"] else []
+    return opts + list(cluster["sbatch_extra"])
+
+
+def account_warning(cluster: dict) -> str | None:
+    """Most production clusters refuse jobs without an account; say so before sbatch does, less cryptically."""
+    if cluster["account"] or cluster["name"] == "local":
+        return None
+    return (f"warning: cluster profile '{cluster['name']}' has no account; most clusters refuse jobs without one. "
+            f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id).")
+
+
+def require_sbatch(what: str) -> None:
+    """A one-line refusal where Slurm's sbatch is not on PATH (a laptop, a container without Slurm), after the
+    line was printed: the submitters print it first, so it can be run where Slurm is."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError(f"Slurm's sbatch is not on PATH here, so {what} was not submitted: run the line above on "
+                          f"a login node of the cluster (--dry-run only prints it)")
+
+
+def run_sbatch(cmd: list[str], what: str) -> str:
+    """Submit; return the (array) job id, or raise with sbatch's own reason."""
+    require_sbatch(what)
+    p = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ConfigError(f"sbatch refused {what}: {p.stderr.strip()}")
+    return p.stdout.strip().split(";")[0]
+
+
+def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: Path) -> list[str]:
+    c = study.cluster
+    logs = results_root() / "logs"
+    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}" + ("%1" if study.serial else ""),
+           f"--job-name={study.name}",
+           f"--nodes={nodes}", f"--ntasks-per-node={tasks}",
+           f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
+           f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
+    cmd += cluster_options(c) + (["--dependency=singleton"] if study.serial else [])
+    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file),
+           "LAB_STUDY_REPEATS": str(1 + max((p.repeat for p in study.points), default=0)),
+           **{k: str(v) for k, v in c["env"].items()},
+           **(study.env or {})}
+    if c["container"]:
+        env["LAB_CONTAINER"] = c["container"]
+    if c["nccl_ifname"]:
+        env["LAB_NCCL_IFNAME"] = c["nccl_ifname"]
+    if c["modules"]:
+        env["LAB_MODULES"] = " ".join(c["modules"])
+    if os.environ.get("LAB_RESULTS"):
+        env["LAB_RESULTS"] = os.environ["LAB_RESULTS"]
+    bad = [k for k, v in env.items() if "," in v]
+    if bad:
+        raise ConfigError(f"cluster profile: values of {', '.join(bad)} must not contain ',' (sbatch --export)")
+    cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in env.items()))
+    return cmd + ["slurm/papermill_run.sbatch", study.notebook]
+
+
+def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=None) -> list[dict]:
+    """One job array per geometry. Returns the submissions (job id, points). out: default sys.stdout as it is
+    when called (a default bound at import kept a stream that had since been replaced)."""
+    out = out or sys.stdout
+    points = [p for p in study.points if only is None or p.index in only]
+    if not points:
+        print(f"study {study.name}: nothing to submit", file=out)
+        return []
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.nodes, p.tasks_per_node), []).append(p)
+    subs = []
+    state = study.state_dir
+    warn = account_warning(study.cluster)
+    if warn:
+        print(warn, file=sys.stderr)
+    for (nodes, tasks), pts in sorted(groups.items()):
+        # unique per submission: an array still running keeps reading its own list
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+        list_file = state / "arrays" / f"n{nodes}x{tasks}-{stamp}.txt"
+        cmd = sbatch_command(study, nodes, tasks, len(pts), list_file)
+        print(shlex.join(cmd), file=out)
+        print(f"  array tasks 0..{len(pts) - 1} = points {', '.join(str(p.index) for p in pts)}", file=out)
+        # the files the line names exist even on a dry run, so a printed line runs when copied
+        (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
+        list_file.parent.mkdir(parents=True, exist_ok=True)
+        lines = [str(write_point(study, p)) for p in pts]
+        files.atomic_write_text(list_file, "\n".join(lines) + "\n")
+        if dry_run:
+            print(f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
+                  f"from {PROJECT_ROOT}", file=out)
+            continue
+        job = run_sbatch(cmd, f"the array for {nodes}x{tasks}")
+        print(f"  submitted job array {job}", file=out, flush=True)
+        subs.append({"array_job_id": job, "nodes": nodes, "tasks_per_node": tasks,
+                     "points": [p.index for p in pts], "list_file": str(list_file)})
+    if subs:
+        log = state / "submissions.json"
+        history = json.loads(log.read_text()) if log.exists() else []
+        files.atomic_write_text(log, json.dumps(history + subs, indent=2) + "\n")
+    return subs
+
+
+# ------------------------------------------------------------------ status
+def _queue_state(job: str) -> str | None:
+    p = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    states = p.stdout.split()
+    return states[0] if p.returncode == 0 and states else None
+
+
+GENERIC = ("PapermillExecutionError", "training failed", "the notebook failed")
+# what a Jupyter kernel may print while it shuts down; never the reason a run failed
+NOISE = ("zmq.error", "tornado", "ZMQStream")
+
+
+def _log_reason(log: Path) -> str:
+    """The most specific reason in a job's output: the last exception that is not a generic wrapper."""
+    if not log.exists():
+        return f"no job output ({log})"
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()]
+    # the lab's own one-line errors come first
+    ours = [ln for ln in lines if ln.startswith("error: ") and not any(g in ln for g in GENERIC)]
+    if ours:
+        return ours[-1][len("error: "):][:300]
+    exc = [ln for ln in lines if re.search(r"\b\w+(Error|Exception|Terminated): ", ln)
+           and not any(g in ln for g in GENERIC + NOISE)]
+    if exc:
+        return re.sub(r"^\[rank\d+\]:\s*", "", exc[-1])[:300]
+    for ln in reversed(lines):
+        if re.search(r"(error:|CANCELLED|DUE TO TIME LIMIT|Killed)", ln):
+            return ln[:300]
+    return f"see {log}"
+
+
+def status(study: Study) -> list[dict]:
+    subs = json.loads((study.state_dir / "submissions.json").read_text()) \
+        if (study.state_dir / "submissions.json").exists() else []
+    last: dict[int, tuple[dict, int]] = {}
+    for s in subs:
+        for task, idx in enumerate(s["points"]):
+            last[idx] = (s, task)
+    rows = []
+    for p in study.points:
+        summary_path = study.runs_dir / p.run_id / "summary.json"
+        try:
+            summary = read_json(summary_path) if summary_path.exists() else None
+        except RecordError as e:
+            summary = {"status": "failed", "error": str(e)}
+        job = None
+        if p.index in last:
+            s, task = last[p.index]
+            job = f"{s['array_job_id']}_{task}"
+        queued = _queue_state(job) if job else None
+        if summary and summary.get("status") == "complete":
+            state, reason = "done", ""
+        elif queued:
+            state, reason = "running", queued.lower()
+        elif summary and summary.get("status") in ("failed", "stopped"):
+            state, reason = "failed", summary.get("error") or summary["status"]
+        elif job:
+            state = "failed"
+            reason = _log_reason(results_root() / "logs" / f"{study.name}-{job}.out")
+        else:
+            state, reason = "missing", "never submitted"
+        rows.append({"point": p.index, "gpus": p.gpus, "repeat": p.repeat, "run_id": p.run_id, "job": job or "",
+                     "state": state, "reason": reason,
+                     "params": {k: v for k, v in p.params.items() if k not in ("run_id", "label", "results_dir")}})
+    return rows
+
+
+def print_status(rows: list[dict], out=sys.stdout) -> None:
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "running", "failed", "missing")}
+    print(" ".join(f"{k} {v}" for k, v in counts.items()), file=out)
+    for r in rows:
+        extra = " ".join(f"{k}={v}" for k, v in r["params"].items() if k in ("batch", "precision", "bucket_cap_mb",
+                                                                                  "pipeline", "seed"))
+        print(f"p{r['point']:03d} gpus={r['gpus']:<3} {extra:<40} {r['state']:<8} {r['job']:<10} {r['reason']}",
+              file=out)
+
+
+def set_aside(study: Study, indices: list[int], out=sys.stdout) -> None:
+    """Move the records of points about to run again to <results>/set_aside/ (kept, out of the analysis): a
+    point's run id is fixed, and a complete record is never overwritten."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    for p in study.points:
+        old = study.runs_dir / p.run_id
+        if p.index in indices and old.is_dir():
+            new = study.runs_dir.parent / "set_aside" / f"{p.run_id}-{stamp}"
+            new.parent.mkdir(parents=True, exist_ok=True)
+            old.rename(new)
+            print(f"p{p.index:03d}: earlier record moved to {new}", file=out)
+
+
+def chosen_points(study: Study, text: str) -> list[int]:
+    """--points 3,7 -> [3, 7], each a point of the study."""
+    try:
+        picked = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ConfigError(f"--points: {text!r} must be point indices separated by commas, e.g. 3,7") from None
+    bad = [i for i in picked if not 0 <= i < len(study.points)]
+    if bad or not picked:
+        raise ConfigError(f"--points: study {study.name} has points 0..{len(study.points) - 1}, not "
+                          f"{', '.join(map(str, bad)) or text!r}")
+    return picked
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
+    ap.add_argument("study", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands and write the parameter files "
+                                                           "they name; submit nothing")
+    ap.add_argument("--json", action="store_true", help="status as JSON")
+    ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
+    ap.add_argument("--points", default="",
+                    help="resubmit: these points (comma-separated indices, e.g. 3,7) whatever their state, such as "
+                         "points the analysis set aside; default: the failed and missing ones")
+    ap.add_argument("--write", action="store_true",
+                    help="points: write every point's parameter file to results/studies/<study>/points/")
+    a = ap.parse_args(argv)
+
+    def body() -> int:
+        study = load(a.study)
+        if a.command == "points":
+            if a.point is not None:
+                match = [p for p in study.points if p.index == a.point]
+                if not match:
+                    raise ConfigError(f"--point: study {study.name} has points 0..{len(study.points) - 1}, "
+                                      f"not {a.point}")
+                print(point_yaml(match[0]), end="")
+                return 0
+            for p in study.points:
+                where = f"  -> {write_point(study, p)}" if a.write else ""
+                print(f"p{p.index:03d} gpus={p.gpus} nodes={p.nodes}x{p.tasks_per_node} {p.params}{where}")
+        elif a.command == "submit":
+            submit(study, dry_run=a.dry_run)
+        elif a.command == "status":
+            rows = status(study)
+            print(json.dumps(rows, indent=2)) if a.json else print_status(rows)
+        else:
+            todo = (chosen_points(study, a.points) if a.points else
+                    [r["point"] for r in status(study) if r["state"] in ("failed", "missing")])
+            print(f"resubmitting {len(todo)} point(s): {', '.join(map(str, todo)) or 'none'}")
+            if a.points and not a.dry_run:
+                set_aside(study, todo)
+            submit(study, only=todo, dry_run=a.dry_run)
+        return 0
+
+    return exit_status(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Submit a notebook run with the right sbatch geometry for `gpus`.
+
+    lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 [--dry-run] [-p NAME VALUE ...]
+    lab submit notebooks/01_train.ipynb --gpus 8 --cluster leonardo-booster [--account ehpc123] ...
+
+prints (and, without --dry-run, runs)
+
+    sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 \
+        slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8 ...
+
+One task per GPU; a job that fits one node asks for one node. On CPU-only
+nodes use --gpus-per-node 0 --ranks-per-node N (N ranks per node, no GPU request).
+--cluster takes the GPUs per node, partition, account, QoS, cores per rank, time
+limit and extra sbatch options from clusters/<name>.yaml; options given here win.
+Remaining arguments go to papermill.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels.base.errors import ConfigError, exit_status
+from kernels.launch.ranks import sbatch_geometry_args
+
+SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
+
+
+def sbatch_command(notebook: str, gpus: int, gpus_per_node: int, ranks_per_node: int = 0,
+                   partition: str = "", account: str = "", time: str = "", extra: list[str] | None = None,
+                   papermill_args: list[str] | None = None, qos: str = "") -> list[str]:
+    papermill_args = list(papermill_args or [])
+    for i, a in enumerate(papermill_args[:-1]):
+        if a in ("-p", "--parameters") and papermill_args[i + 1] == "gpus":
+            raise ConfigError("parameter 'gpus': give it as --gpus to the submit helper, not as -p gpus")
+    if gpus_per_node > 0:
+        geom = sbatch_geometry_args(gpus, gpus_per_node, with_gpus=True)
+    else:
+        if ranks_per_node < 1:
+            raise ConfigError("--ranks-per-node: CPU-only nodes (--gpus-per-node 0) need the ranks per node")
+        geom = sbatch_geometry_args(gpus, ranks_per_node, with_gpus=False) + ["--gpus-per-node=0"]
+    cmd = ["sbatch", *geom]
+    cmd += [f"--partition={partition}"] if partition else []
+    cmd += [f"--account={account}"] if account else []
+    cmd += [f"--qos={qos}"] if qos else []
+    cmd += [f"--time={time}"] if time else []
+    cmd += list(extra or [])
+    return cmd + [SBATCH_SCRIPT, notebook, "-p", "gpus", str(gpus), *papermill_args]
+
+
+def _options(args) -> dict:
+    """The geometry and account options: those given, else the --cluster profile's, else none."""
+    prof = {}
+    if args.cluster:
+        from kernels.slurm.study import account_warning, load_cluster
+
+        prof = load_cluster(args.cluster, "--cluster")
+        warn = account_warning(prof) if args.account is None else None
+        if warn:
+            print(warn, file=sys.stderr)
+    given = {k: getattr(args, k) for k in ("gpus_per_node", "ranks_per_node", "partition", "account", "qos", "time")}
+    o = {k: v if v is not None else prof.get(k, 0 if k.endswith("per_node") else "") for k, v in given.items()}
+    if args.gpus_per_node is None and not args.cluster:
+        raise ConfigError("--gpus-per-node: give the GPUs per node of the target partition (0 for CPU nodes), "
+                          "or --cluster NAME to take it from clusters/NAME.yaml")
+    o["extra"] = list(prof.get("sbatch_extra", []))
+    if prof.get("cpus_per_task"):
+        o["extra"].insert(0, f"--cpus-per-task={prof['cpus_per_task']}")
+    return o
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="lab submit", description=__doc__.split("\n")[0],
+        epilog="Every other argument passes through to the notebook (papermill): -p NAME VALUE sets one of its "
+               "parameters (e.g. -p epochs 5 -p precision bf16), -f FILE a YAML file of them. 'gpus' comes from "
+               "--gpus. Example: lab submit notebooks/01_train.ipynb "
+               "--gpus 8 --gpus-per-node 4 --dry-run -p epochs 5")
+    ap.add_argument("notebook")
+    ap.add_argument("--gpus", type=int, required=True, help="world size (ranks)")
+    ap.add_argument("--gpus-per-node", type=int, default=None,
+                    help="GPUs per node of the target partition (0: CPU nodes; default: the --cluster profile's)")
+    ap.add_argument("--ranks-per-node", type=int, default=None, help="CPU nodes only: ranks per node")
+    ap.add_argument("--cluster", default="", help="a profile in clusters/ (or a YAML path) for everything not given")
+    ap.add_argument("--partition", default=None)
+    ap.add_argument("--account", default=None)
+    ap.add_argument("--qos", default=None)
+    ap.add_argument("--time", default=None, help="time limit, e.g. 01:00:00")
+    ap.add_argument("--sbatch-arg", action="append", default=[], help="any further sbatch option (repeatable)")
+    ap.add_argument("--dry-run", action="store_true", help="print the command, do not submit")
+    args, papermill_args = ap.parse_known_args(argv)
+    if not Path(args.notebook).is_file():
+        print(f"error: notebook {args.notebook} not found", file=sys.stderr)
+        return 2
+
+    def body() -> int:
+        o = _options(args)
+        cmd = sbatch_command(args.notebook, args.gpus, o["gpus_per_node"], o["ranks_per_node"], o["partition"],
+                             o["account"], o["time"], o["extra"] + args.sbatch_arg, papermill_args, qos=o["qos"])
+        print(shlex.join(cmd), flush=True)
+        if args.dry_run:
+            return 0
+        from kernels.slurm.study import require_sbatch
+
+        require_sbatch("the job")
+        return subprocess.run(cmd).returncode
+
+    return exit_status(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
