@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.base import sysinfo  # noqa: E402
-from kernels.comm.bench import mpirun_command, parse_size, read_record, resolve  # noqa: E402
+from kernels.comm.bench import parse_size, read_record  # noqa: E402
+from kernels.launch.launchers import mpirun_command  # noqa: E402
 
 TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)
 # a run is in the fast placement when within this factor of its side's fastest run: above the 1.3x that one
@@ -45,8 +46,7 @@ def iterations(nbytes: int) -> int:
 
 
 def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> float:
-    cfg = resolve({"backend": "mpi", "gpus": ranks})
-    p = subprocess.run(mpirun_command(cfg, [str(binary), str(nbytes), str(iters), str(warmup)]), capture_output=True,
+    p = subprocess.run(mpirun_command(ranks, [str(binary), str(nbytes), str(iters), str(warmup)]), capture_output=True,
                        text=True, timeout=600)
     lines = [ln for ln in p.stdout.splitlines() if ln and not ln.startswith("#")]
     if p.returncode != 0 or not lines:

@@ -1,7 +1,7 @@
 """Command line: `lab train --gpus 2 --dataset digits ...` (also `python -m kernels.train`).
 
 Parameters are those of kernels/base/params.py and the workloads' (`--help` lists them);
-kernels/launch/ranks.py starts the ranks (`--launcher auto|none|local|srun`).
+kernels/launch/ranks.py starts the ranks through kernels/launch/launchers.py (`--launcher auto|none|local|srun`).
 Everything is validated before a process is spawned or a file is written; bad
 input exits with status 2 and a message naming the parameter.
 """
@@ -15,7 +15,8 @@ import traceback
 from kernels.base import files
 from kernels.launch.config import resolve, table
 from kernels.base.errors import ConfigError
-from kernels.launch.ranks import EXIT_INTERRUPTED, leave, prepare, start
+from kernels.launch.launchers import EXIT_INTERRUPTED, leave
+from kernels.launch.ranks import prepare, start
 from kernels.base.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
 
 

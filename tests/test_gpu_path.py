@@ -13,7 +13,8 @@ from kernels.base.ports import PORT_BASE, PORT_SPAN, free_port, slurm_port
 from kernels.base.flops import peak_tflops
 from kernels.base.params import ConfigError
 from kernels.launch.config import resolve
-from kernels.launch.ranks import srun_command
+from kernels.launch.launchers import srun_command
+from kernels.launch.ranks import rank_job
 
 from conftest import ROOT
 
@@ -23,11 +24,12 @@ pytestmark = pytest.mark.unit
 def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     cfg = resolve({"gpus": 8, "dataset": "digits"})
     env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_CPUS_PER_TASK": "8"}
-    cmd = srun_command(cfg, env)
+    cmd = srun_command(rank_job(cfg), env)
     assert "--cpus-per-task=8" in cmd and "--cpu-bind=cores" in cmd
     assert cmd.index("--cpu-bind=cores") < cmd.index("-m")  # srun options, before the rank's command
-    assert "--cpus-per-task=8" not in srun_command(cfg, {k: v for k, v in env.items() if k != "SLURM_CPUS_PER_TASK"})
-    assert "--cpu-bind=none" in srun_command(cfg, {**env, "LAB_CPU_BIND": "none"})
+    assert "--cpus-per-task=8" not in srun_command(rank_job(cfg), {k: v for k, v in env.items()
+                                                              if k != "SLURM_CPUS_PER_TASK"})
+    assert "--cpu-bind=none" in srun_command(rank_job(cfg), {**env, "LAB_CPU_BIND": "none"})
 
 
 @pytest.mark.integration
@@ -36,9 +38,9 @@ def test_cpu_counts_follow_the_binding_not_the_machine():
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
     code = ("from kernels.launch.config import resolve, check_environment\n"
             "from kernels.base.errors import ConfigError\n"
-            "from kernels.launch.ranks import _thread_env\n"
+            "from kernels.launch.launchers import thread_env\n"
             "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
-            "print(_thread_env(resolve({'gpus': 1}), 1)['OMP_NUM_THREADS'])\n"
+            "print(thread_env(1)['OMP_NUM_THREADS'])\n"
             "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
             "except ConfigError as e: print(e)\n")
     p = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

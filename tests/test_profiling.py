@@ -139,13 +139,13 @@ def test_record_carries_a_verdict_with_evidence_and_the_notebook_is_filed(profil
 def test_the_launcher_leaves_the_profiler_librarys_marks_out_of_the_log():
     import io
 
-    from kernels.launch.ranks import _pump
+    from kernels.launch.launchers import pump
 
     rank = io.StringIO("epoch 1/2\nUSDT:2026-11-28 03:09:45 13802:13802 SyncActivityProfilerHandler.cpp:52] "
                        "profiler_start\nSTAGE:2026-11-28 13:03:20 30496:30496 SyncActivityProfilerHandler.cpp:60] "
                        "Completed Stage: Collection\nUSDT: a line of the run's own\n")
     log = io.StringIO()
-    _pump(rank, "[rank 1] ", log)
+    pump(rank, "[rank 1] ", log)
     assert log.getvalue() == "[rank 1] epoch 1/2\n[rank 1] USDT: a line of the run's own\n"
 
 
@@ -347,12 +347,13 @@ def test_wrapper_refuses_to_start_without_the_tool(tool):
 
 
 def test_srun_line_puts_the_rank_wrapper_before_each_rank():
-    from kernels.launch.ranks import srun_command
+    from kernels.launch.launchers import srun_command
+    from kernels.launch.ranks import rank_job
 
     cfg = resolve({"gpus": 4, "dataset": "digits", "profile_steps": 3, "profile_with": "external"})
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
            "LAB_RANK_WRAPPER": shlex.join(tools.nsys_prefix({}))}
-    cmd = srun_command(cfg, env)
+    cmd = srun_command(rank_job(cfg), env)
     i = cmd.index("nsys")
     assert cmd[:i][0] == "srun" and cmd[i:i + len(tools.nsys_prefix({}))] == tools.nsys_prefix({})
     assert cmd[i + len(tools.nsys_prefix({})):][1:3] == ["-m", "kernels.train"]

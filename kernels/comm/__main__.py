@@ -28,7 +28,7 @@ def bench_parser() -> argparse.ArgumentParser:
 
 def bench(argv: list[str]) -> int:
     from kernels.comm import bench as b
-    from kernels.launch.ranks import leave
+    from kernels.launch.launchers import leave
 
     ap = bench_parser()
     known, rest = ap.parse_known_args(argv)

@@ -71,14 +71,11 @@ PARAMS: tuple[Param, ...] = (
           ("auto", "local", "mpirun", "srun", "none"), "commbench"),
 )
 BY_NAME = {p.name: p for p in PARAMS}
-RANK_ENV_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
 
 
 class CommConfig:
-    """Resolved benchmark parameters as attributes; `replace` re-validates. Duck-types what the lab's
-    launchers need of a run config (gpus, term_grace_s)."""
-    term_grace_s = 10.0
+    """Resolved benchmark parameters as attributes; `replace` re-validates."""
 
     def __init__(self, values: dict):
         self.__dict__["_v"] = dict(values)
@@ -185,24 +182,6 @@ def resolve(raw: dict) -> CommConfig:
 
 
 # ------------------------------------------------------------------ checks against this machine
-def in_rank_env(env=None) -> bool:
-    env = os.environ if env is None else env
-    return ("RANK" in env and "WORLD_SIZE" in env) or "SLURM_STEP_ID" in env or any(k in env for k in RANK_ENV_VARS)
-
-
-def choose_launcher(cfg: CommConfig, env=None) -> str:
-    env = os.environ if env is None else env
-    if cfg.launcher != "auto":
-        return cfg.launcher
-    if in_rank_env(env):
-        return "none"
-    if cfg.backend == "mpi":
-        return "mpirun"  # Open MPI's and MPICH's mpirun place ranks over a Slurm allocation by themselves
-    if "SLURM_JOB_ID" in env:
-        return "srun"
-    return "none" if cfg.gpus == 1 else "local"
-
-
 def load_mpi():
     """mpi4py's MPI module without initialising MPI; a clear error when mpi4py or the MPI library is missing."""
     try:
@@ -251,9 +230,9 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
         raise ConfigError(f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
                           f"torchrun (launcher none)")
     if launcher == "srun":
-        from kernels.launch.ranks import check_allocation
+        from kernels.launch.launchers import check_allocation
 
-        check_allocation(cfg)
+        check_allocation(cfg.gpus)
     return cfg
 
 
@@ -547,38 +526,27 @@ def bandwidths(o, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------ the driver
-def mpirun_command(cfg: CommConfig, command: list[str]) -> list[str]:
-    cmd = ["mpirun", "-np", str(cfg.gpus), "--oversubscribe", "--bind-to", "none"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")  # Open MPI refuses root without it (containers, CI)
-    return cmd + command
-
-
 def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     """Validate, then start the ranks with the chosen launcher. Returns (exit status, record directory)."""
-    from kernels.launch.ranks import exit_cause, run_srun, spawn_local, srun_command
+    from kernels.launch.launchers import RankJob, choose_launcher, mpirun_command, run_srun, spawn_local, srun_command
 
     stdout = stdout or sys.stdout
-    launcher = choose_launcher(cfg)
+    launcher = choose_launcher(cfg.launcher, cfg.gpus, mpi=cfg.backend == "mpi")
     cfg = check_machine(cfg, launcher)
     if launcher == "none":
         return worker(cfg), None
     cfg = cfg.replace(run_id=make_run_id(cfg), results_dir=str(cfg.results_root), launcher="none")
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
-    command = [sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()]
+    job = RankJob(cfg.gpus, (sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()), run_dir)
     print(f"commbench {cfg.run_id}: {cfg.gpus} rank(s), backend {cfg.backend}, via {launcher}; record in {run_dir}",
           file=stdout, flush=True)
     if launcher == "local":
-        rc = spawn_local(cfg, stdout, command=command, run_dir=run_dir)
-    elif launcher == "srun":
+        return spawn_local(job, stdout), run_dir
+    if launcher == "srun":
         extra = [f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"] if cfg.backend == "mpi" else []
-        rc = run_srun(cfg, stdout, srun_command(cfg, command=command, extra=extra))
-    else:
-        rc = run_srun(cfg, stdout, mpirun_command(cfg, command))
-    if rc != 0 and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} (seen by the {launcher} launcher)"):
-        print(f"commbench: marked {run_dir} failed", file=stdout, flush=True)
-    return rc, run_dir
+        return run_srun(job, stdout, srun_command(job, extra=extra)), run_dir
+    return run_srun(job, stdout, mpirun_command(job.ranks, list(job.command))), run_dir
 
 
 def read_record(run_dir: Path) -> dict:

@@ -143,6 +143,7 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
     Returns the run directory; raises if any rank failed.
     """
     from kernels.launch import ranks as launch
+    from kernels.launch.launchers import EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_cause
 
     launcher = cfg.launcher
     if launcher == "auto":
@@ -154,14 +155,14 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
     handoff(run_dir)
     print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
     rc = launch.start(launcher, cfg, stdout or sys.stdout)
-    if rc == launch.EXIT_INTERRUPTED:
+    if rc == EXIT_INTERRUPTED:
         raise KeyboardInterrupt(f"interrupted: the ranks checkpointed and stopped; running the same run_id again "
                                 f"({cfg.run_id}) resumes it")
-    if rc == launch.EXIT_PREEMPTED:
+    if rc == EXIT_PREEMPTED:
         raise Preempted(f"the run was preempted: its ranks checkpointed and stopped on request; running the "
                         f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)")
     if rc != 0:
-        if records.mark_failed(run_dir, f"the ranks {launch.exit_cause(rc)} (seen by the notebook driver)"):
+        if records.mark_failed(run_dir, f"the ranks {exit_cause(rc)} (seen by the notebook driver)"):
             print(f"marked {run_dir} failed", flush=True)
         raise RuntimeError(f"training failed (exit status {rc}); the reason is in the output above "
                            f"and in {run_dir / 'summary.json'} if the run got that far")
@@ -169,7 +170,7 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
 
 
 class Preempted(RuntimeError):
-    """The run checkpointed and stopped on request; the runner exits with launch.EXIT_PREEMPTED."""
+    """The run checkpointed and stopped on request; the runner exits with EXIT_PREEMPTED (launch/launchers)."""
 
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
@@ -363,7 +364,7 @@ def _execute(args: list[str], env: dict[str, str], kernel: notebook_kernel.Kerne
         entry = accounting.store(os.environ["SLURM_JOB_ID"], [run_dir])
         print(f"sacct: {accounting.describe(entry)}", flush=True)
     if rc != 0 and run_dir is not None and _status(run_dir) == "preempted":
-        from kernels.launch.ranks import EXIT_PREEMPTED
+        from kernels.launch.launchers import EXIT_PREEMPTED
 
         print(f"notebook: the run was preempted and checkpointed; exit status {EXIT_PREEMPTED} "
               f"(the batch script requeues the job)", flush=True)

@@ -1,7 +1,7 @@
 """The command lines of the Nsight wrappers (slurm/profile_nsys.sbatch, slurm/profile_ncu.sbatch).
 
 A wrapper puts a prefix before every rank's command (LAB_RANK_WRAPPER, read by the srun
-line that kernels/launch/ranks.py builds) and runs the notebook with profile_with=external:
+line that kernels/launch/launchers.py builds) and runs the notebook with profile_with=external:
 the loop then marks the active steps with cudaProfilerStart/Stop and NVTX ranges
 (data, forward, backward, optimizer, communication) instead of running torch.profiler,
 since CUPTI serves one profiler at a time.

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 EXIT_HUNG = 70
-INTERRUPTED = False  # this process got SIGINT (StopSignals): its stop exits with launch.EXIT_INTERRUPTED
+INTERRUPTED = False  # this process got SIGINT (StopSignals): its stop exits with EXIT_INTERRUPTED (launch/launchers)
 
 
 class Terminated(Exception):

@@ -40,7 +40,7 @@ from kernels.records.schema import RecordError, read_json
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT, results_home
 from kernels.launch.config import resolve, table
-from kernels.launch.ranks import geometry
+from kernels.launch.launchers import geometry
 from kernels.base import files, yamlfile
 
 STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",

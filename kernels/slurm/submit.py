@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
-from kernels.launch.ranks import sbatch_geometry_args
+from kernels.launch.launchers import sbatch_geometry_args
 
 SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
 
