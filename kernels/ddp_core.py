@@ -202,15 +202,10 @@ class Loop:
                     p.scaler.scale(loss / mb).backward()
             with torch.no_grad():
                 self.ms.add(sums, loss.detach(), detach(out), ym)
-        synced = eng.sync_before_unscale(p.opt, bool(self.recipe.clip_grad_norm or p.scaler.is_enabled()), phase)
-        with phase("optimizer"):
-            if self.recipe.clip_grad_norm:
-                p.scaler.unscale_(p.opt)
-                torch.nn.utils.clip_grad_norm_(self.ddp.parameters(), self.recipe.clip_grad_norm)
-            eng.optimizer_step(p.opt, p.scaler, synced)
-            p.scaler.update()
-            if self.recipe.schedule_unit == "step":
-                p.sched.step()
+        clip = self.recipe.clip_grad_norm
+        eng.step(p.opt, p.scaler, phase, (self.ddp.parameters(), clip) if clip else None)
+        if self.recipe.schedule_unit == "step":
+            p.sched.step()
 
     def _epoch_end(self, epoch: int, steps: int, sums: torch.Tensor, t_epoch: float) -> str | None:
         """Evaluation when due, the row, a checkpoint when due; returns a stop if one was asked for."""

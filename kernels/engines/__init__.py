@@ -36,12 +36,17 @@ class Engine:
     def zero_grad(self, optimizer) -> None:
         optimizer.zero_grad()
 
-    def sync_before_unscale(self, optimizer, needed: bool, phase) -> bool:
-        """Average the gradients now when they are about to be unscaled or clipped (needed); True if done."""
-        return False
+    def step(self, optimizer, scaler, phase, clip: tuple | None = None) -> None:
+        """The optimizer step on the averaged gradients, through the GradScaler; `clip` = (parameters, max norm):
+        the gradients are unscaled and clipped first."""
+        with phase("optimizer"):
+            if clip:
+                from torch.nn.utils import clip_grad_norm_  # the driver imports this package, never torch
 
-    def optimizer_step(self, optimizer, scaler, synced: bool) -> None:
-        scaler.step(optimizer)
+                scaler.unscale_(optimizer)
+                clip_grad_norm_(*clip)
+            scaler.step(optimizer)
+            scaler.update()
 
     def broadcast_state(self, optimizer) -> None:
         """After a resume: make every rank's optimizer state rank 0's, where the engine does not."""

@@ -142,17 +142,15 @@ class HorovodEngine(Engine):
                                "schedule would not reach it")
         return dist_opt
 
-    def sync_before_unscale(self, optimizer, needed: bool, phase) -> bool:
-        """Average the gradients before they are unscaled or clipped (Horovod would otherwise average them
-        inside step(), after)."""
-        if needed:
+    def step(self, optimizer, scaler, phase, clip: tuple | None = None) -> None:
+        """Gradients about to be unscaled (fp16) or clipped are averaged first: Horovod's step() would otherwise
+        average them inside, after."""
+        synced = bool(clip or scaler.is_enabled())
+        if synced:
             with phase("communication"):
                 optimizer.synchronize()
-        return needed
-
-    def optimizer_step(self, optimizer, scaler, synced: bool) -> None:
         with (optimizer.skip_synchronize() if synced else nullcontext()):
-            scaler.step(optimizer)
+            super().step(optimizer, scaler, phase, clip)
 
     def broadcast_state(self, optimizer) -> None:
         """Rank 0's optimizer state to every rank (after a resume; see wrap_optimizer)."""
