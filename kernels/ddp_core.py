@@ -28,7 +28,7 @@ from kernels.base.timers import synchronize
 from kernels.data.pipeline import micro_batches
 from kernels.engines import make_engine
 from kernels.records.checkpoint_file import seed_everything
-from kernels.run.checkpointing import POSITION, Checkpointer, restore, start_position
+from kernels.run.checkpointing import Checkpointer, LoopState, restore
 from kernels.run.guards import StopSignals, Watchdog, agree, die_hung, stop_note
 from kernels.run import memory
 from kernels.run.capture import Capture
@@ -49,10 +49,12 @@ def run(cfg: RunConfig) -> str:
     renv.check_world(cfg.gpus)
     device = select_device(device_type(cfg), renv.local_rank, cfg.precision)  # on a GPU: TF32, cuDNN autotuner
     with process_group(renv, device, cfg.timeout_min, cfg.startup_timeout_min, cfg.backend) as backend:
-        return Loop(cfg, renv, device, backend, stops).run()
+        return RankLoop(cfg, renv, device, backend, stops).run()
 
 
-class Loop:
+class RankLoop:
+    """One rank's training run: its parts, its state (LoopState) and the epochs of steps."""
+
     def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str, stops: StopSignals):
         self.cfg, self.renv, self.device, self.backend, self.stops = cfg, renv, device, backend, stops
         self.rank, self.world = renv.global_rank, renv.world_size
@@ -83,11 +85,11 @@ class Loop:
                                        forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
         name = device_name(dev)
         self.engine = make_engine(cfg)
-        self.ddp = self.engine.wrap_model(model, dev)
+        self.wrapped = self.engine.wrap_model(model, dev)
         # weights came from the common seed; from here on each rank draws its own random numbers (its own dropout)
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.rank + 1))
         self.capture = Capture(cfg)
-        self.train_model = self.capture.compile(self.ddp, cfg)
+        self.train_model = self.capture.compile(self.wrapped, cfg)
         self.steps_per_epoch = self.src.steps_per_epoch
         self.obs.check_window(cfg.epochs * self.steps_per_epoch, self.steps_per_epoch)
         self.recipe = wl.build_optimizer(cfg, model, self.steps_per_epoch)
@@ -96,8 +98,8 @@ class Loop:
         self.parts = SimpleNamespace(model=model, opt=opt, sched=self.recipe.scheduler, scaler=scaler)
         self.autocast = torch.autocast(dev.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES \
             else nullcontext()
-        self.ms, self.io = MetricSums(wl, dev), IOAccount(self.src, self.rank, name)
-        self.record.set_facts(model, wl, dev, name, flops, cfg.precision, self.ms.cols)
+        self.metrics, self.io = MetricSums(wl, dev), IOAccount(self.src, self.rank, name)
+        self.record.set_facts(model, wl, dev, name, flops, cfg.precision, self.metrics.cols)
         src = self.src  # config.json's derived facts
         self.derived = {"per_rank_batch": cfg.per_rank_batch, "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
                         "steps_per_epoch": self.steps_per_epoch, "train_samples_used": src.num_samples,
@@ -109,15 +111,14 @@ class Loop:
 
     def _open(self) -> None:
         """The record, fresh or resumed from its checkpoint; rank 0 writes config.json and a 'running' summary."""
-        state = self.record.open(self.device, self.parts.model)
-        self.st = start_position(utc_now())
-        if state is not None:
-            mine = restore(state, self.parts, self.engine, self.rank)
-            self.st.update({k: state[k] for k in POSITION}, partial_sums=mine["partial_sums"],
-                           resumed_from_step=state["global_step"])
+        saved = self.record.open(self.device, self.parts.model)
+        self.state = LoopState(utc_now())
+        if saved is not None:
+            mine = restore(saved, self.parts, self.engine, self.rank)
+            self.state = LoopState.resumed(saved, mine["partial_sums"])
             self.io.restore(mine["io"])
-            self.record.resumed(state)
-        self.record.write_config(self.st, self.derived)
+            self.record.resumed(saved)
+        self.record.write_config(self.state, self.derived)
         self._summarise("running")
         dist.barrier()
         self.watchdog.beat()
@@ -147,13 +148,13 @@ class Loop:
                 self.src.close()  # reader threads and open shards
 
     def _epochs(self) -> str:
-        st = self.st
-        for epoch in range(st["epoch"], self.cfg.epochs):
-            self.ddp.train()
-            start, sums = st["step_in_epoch"], self.ms.zeros()
-            if start and st["partial_sums"]:  # an interrupted epoch: its loss and metric sums so far
-                sums += torch.tensor(st["partial_sums"], dtype=torch.float64, device=self.device)
-            st["partial_sums"] = None
+        state = self.state
+        for epoch in range(state.epoch, self.cfg.epochs):
+            self.wrapped.train()
+            start, sums = state.step_in_epoch, self.metrics.zeros()
+            if start and state.partial_sums:  # an interrupted epoch: its loss and metric sums so far
+                sums += torch.tensor(state.partial_sums, dtype=torch.float64, device=self.device)
+            state.partial_sums = None
             t_epoch = self.obs.epoch_start()
             step, stop = self._steps(epoch, start, sums)
             stop = stop or self._epoch_end(epoch, step - start, sums, t_epoch)
@@ -163,7 +164,7 @@ class Loop:
 
     def _steps(self, epoch: int, start: int, sums: torch.Tensor) -> tuple[int, str | None]:
         """The epoch's steps from `start`; returns (steps done, a stop if one came mid-epoch)."""
-        cfg, st, obs = self.cfg, self.st, self.obs
+        cfg, state, obs = self.cfg, self.state, self.obs
         batches, step = self.src.batches(epoch, start), start
         while True:
             obs.step_start()
@@ -172,26 +173,26 @@ class Loop:
             if batch is None:
                 return step, None
             obs.data_ready()
-            self._step(*batch, sums, st["global_step"])
+            self._step(*batch, sums, state.global_step)
             obs.step_end()
-            st["global_step"] += 1
+            state.global_step += 1
             step += 1
             self.watchdog.beat(step=True)
             if cfg.log_every and step % cfg.log_every == 0:
                 self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{self.steps_per_epoch} loss "
                          f"{float(sums[0] / max(float(sums[1]), 1)):.4f} lr {self.parts.sched.get_last_lr()[0]:.4g}")
             if step < self.steps_per_epoch:
-                stop = self._agree(sums) if st["global_step"] % cfg.sync_check_steps == 0 else None
-                if stop is None and cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps:
+                stop = self._agree(sums) if state.global_step % cfg.sync_check_steps == 0 else None
+                if stop is None and cfg.stop_after_steps and state.global_step >= cfg.stop_after_steps:
                     stop = "stopped"
                 if stop:
                     synchronize(self.device)
-                    st["epoch"], st["step_in_epoch"], st["partial_sums"] = epoch, step, sums.tolist()
+                    state.epoch, state.step_in_epoch, state.partial_sums = epoch, step, sums.tolist()
                     return step, self._stop(stop)
 
     def _step(self, x, y, sums: torch.Tensor, global_step: int) -> None:
-        wl, eng, phase, p, mb = self.wl, self.engine, self.obs.phase, self.parts, self.cfg.micro_batches
-        eng.zero_grad(p.opt)
+        wl, eng, phase, parts, mb = self.wl, self.engine, self.obs.phase, self.parts, self.cfg.micro_batches
+        eng.zero_grad(parts.opt)
         for i, (xm, ym) in enumerate(zip(micro_batches(x, mb), micro_batches(y, mb))):
             self.capture.step_begin()
             with eng.no_sync(i, mb):  # gradients are averaged once per step, on the last micro-batch
@@ -199,86 +200,87 @@ class Loop:
                     out = wl.forward(self.train_model, xm, ym, global_step, True)
                     loss = wl.loss(out, ym)
                 with phase("backward"):  # DDP's all-reduce runs inside, as buckets fill
-                    p.scaler.scale(loss / mb).backward()
+                    parts.scaler.scale(loss / mb).backward()
             with torch.no_grad():
-                self.ms.add(sums, loss.detach(), detach(out), ym)
+                self.metrics.add(sums, loss.detach(), detach(out), ym)
         clip = self.recipe.clip_grad_norm
-        eng.step(p.opt, p.scaler, phase, (self.ddp.parameters(), clip) if clip else None)
+        eng.step(parts.opt, parts.scaler, phase, (self.wrapped.parameters(), clip) if clip else None)
         if self.recipe.schedule_unit == "step":
-            p.sched.step()
+            parts.sched.step()
 
     def _epoch_end(self, epoch: int, steps: int, sums: torch.Tensor, t_epoch: float) -> str | None:
         """Evaluation when due, the row, a checkpoint when due; returns a stop if one was asked for."""
-        cfg, st = self.cfg, self.st
+        cfg, state = self.cfg, self.state
         synchronize(self.device)
-        ep = {"epoch": epoch, "steps": steps, "epoch_s": time.perf_counter() - t_epoch}
+        timed = {"epoch": epoch, "steps": steps, "epoch_s": time.perf_counter() - t_epoch}
         stop = self._agree(sums)  # the whole epoch's loss is finite, and nobody asked to stop
         if self.recipe.schedule_unit == "epoch":
             self.parts.sched.step()
-        ep["wait"], ep["comp"] = self.obs.epoch_timings()
+        timed["wait"], timed["comp"] = self.obs.epoch_timings()
         t_eval, last = time.perf_counter(), epoch + 1 == cfg.epochs
-        ev = self._evaluate() if last or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0) else self.ms.no_eval()
-        ep["eval_s"] = time.perf_counter() - t_eval
-        self.io.add_epoch(ep["wait"], ep["comp"])
-        f = self.record.facts
-        row = epoch_row(ep, sums, self.ms, st["timing"], ev, self.parts.sched.get_last_lr()[0], f["flops"], f["peak"],
-                        cfg.batch, self.world)
-        st["rows"].append(row)
-        st["epoch"], st["step_in_epoch"] = epoch + 1, 0
-        self.record.write_rows(st["rows"])
-        self.log(epoch_line(row, cfg.epochs, self.ms.cols))
-        if not last and stop is None and cfg.stop_after_steps and st["global_step"] >= cfg.stop_after_steps:
+        due = last or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0)
+        evals = self._evaluate() if due else self.metrics.no_eval()
+        timed["eval_s"] = time.perf_counter() - t_eval
+        self.io.add_epoch(timed["wait"], timed["comp"])
+        facts, lr = self.record.facts, self.parts.sched.get_last_lr()[0]
+        row = epoch_row(timed, sums, self.metrics, state.timing, evals, lr, facts["flops"], facts["peak"], cfg.batch,
+                        self.world)
+        state.rows.append(row)
+        state.epoch, state.step_in_epoch = epoch + 1, 0
+        self.record.write_rows(state.rows)
+        self.log(epoch_line(row, cfg.epochs, self.metrics.cols))
+        if not last and stop is None and cfg.stop_after_steps and state.global_step >= cfg.stop_after_steps:
             stop = "stopped"
         if (cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last)) or (stop and not last):
-            self.ckpt.save(st, self.parts, self.io.state())
+            self.ckpt.save(state, self.parts, self.io.state())
         return self._stop(stop) if stop and not last else None
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
         model = self.parts.model  # no DDP hooks: shards may differ by one batch between ranks
         model.eval()
-        sums = self.ms.zeros()
+        sums = self.metrics.zeros()
         for x, y in self.eval_src.batches():
             self.watchdog.beat()
             with self.autocast:
-                out = self.wl.forward(model, x, y, self.st["global_step"], False)
+                out = self.wl.forward(model, x, y, self.state.global_step, False)
                 loss = self.wl.loss(out, y)
-            self.ms.add(sums, loss, out, y)
+            self.metrics.add(sums, loss, out, y)
         dist.all_reduce(sums)
         n = max(float(sums[1]), 1.0)
-        return {"eval_loss": float(sums[0]) / n, **self.ms.values(sums, "eval")}
+        return {"eval_loss": float(sums[0]) / n, **self.metrics.values(sums, "eval")}
 
     def _agree(self, sums: torch.Tensor) -> str | None:
         """Every sync_check_steps steps and at each epoch's end: did any rank get a stop request or a
         non-finite loss? One small all-reduce."""
-        st = self.st
+        state = self.state
         with self.obs.phase("communication"):
-            why = agree(self.stops, sums[0], self.device, f"global step {st['global_step']} (epoch {st['epoch'] + 1})")
+            why = agree(self.stops, sums[0], self.device, f"global step {state.global_step} (epoch {state.epoch + 1})")
         if why is not None:
-            self.stop_note = stop_note(why, st["global_step"])
+            self.stop_note = stop_note(why, state.global_step)
         return None if why is None else "preempted"
 
     def _stop(self, stop: str) -> str:
         """Checkpoint (mid-epoch, unless the epoch's end just did) and say why the run stops."""
-        if self.st["step_in_epoch"]:
-            self.ckpt.save(self.st, self.parts, self.io.state())
+        if self.state.step_in_epoch:
+            self.ckpt.save(self.state, self.parts, self.io.state())
         self.stops.checkpointed()
-        self.log(f"stopped after {self.st['global_step']} steps (stop_after_steps); re-run to resume"
+        self.log(f"stopped after {self.state.global_step} steps (stop_after_steps); re-run to resume"
                  if stop == "stopped" else f"preempted: {self.stop_note}")
         return stop
 
     def _finish(self, status: str) -> None:
         """After training: the comm probe, the profile, I/O and the workload's report, then the summary."""
-        probe = (run_probe(self.cfg, self.world, self.engine, self.ddp, self.train_model, self.wl, self.autocast,
+        probe = (run_probe(self.cfg, self.world, self.engine, self.wrapped, self.train_model, self.wl, self.autocast,
                            self.parts.opt, self.src, self.device, self.log) if status == "complete" else {})
         self.seen.update(probe=probe, cuda_graphs=self.capture.summary(),
                          profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]))
-        self.seen["io"] = self.io.summary(all_gather_object(self.io.state()), self.st["rows"])
+        self.seen["io"] = self.io.summary(all_gather_object(self.io.state()), self.state.rows)
         self.seen.update(workload_report(self.wl, self.parts.model, self.info, self.rank, self.device))
         self.obs.stop_monitor()
         self._summarise(status, error=self.stop_note if status == "preempted" else None)
         if status == "complete":  # e.g. Horovod's benchmark lines, for scripts that grep them
-            step_ms = self.st["timing"]["step_ms"]
+            step_ms = self.state.timing["step_ms"]
             for line in self.engine.run_end_lines(step_ms, self.cfg.batch, self.world, self.device):
                 self.log(line)
         self.log(f"{status}: {self.record.run_dir}")
@@ -287,7 +289,7 @@ class Loop:
         seen = {**self.seen, "checkpoints": self.ckpt.summary(), **self.obs.sync_facts()}
         if status != "running":
             seen["monitor"] = self.obs.monitor_summary(self.record.run_dir)
-        self.record.write_summary(status, self.st, seen, error)
+        self.record.write_summary(status, self.state, seen, error)
 
     def _hung(self, why: str) -> None:
         """The watchdog's verdict: stacks to stderr, the record says failed (rank 0), and the process ends."""

@@ -110,7 +110,7 @@ def load_comm_records(comm_dir: Path, problems: list | None = None) -> list[dict
 
 def fits(records: list[dict], form: str = "auto", by: str = "system", unresolved: bool = False) -> dict:
     """{(backend, op, dtype, placement, key): fit} from complete commbench records. key: the system the record
-    was measured on (by="system": Slurm cluster name, else host; kernels/analysis.system_of) or its label
+    was measured on (by="system": Slurm cluster name, else host; kernels/analysis/runs.system_of) or its label
     (by="label": e.g. a paper/systems.yaml key). `form`: which timing column (out, in, or auto: out-of-place
     where the API has it, else in-place). Unresolved fits are left out (the predictor and the proposal use these)
     unless `unresolved` (the tables list them, marked)."""
@@ -351,7 +351,7 @@ def _share(row, on_gpu: bool) -> float:
 
 
 def validation(runs, comm_records: list[dict]):
-    """Predicted against measured step time for every series of the run records (kernels/analysis.load_runs)
+    """Predicted against measured step time for every series of the run records (kernels/analysis/runs.load_runs)
     that has a 1-rank point with gradient sizes, multi-rank points, and all_reduce fits on the same system and
     backend. One row per (series, N): medians over repeats; error = predicted / measured - 1."""
     import pandas as pd

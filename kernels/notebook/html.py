@@ -1,4 +1,4 @@
-"""The executed notebook's HTML page: nbconvert's lab page, with each figure's alternative text (kernels/alttext,
+"""The executed notebook's HTML page: nbconvert's lab page, with each figure's alternative text (kernels/base/alttext,
 written by kernels/notebook/templates/lab_alt.html.j2).
 
 Importing nbconvert and compiling its templates took about 2 s of every notebook run, after the notebook had
@@ -67,7 +67,7 @@ def accessible(html: str) -> tuple[str, int]:
 def exporter():
     from kernels.notebook.papermill_cli import without_format_checkers
 
-    without_format_checkers()  # nbformat's jsonschema would import checkers no notebook needs (kernels/papermill_cli)
+    without_format_checkers()  # nbformat's jsonschema would import checkers no notebook needs (papermill_cli.py)
     from nbconvert import HTMLExporter
     from nbconvert.exporters.templateexporter import TemplateExporter
     from nbconvert.filters.highlight import Highlight2HTML

@@ -3,7 +3,7 @@
 A Python kernel takes about 1 s of CPU to start (ipykernel's imports and IPython's shell), and Papermill starts it
 only once it has imported itself, read the notebook and written the first copy of the output. `start(env)` launches
 it first, so that it boots while the runner checks the parameters and Papermill gets ready: on two cores the two
-proceed side by side. The engine (kernels/papermill_cli) then takes this kernel as if it had started it, when it is
+proceed side by side. The engine (papermill_cli.py) then takes this kernel as if it had started it, when it is
 the kernel Papermill would start: the same kernel name, arguments, working directory and environment. If not (a
 `--kernel` or `--cwd` of the caller's), it stops this one and starts its own, as Papermill does.
 

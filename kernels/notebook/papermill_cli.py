@@ -11,7 +11,7 @@ that are installed (jupyter-events installs them for the JupyterLab server). The
 compiles a grammar: 0.9-2.4 s of every notebook run on a 2-core machine; the duration checker isoduration brings
 arrow and dateutil, and the others their own modules: 0.06 s more. No notebook needs them: nbformat's schemas use
 no "format" keyword, and nbformat validates without a format checker. `without_format_checkers()` skips them; the
-runner and the HTML helper (kernels/notebook_html) call it before anything imports nbformat.
+runner and the HTML helper (kernels/notebook/html.py) call it before anything imports nbformat.
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def _ctrl_c_lets_the_cell_end(client):
 def register_engine(stop_now: bool = False, kernel=None) -> None:
     """Papermill's engine (nbclient) with four behaviours its command line cannot ask for, as engine "lab".
 
-    - The kernel logs errors only (kernels/notebook_kernel.ARGUMENTS).
+    - The kernel logs errors only (kernels/notebook/kernel.py: ARGUMENTS).
     - kernel: a kernels.notebook.kernel.Kernel started before Papermill was ready, taken instead of a new one
       when it is the kernel this client would start.
     - stop_now: once every cell has run (or one has failed), the kernel is killed instead of asked to stop:

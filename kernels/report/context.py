@@ -12,7 +12,7 @@ from kernels.report.tex import gaps_in, write_if_changed
 
 @dataclass
 class Context:
-    runs: pd.DataFrame          # complete, selected run records (kernels/analysis.load_runs)
+    runs: pd.DataFrame          # complete, selected run records (kernels/analysis/runs.load_runs)
     problems: pd.DataFrame      # selected records that are not complete
     excluded: pd.DataFrame      # records outside the selection
     plan: dict                  # paper/plan.yaml (with gpus_per_node of the target system)

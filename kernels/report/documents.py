@@ -53,8 +53,9 @@ def fingerprint(files: list[Path], extra: str = "") -> str:
 def analysis_inputs(runs: Path) -> list[Path]:
     records = sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv")
                      for p in runs.glob(pattern)) if runs.is_dir() else []
-    code = [PROJECT_ROOT / "kernels" / "analysis.py", PROJECT_ROOT / "kernels" / "stats.py", ANALYSIS_NOTEBOOK,
-            *sorted((PROJECT_ROOT / "kernels" / "report").glob("*.py")),
+    kernels = PROJECT_ROOT / "kernels"  # the code that turns records into the documents' numbers
+    code = [*sorted((kernels / "analysis").glob("*.py")), kernels / "base" / "stats.py", ANALYSIS_NOTEBOOK,
+            *sorted((kernels / "report").glob("*.py")),
             PROJECT_ROOT / "paper" / "plan.yaml", PROJECT_ROOT / "paper" / "systems.yaml"]
     return records + code
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from statistics import median
 
 import torch
@@ -21,10 +22,28 @@ from kernels.run.metrics import zero_timing
 POSITION = ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_utc")
 
 
-def start_position(started_utc: str) -> dict:
-    """A fresh run's position and record state (a checkpoint holds the POSITION keys of it)."""
-    return {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "rows": [], "timing": zero_timing(),
-            "started_utc": started_utc, "resumed_from_step": 0, "partial_sums": None}
+@dataclass
+class LoopState:
+    """Where the loop is and what the record holds so far. A checkpoint keeps the POSITION fields (and every
+    rank's partial_sums); a resumed run starts from them."""
+    started_utc: str
+    epoch: int = 0                     # the epoch under way (0-based); epochs done = len(rows)
+    step_in_epoch: int = 0             # steps done in that epoch: nonzero only for a run stopped mid-epoch
+    global_step: int = 0               # optimizer steps done, over all attempts
+    rows: list[dict] = field(default_factory=list)        # metrics.csv's rows so far
+    timing: dict = field(default_factory=zero_timing)     # the timed steps' times over all epochs (metrics.py)
+    resumed_from_step: int = 0         # this attempt started at this global step (0: a fresh run)
+    partial_sums: list[float] | None = None  # an interrupted epoch's loss and metric sums on this rank
+
+    def position(self) -> dict:
+        """The fields a checkpoint keeps."""
+        return {k: getattr(self, k) for k in POSITION}
+
+    @classmethod
+    def resumed(cls, saved: dict, partial_sums: list[float] | None) -> "LoopState":
+        """The state a checkpoint (`saved`, with its POSITION keys) and this rank's own partial sums give."""
+        return cls(**{k: saved[k] for k in POSITION}, partial_sums=partial_sums,
+                   resumed_from_step=saved["global_step"])
 
 
 class Checkpointer:
@@ -37,12 +56,12 @@ class Checkpointer:
         self.costs: list[dict] = []  # rank 0: snapshot and write time of each checkpoint of this attempt
         self.writer, self.error = None, None
 
-    def save(self, st: dict, parts, io_state: dict) -> None:
+    def save(self, st: LoopState, parts, io_state: dict) -> None:
         """st: the loop's position and record state; parts: model, optimizer, scaler, scheduler."""
         self.beat()
         rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
         io = all_gather_object(io_state)            # every rank's I/O counters, so the record covers all attempts
-        partial = all_gather_object(st["partial_sums"])  # every rank's sums of an interrupted epoch
+        partial = all_gather_object(st.partial_sums)  # every rank's sums of an interrupted epoch
         buffers = all_gather_object({k: v.detach().cpu() for k, v in parts.model.named_buffers()})
         if self.is_rank0:
             self.wait()  # the previous write, if still going: one write at a time
@@ -50,9 +69,9 @@ class Checkpointer:
             data = ckpt.serialise(rng, io=io, partial_sums=partial if partial[0] is not None else None,
                                   model=parts.model.state_dict(), rank_buffers=buffers,
                                   optimizer=parts.opt.state_dict(), scaler=parts.scaler.state_dict(),
-                                  scheduler=parts.sched.state_dict(), **{k: st[k] for k in POSITION},
+                                  scheduler=parts.sched.state_dict(), **st.position(),
                                   config=self.cfg.to_dict())
-            cost = {"epoch": st["epoch"], "global_step": st["global_step"], "bytes": len(data),
+            cost = {"epoch": st.epoch, "global_step": st.global_step, "bytes": len(data),
                     "snapshot_ms": round((time.perf_counter() - t0) * 1e3, 3), "write_ms": None,
                     "async": self.cfg.checkpoint_async}
             self.costs.append(cost)

@@ -21,6 +21,7 @@ from kernels.base.dist import all_gather_object, broadcast_object, check_distinc
 from kernels.base.errors import ConfigError
 from kernels.base.flops import mfu, peak_note, peak_tflops
 from kernels.profiling import verdict
+from kernels.run.checkpointing import LoopState
 from kernels.run.metrics import peak_memory_gib, rounded
 from kernels.base.stats import step_summary
 from kernels.run.ids import make_run_id
@@ -181,7 +182,7 @@ class RunRecord:
         self.log(f"resuming {self.run_id} from epoch {state['epoch'] + 1} step {state['step_in_epoch']} "
                  f"(global step {state['global_step']})")
 
-    def write_config(self, st: dict, derived: dict) -> None:
+    def write_config(self, st: LoopState, derived: dict) -> None:
         """Rank 0: the run directory and config.json (resolved parameters and provenance)."""
         if not self.is_rank0:
             return
@@ -196,7 +197,7 @@ class RunRecord:
             "hosts": sorted({x["host"] for x in ranks}), "nodes": sorted({x["node"] for x in ranks}),
             "devices": sorted({x["device"] for x in ranks}), "ranks": ranks, "slurm": sysinfo.slurm_ids(),
             "config_changes": self.changes, "system": sysinfo.node_facts(), "lab": sysinfo.lab_ids(),
-            "command": sys.argv, "started_utc": st["started_utc"],
+            "command": sys.argv, "started_utc": st.started_utc,
         })
 
     def write_rows(self, rows: list[dict]) -> None:
@@ -208,16 +209,16 @@ class RunRecord:
             self.lock.release()
 
     # ------------------------------------------------------------------ summary
-    def write_summary(self, status: str, st: dict, seen: dict, error: str | None = None) -> dict | None:
+    def write_summary(self, status: str, st: LoopState, seen: dict, error: str | None = None) -> dict | None:
         """Rank 0: summary.json. seen: what the observers measured (probe, profile, monitor, io, workload, ranks,
         checkpoints, host_syncs_per_step); a failed or running record has what there is so far."""
         if not self.is_rank0:
             return None
-        f, rows, t = self.facts, st["rows"], st["timing"]
+        f, rows, t = self.facts, st.rows, st.timing
         summary = {"schema_version": records.SCHEMA_VERSION, "run_id": self.run_id, "status": status, "error": error,
-                   "started_utc": st["started_utc"], "finished_utc": utc_now() if status != "running" else None,
-                   "resumed_from_step": st["resumed_from_step"], "epochs_done": len(rows),
-                   "steps_done": st["global_step"], "world_size": self.world, "device_name": f["device_name"],
+                   "started_utc": st.started_utc, "finished_utc": utc_now() if status != "running" else None,
+                   "resumed_from_step": st.resumed_from_step, "epochs_done": len(rows),
+                   "steps_done": st.global_step, "world_size": self.world, "device_name": f["device_name"],
                    **self._throughput(t, rows)}
         summary.update(checkpoints=seen.get("checkpoints"), host_syncs_per_step=seen.get("host_syncs_per_step"),
                        host_sync_sites=seen.get("host_sync_sites"), cuda_graphs=seen.get("cuda_graphs"))
@@ -234,7 +235,7 @@ class RunRecord:
         for c in f["metric_cols"]:
             summary[f"final_eval_{c}"] = rows[-1][f"eval_{c}"] if rows else None
         self.attempts[-1].update(status=status, finished_utc=summary["finished_utc"], cause=error,
-                                 steps_done=st["global_step"])
+                                 steps_done=st.global_step)
         summary["attempts"] = self.attempts
         records.write_json(self.run_dir / "summary.json", summary)
         if status != "running":
