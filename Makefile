@@ -98,9 +98,12 @@ bench-gpu: setup
 # (kernels/notebook/demo.py): a quiet re-run measures the point, and the analysis leaves the contended one out.
 DEMO_P := -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 -p width 16 -p precision fp32 -p label demo
 DEMO_THREADS ?= $(or $(OMP_NUM_THREADS),1)
+# Each rank on its own share of the cores (the local launcher's LAB_CPU_BIND=cores), so ranks do not migrate over
+# each other's cores; DEMO_BIND=none leaves them to the scheduler.
+DEMO_BIND ?= cores
 DEMO_RERUNS ?= 1
 demo: setup
-	OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN)/python -m kernels.notebook.demo --reruns $(DEMO_RERUNS) $(DEMO_P)
+	OMP_NUM_THREADS=$(DEMO_THREADS) LAB_CPU_BIND=$(DEMO_BIND) $(BIN)/python -m kernels.notebook.demo --reruns $(DEMO_RERUNS) $(DEMO_P)
 
 # Regenerate 01_train's parameters cell from kernels/base/params.py and the .ipynb
 # twins from the py:percent sources (the .py is always the source).

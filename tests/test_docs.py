@@ -301,6 +301,10 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
         assert executed and executed[0].with_suffix(".html").exists()
     (prof,) = [s for s in demo if s["profile"]]
     assert prof["world_size"] == 2 and len(list((runs / prof["run_id"] / "traces").glob("*.gz"))) == 2
+    if len(os.sched_getaffinity(0)) >= 2:  # DEMO_BIND=cores: each of two ranks on its own core
+        for s in (s for s in demo if s["world_size"] == 2):
+            ranks = json.loads((runs / s["run_id"] / "config.json").read_text())["ranks"]
+            assert len({r["cpus"] for r in ranks}) == 2, ranks
 
     _sh("make paper", env)
     _sh("ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf"

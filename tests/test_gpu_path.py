@@ -3,6 +3,7 @@ index selection under Slurm's bindings, ports, device peaks, evaluation frequenc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from kernels.base.ports import PORT_BASE, PORT_SPAN, free_port, slurm_port
 from kernels.base.flops import peak_tflops
 from kernels.base.params import ConfigError
 from kernels.launch.config import resolve
-from kernels.launch.launchers import srun_command
+from kernels.launch.launchers import core_sets, srun_command
 from kernels.launch.ranks import rank_job
 
 from conftest import ROOT
@@ -30,6 +31,15 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     assert "--cpus-per-task=8" not in srun_command(rank_job(cfg), {k: v for k, v in env.items()
                                                               if k != "SLURM_CPUS_PER_TASK"})
     assert "--cpu-bind=none" in srun_command(rank_job(cfg), {**env, "LAB_CPU_BIND": "none"})
+
+
+def test_local_ranks_get_disjoint_shares_of_the_cores_only_when_asked():
+    usable = sorted(os.sched_getaffinity(0))
+    assert core_sets(2, {}) is None and core_sets(2, {"LAB_CPU_BIND": "none"}) is None  # unbound by default
+    bind = {"LAB_CPU_BIND": "cores"}
+    assert core_sets(1, bind) == [usable]
+    assert core_sets(len(usable), bind) == [[c] for c in usable]
+    assert core_sets(len(usable) + 1, bind) is None  # fewer cores than ranks: left to the scheduler
 
 
 @pytest.mark.integration

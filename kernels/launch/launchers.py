@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from kernels.base import sysinfo
@@ -97,12 +98,34 @@ def thread_env(ranks_here: int) -> dict:
     return env
 
 
-def _die_with_parent() -> None:
-    """In a rank, before exec: the kernel kills it when the launcher dies, however the launcher dies."""
+def _rank_start(cores: list[int] | None) -> None:
+    """In a rank, before exec: the kernel kills it when the launcher dies, however the launcher dies; and it runs
+    on `cores` when the launcher binds the ranks."""
     import ctypes
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def core_sets(ranks: int, environ=None) -> list[list[int]] | None:
+    """With LAB_CPU_BIND=cores, one disjoint share of this process's usable cores per local rank, so that ranks
+    do not migrate over each other's cores (what srun's --cpu-bind=cores does on a cluster); None when the local
+    ranks are not bound (the default), the OS cannot bind, or there are fewer cores than ranks."""
+    env = os.environ if environ is None else environ
+    if env.get("LAB_CPU_BIND") != "cores" or not hasattr(os, "sched_setaffinity"):
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    per = len(usable) // ranks
+    return [usable[r * per:(r + 1) * per] for r in range(ranks)] if per else None
+
+
+def _span(cores: list[int]) -> str:
+    """0-3 for a run of cores, else the list."""
+    if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
 
 
 def exit_cause(code: int) -> str:
@@ -130,17 +153,19 @@ def spawn_local(job: RankJob, stdout=None) -> int:
 
     stdout = stdout or sys.stdout
     port = free_port()
-    extra = thread_env(job.ranks)
+    extra, cores = thread_env(job.ranks), core_sets(job.ranks)
     for k, v in extra.items():
         print(f"launcher: {k}={v} (set for each rank)", file=stdout, flush=True)
+    if cores:
+        bound = "; ".join(f"rank {r} on cores {_span(c)}" for r, c in enumerate(cores))
+        print(f"launcher: LAB_CPU_BIND=cores: {bound}", file=stdout, flush=True)
     procs = []
     for rank in range(job.ranks):
         env = {**os.environ, **extra, "RANK": str(rank), "WORLD_SIZE": str(job.ranks), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(job.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "local", **job.env}
-        procs.append(subprocess.Popen(job.command, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, bufsize=1, preexec_fn=_die_with_parent))
+        procs.append(subprocess.Popen(job.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, preexec_fn=partial(_rank_start, cores and cores[rank])))
     pumps = [threading.Thread(target=pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
              for r, p in enumerate(procs)]
     for t in pumps:
