@@ -816,3 +816,24 @@ def test_a_quiet_rerun_supersedes_the_contended_repeat_of_its_point(tmp_path):
     report.build(runs, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)  # the paper says what it left out
     text = (tmp_path / "out" / "tables" / "results_text.tex").read_text()
     assert "The run one-busy (1 rank) shared its cores with other work and is left out" in text, text
+
+
+def test_the_data_wait_the_documents_quote_is_the_records_median(tmp_path):
+    """The profiling paragraph's data wait is the median of the selected records' data_wait_frac, and the
+    bottleneck table's per point is the median of that point's records; the I/O table's is another quantity,
+    the slowest rank's (io.data_wait_frac_max), and is printed under its own name."""
+    runs = tmp_path / "runs"
+    waits = {("a", 1): 0.02, ("b", 1): 0.03, ("c", 1): 0.10, ("d", 2): 0.04, ("e", 2): 0.07}
+    for (run_id, n), wait in waits.items():
+        write_record(runs, run_id, gpus=n, batch=512, x=1000.0 * n)
+        summary = runs / run_id / "summary.json"
+        records.write_json(summary, {**records.read_json(summary), "data_wait_frac": wait,
+                                     "bottleneck": {"verdict": "compute", "reason": "r", "evidence": {}}})
+    report.build(runs, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)
+    tables = tmp_path / "out" / "tables"
+    text = (tables / "profiling_text.tex").read_text()
+    assert f"data wait is {100 * float(np.median(list(waits.values()))):.1f}\\,\\% of the step (median over 5 " in text
+    rows = [line.split("&") for line in (tables / "bottleneck_table.tex").read_text().splitlines()
+            if line.count("&") >= 5 and "Verdict" not in line]
+    got = {int(r[1]): (int(r[2]), float(r[4])) for r in rows}
+    assert got == {1: (3, 3.0), 2: (2, 5.5)}, rows  # medians 3.0 % and 5.5 % of each point's records
