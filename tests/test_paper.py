@@ -316,7 +316,7 @@ def assert_documents_look_finished(pdfs: dict, tmp: Path):
     """Page counts in range, no page that is mostly blank, no 'n/a' in the prose, no unresolved reference."""
     assert 4 <= pages(pdfs["paper"]) <= 8  # with its appendix; 6 at most without (test_the_paper_without_...)
     assert 6 <= pages(pdfs["proposal"]) <= 8
-    assert pages(pdfs["pitch"]) == 6  # title + five slides
+    assert pages(pdfs["pitch"]) == 7  # title + six slides
     for name, pdf in pdfs.items():
         for i, (ink, span) in enumerate(page_fill(pdf, tmp), 1):
             assert ink > 0.1 and span > 0.3, \
@@ -474,6 +474,9 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
     system = SYSTEMS[PLAN["system"]]
     assert f"1--2 & Port & validation on {tex_escape(system['name'])} & M1 first" in table
     assert "2--7 & Scale & bucket $\\times$ batch to 40 GPUs & M2 figures" in table
+    # the pitch's milestones are the plan's, at their package's last month (the Gantt chart's diamonds)
+    assert "\\toprule\nM1 & month 2 & first\\\\\nM2 & month 7 & figures\\\\\n\\bottomrule" in (
+        tables / "milestones_slide.tex").read_text()
     numbers = (tables / "numbers.tex").read_text()
     assert "\\newcommand{\\labLastMilestone}{M2}" in numbers and "\\newcommand{\\labPlanMonths}{7}" in numbers
     support = " ".join((tables / "support_text.tex").read_text().split())
@@ -481,6 +484,9 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
     assert f"jobs of up to {math.ceil(40 / system['gpus_per_node'])} nodes" in support
     assert f"({script_limit})" in support
     assert f"{math.ceil(3_000_000 * RECORD_BYTES / 1e9)} GB of project storage" in support
+    slide = (tables / "support_slide.tex").read_text()  # the pitch's support slide: the same items, as bullets
+    assert slide.count("\\item ") == len(plan["support"])
+    assert f"jobs of up to {math.ceil(40 / system['gpus_per_node'])} nodes" in slide
     # without an I/O study, the storage item (it names {storage}) is left out rather than printed empty
     report.build(tmp_path / "runs", tmp_path / "out2", {k: v for k, v in plan.items() if k != "io_study"}, SYSTEMS,
                  select=None)

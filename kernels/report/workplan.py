@@ -103,19 +103,40 @@ def gantt(packages: list[dict]) -> str:
     return "\n".join(lines + ["\\end{ganttchart}"]) + "\n"
 
 
-def support_text(support: list[str], values: dict) -> str:
+def milestone_table(packages: list[dict], values: dict) -> str:
+    """The pitch's milestones: each package's, numbered as in the proposal, at its package's last month."""
+    rows = [f"M{i} & month {p['months'][1]} & {fill(p['milestone'], values, f'milestone {i}') or '--'}\\\\"
+            for i, p in enumerate(packages, 1)]
+    return "\n".join(["\\begin{tabular}{@{}lll@{}}", "\\toprule", *rows, "\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
+def support_items(support: list[str], values: dict) -> list[str]:
+    """The support items with their placeholders filled; an item whose value does not exist is left out."""
     items = [fill(s, values, f"support item {i}") for i, s in enumerate(support, 1)]
-    items = [s for s in items if s]
+    return [s for s in items if s]
+
+
+def support_text(items: list[str]) -> str:
     if not items:
         return ""
     return ("\\textbf{Support needed.} Besides the node-hours, the study needs from the centre: " +
             "; ".join(items) + ".\n")
 
 
+def support_slide(items: list[str]) -> str:
+    """The pitch's support slide body: the same items as the proposal's paragraph, as bullets."""
+    if not items:
+        return "Besides the node-hours, the study needs nothing from the centre (paper/plan.yaml: support).\n"
+    return "\\begin{itemize}\\small\n" + "".join(f"\\item {s[0].upper()}{s[1:]}.\n" for s in items) + "\\end{itemize}\n"
+
+
 def section(ctx: Context) -> None:
     packages, values = ctx.plan["work_plan"], fields(ctx)
     ctx.put("workplan_table.tex", table(packages, values))
     ctx.put("workplan_gantt.tex", gantt(packages))
-    ctx.put("support_text.tex", support_text(ctx.plan["support"], values))
+    support = support_items(ctx.plan["support"], values)
+    ctx.put("support_text.tex", support_text(support))
+    ctx.put("support_slide.tex", support_slide(support))
+    ctx.put("milestones_slide.tex", milestone_table(packages, values))
     ctx.macro("labLastMilestone", f"M{len(packages)}")
     ctx.macro("labPlanMonths", str(max(p["months"][1] for p in packages)))
