@@ -112,8 +112,9 @@ class RankLoop:
     def _open(self) -> None:
         """The record, fresh or resumed from its checkpoint; rank 0 writes config.json and a 'running' summary."""
         saved = self.record.open(self.device, self.parts.model)
-        self.state = LoopState(utc_now())
-        if saved is not None:
+        if saved is None:
+            self.state = LoopState(utc_now())
+        else:
             mine = restore(saved, self.parts, self.engine, self.rank)
             self.state = LoopState.resumed(saved, mine["partial_sums"])
             self.io.restore(mine["io"])

@@ -148,7 +148,7 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
          "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
          "use precision=bf16 or fp32 on CPU")
     _check_run_id(cfg.run_id)
-    need(all(c.isalnum() or c in "-_." for c in cfg.label),
+    need(_plain(cfg.label),
          f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
     need(cfg.dataset in wl.datasets,
          f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
@@ -170,8 +170,13 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
         wl.check(cfg)
 
 
+def _plain(name: str) -> bool:
+    """Letters, digits, '-', '_' and '.' only: safe in a path and a Slurm job name."""
+    return all(c.isalnum() or c in "-_." for c in name)
+
+
 def _check_run_id(run_id: str) -> None:
-    if not all(c.isalnum() or c in "-_." for c in run_id) or run_id in (".", ".."):
+    if not _plain(run_id) or run_id in (".", ".."):
         raise ConfigError(f"parameter 'run_id': {run_id!r} must be a plain directory name of letters, digits, '-', "
                           "'_' and '.'")
 

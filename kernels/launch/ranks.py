@@ -54,14 +54,13 @@ def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig
     return launcher, cfg
 
 
-def spawn_horovodrun(cfg: RunConfig, stdout=None) -> int:
+def spawn_horovodrun(cfg: RunConfig, ranks: RankJob, stdout=None) -> int:
     """engine=horovod on this machine: horovodrun starts the ranks (Gloo controller); the lab's process group
     meets at MASTER_ADDR/MASTER_PORT, which horovodrun passes on to every rank."""
     from kernels.engines.horovod import horovodrun_command
     from kernels.base.ports import free_port
 
     stdout = stdout or sys.stdout
-    ranks = rank_job(cfg)
     extra = {**thread_env(cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
              "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "horovodrun", **ranks.env}
     cmd = horovodrun_command(cfg, list(ranks.command))
@@ -111,7 +110,7 @@ def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
         return EXIT_INTERRUPTED if guards.INTERRUPTED else EXIT_PREEMPTED
     ranks = rank_job(cfg)
     if launcher == "local":
-        return spawn_horovodrun(cfg, stdout) if cfg.engine == "horovod" else spawn_local(ranks, stdout)
+        return spawn_horovodrun(cfg, ranks, stdout) if cfg.engine == "horovod" else spawn_local(ranks, stdout)
     if cfg.engine == "horovod":  # srun starts MPI ranks: Horovod's MPI controller
         return run_srun(ranks, stdout, srun_command(ranks, extra=[f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"]))
     return run_srun(ranks, stdout)
