@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "run":
         rest = ["run", *rest]
     if cmd == "records-doc":
-        print(module.schema_markdown(), end="")
+        from kernels.workloads import record_fields
+
+        print(module.schema_markdown(record_fields()), end="")
         return 0
     sys.argv = [f"lab {cmd}", *rest]
     rc = module.main(rest)

@@ -135,8 +135,8 @@ def test_no_import_circle():
 def test_the_checks_find_what_they_look_for():
     """Negative controls: a circle and an upward import are found in a graph made to have them."""
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("kernels.report.tex") > layer_of("kernels.ddp_core") > layer_of("kernels.base.params")
-    known = {"kernels.ddp_core": None, "kernels.report": None, "kernels.report.tex": None}
+    assert layer_of("kernels.report.scaling") > layer_of("kernels.ddp_core") > layer_of("kernels.base.params")
+    known = {"kernels.ddp_core": None, "kernels.report": None, "kernels.report.scaling": None}
     src = ROOT / "kernels" / "ddp_core.py"
     assert imports_of("kernels.ddp_core", src, {**modules(), **known}) >= {"kernels.engines", "kernels.run.record"}
 
@@ -210,3 +210,43 @@ def test_trace_runs_records_bit_exact_losses_and_tells_a_one_bit_change(tmp_path
     diff = subprocess.run([sys.executable, str(tool), "compare", str(out), str(tmp_path / "b.json")],
                           capture_output=True, text=True)
     assert diff.returncode == 1 and "DIFFERS in losses" in diff.stdout, diff.stdout
+
+
+# the one place outside kernels/workloads/ that may name a workload, and why
+NAMES_A_WORKLOAD = {"kernels/base/params.py": "the workload parameter's default"}
+
+
+def named_workloads(src: str, names: set[str]) -> set[str]:
+    """The workload names `src` uses in code: a word of an identifier, or a whole string literal (a URL or a message
+    naming the public DCRNN repository is no use of the lab's workload); docstrings and comments left out."""
+    tree = ast.parse(src)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    words = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            words.add(n.value.strip().lower())
+        elif isinstance(n, ast.Name):
+            words |= set(n.id.lower().split("_"))
+        elif isinstance(n, ast.Attribute):
+            words |= set(n.attr.lower().split("_"))
+    return words & names
+
+
+def test_only_the_workloads_name_a_workload():
+    """A workload brings its criteria, record fields and paper section through its spec (Workload.reporting); no
+    module outside kernels/workloads/ names one, so a new workload needs no change elsewhere."""
+    from kernels.workloads import WORKLOADS
+
+    found = {}
+    for name, path in modules().items():
+        rel = str(path.relative_to(ROOT))
+        if name.startswith("kernels.workloads") or rel in NAMES_A_WORKLOAD:
+            continue
+        hit = named_workloads(path.read_text(), set(WORKLOADS))
+        if hit:
+            found[rel] = sorted(hit)
+    assert not found, f"modules outside kernels/workloads/ name a workload: {found}"
+    # a negative control: the check finds a name in code, not in a docstring or a comment
+    assert named_workloads('"""dcrnn"""\nx = 1  # dcrnn\ny = f(w == "dcrnn")\n', set(WORKLOADS)) == {"dcrnn"}

@@ -417,7 +417,7 @@ def test_figure_text_states_what_the_chart_shows_and_travels_with_the_png(tmp_pa
     import matplotlib.pyplot as plt
 
     from kernels.base.alttext import describe, png_description
-    from kernels.report.figures import save_figure
+    from kernels.analysis.figures import save_figure
 
     fig, (a, b) = plt.subplots(1, 2)
     a.plot([1, 2], [3, 4], label="strong")

@@ -125,6 +125,7 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
         "nccl": versions.get("nccl"), "python": versions.get("python"),
         "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
         "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
+        "device_type": derived.get("device_type"),
         "hosts": len(cfg.get("hosts") or []) or 1,
         "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
         "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
@@ -383,6 +384,10 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
 IO_GROUP = ("dataset", "pipeline", "io_cache", "gpus", "nodes", "per_rank_batch")
 
 
+# a source that reads nothing per step: windows of one series held on the device (kernels/data/series.py's kind)
+RESIDENT_SERIES = "index-batched series"
+
+
 def io_table(runs: pd.DataFrame) -> pd.DataFrame:
     """The I/O study: one row per (data set, pipeline, cache, ranks, nodes, per-rank batch), medians over repeats.
 
@@ -395,7 +400,7 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
             "wait_spread", "devices"]
     if runs.empty or "io_source" not in runs:
         return pd.DataFrame(columns=cols)
-    r = runs[runs["io_source"].notna() & (runs["workload"] != "dcrnn")].copy()  # DCRNN: one resident series
+    r = runs[runs["io_source"].notna() & (runs["io_source"] != RESIDENT_SERIES)].copy()
     r = r[r["kind"] == "train"] if "kind" in r else r  # a profiled run is no repeat of a training point
     if r.empty:
         return pd.DataFrame(columns=cols)
@@ -410,68 +415,3 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
                      "wait_spread": med("wait_spread"), "devices": "; ".join(sorted(set(g["io_devices"].dropna())))})
     by = ["dataset", "pipeline", "io_cache", "gpus"]
     return pd.DataFrame(rows, columns=cols).sort_values(by).reset_index(drop=True)
-
-
-DCRNN_SERIES = ("dataset", "synthetic_shape", "rnn_units", "batch", "gp", "train_samples")
-HORIZON_LABELS = ("15min", "30min", "60min")
-
-
-def parallel_name(gp) -> str:
-    gp = 1 if gp is None or pd.isna(gp) else int(gp)
-    return "data parallel" if gp == 1 else "graph parallel" if gp == 0 else f"grid, gp={gp}"
-
-
-def dcrnn_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """DCRNN runs: one row per (series, ranks), medians over repeats, with scaling and the accuracy gap.
-
-    A series is one data set, model size, global batch, graph-parallel setting (gp: 1 data parallel,
-    0 all ranks split the graph, k a dp x k grid) and training subset. Per row: throughput, epoch time,
-    strong-scaling speed-up and efficiency against the series' smallest rank count, masked MAE/RMSE/MAPE
-    per horizon, the historical average on the same test windows, the largest per-rank peak memory,
-    the largest per-rank halo traffic, the partition's edge cut, and mae_gap_pct: the largest relative
-    MAE change over the horizons against the series' baseline, in percent.
-    """
-    metrics = [f"{m}_{h}" for m in ("mae", "rmse", "mape") for h in HORIZON_LABELS]
-    cols = ["series", "parallel", *DCRNN_SERIES, "gpus", "nodes", "dp", "repeats", "samples_per_s", "epoch_s",
-            "speedup", "efficiency", *metrics, *(f"ha_{m}" for m in metrics), "mae_gap_pct", "peak_mem_gib",
-            "halo_mb_per_step", "edge_cut", "partition", "baseline_gpus", "device"]
-    if runs.empty or "workload" not in runs:
-        return pd.DataFrame(columns=cols)
-    r = runs[runs["workload"] == "dcrnn"]
-    r = r[r["kind"] == "train"] if "kind" in r else r  # a profiled run is no repeat of a training point
-    if r.empty:
-        return pd.DataFrame(columns=cols)
-    rows = []
-    for key, series in r.groupby(list(DCRNN_SERIES), dropna=False, sort=True):
-        pts = []
-        for gpus, g in series.groupby("gpus"):
-            def med(vals):
-                vals = pd.Series(vals, dtype=float)
-                return float(vals.median()) if vals.notna().any() else None
-            info = g["workload_info"].iloc[0]
-            ranks = [x for lst in g["rank_info"] for x in lst]
-            halo = [x.get("halo_bytes_per_step") for x in ranks if x.get("halo_bytes_per_step") is not None]
-            row = {**dict(zip(DCRNN_SERIES, key)), "gpus": int(gpus), "nodes": int(g["nodes"].max()),
-                   "dp": info.get("dp"), "repeats": len(g), "samples_per_s": med(g["samples_per_s"]),
-                   "epoch_s": med(g["epoch_s"]), "edge_cut": info.get("edge_cut"), "partition": info.get("partition"),
-                   "peak_mem_gib": max((x.get("peak_mem_gib") or 0 for x in ranks), default=None),
-                   "halo_mb_per_step": max(halo) / 1e6 if halo else None, "device": g["device"].iloc[0]}
-            for m in metrics:
-                row[m] = med([fe.get(m) for fe in g["final_eval"]])
-                row[f"ha_{m}"] = med([(wi.get("historical_average") or {}).get(m) for wi in g["workload_info"]])
-            pts.append(row)
-        pts.sort(key=lambda p: p["gpus"])
-        base = pts[0]
-        for p in pts:
-            p["parallel"] = parallel_name(p["gp"])
-            p["series"] = (f"{p['dataset']}" + (f" ({p['synthetic_shape']})" if p["dataset"] == "synthetic" else "") +
-                           f", {p['parallel']}, B={p['batch']}")
-            p["baseline_gpus"] = base["gpus"]
-            if p["samples_per_s"] and base["samples_per_s"]:
-                p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
-                p["efficiency"] = p["speedup"] * base["gpus"] / p["gpus"]
-            gaps = [100 * (p[f"mae_{h}"] / base[f"mae_{h}"] - 1) for h in HORIZON_LABELS
-                    if p.get(f"mae_{h}") is not None and base.get(f"mae_{h}")]
-            p["mae_gap_pct"] = max(gaps, key=abs) if gaps else None
-            rows.append(p)
-    return pd.DataFrame(rows, columns=cols)

@@ -134,31 +134,8 @@ SUMMARY_FIELDS: dict[str, str] = {
     "checksum": "sha256 of the rest of the file; a reader refuses a file whose content does not match",
     "io": "the input pipeline's I/O over the whole run (all attempts), per rank and in total: see below",
     "ranks": "per rank: rank, host, peak_mem_gib (this rank's peak memory: device memory on a GPU, resident set on "
-             "a CPU), and the workload's own per-rank figures (DCRNN: see below)",
-    "workload": "what the workload reports about the run beyond the metrics (DCRNN: see below; empty for others)",
-}
-
-# summary.json "workload" and the per-rank entries of DCRNN (kernels/workloads/dcrnn).
-DCRNN_FIELDS = {
-    "workload.dataset_shape": "[time steps, sensors] of the series",
-    "workload.graph_edges": "non-zero off-diagonal weights of the adjacency",
-    "workload.missing_frac": "share of readings that are 0 (missing)",
-    "workload.scaler_mean, scaler_std": "the scalar normalisation of the speed channel (training input windows)",
-    "workload.windows": "windows per split (train, val, test), 70/10/20 in time order",
-    "workload.train_windows_used, test_windows_used": "windows trained on and evaluated (train_samples, test_samples)",
-    "workload.dp, gp": "the rank grid: gpus = dp x gp (gp ranks split the graph)",
-    "workload.partition": "the partitioner that ran: metis, bfs (with the reason when METIS was asked for), none",
-    "workload.edge_cut": "undirected edges whose ends lie in different parts",
-    "workload.part_sizes": "sensors per part",
-    "workload.diffusion_form": "paper (recursion restarted per support) or original (the released code's carry-over)",
-    "workload.historical_average": "the historical-average baseline on the same test windows: "
-                                   "mae_/rmse_/mape_<horizon>",
-    "ranks[].supports, support_nnz": "dense or sparse diffusion matrices, and their non-zeros on this rank",
-    "ranks[].own_nodes, halo_nodes": "sensors this rank owns, and the other ranks' sensors its rows read",
-    "ranks[].halo_bytes_per_step": "bytes of halo rows this rank receives "
-                                   "per training step, forward and backward (gp > 1)",
-    "ranks[].collective_bytes_per_step": "bytes in the collective buffers (padded all-gather and all-reduce) per step",
-    "ranks[].exchanges_per_forward": "halo exchanges in one forward (one before each multiplication by the supports)",
+             "a CPU), and the workload's own per-rank figures (see below)",
+    "workload": "what the workload reports about the run beyond the metrics (see below; empty for most)",
 }
 
 # summary.json "io": what the training source read and how long the ranks waited for it.
@@ -566,7 +543,7 @@ def _num(v: str):
     return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
 
 
-def schema_markdown() -> str:
+def schema_markdown(workload_fields: dict[str, dict[str, str]] | None = None) -> str:
     lines = [
         "# Run records",
         "",
@@ -595,15 +572,12 @@ def schema_markdown() -> str:
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]
     lines += ["### summary.json: io", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `io.{k}` | {v} |" for k, v in IO_FIELDS.items()]
-    lines += ["", "### summary.json: workload and ranks (DCRNN)", "", "| field | meaning |", "|---|---|"]
-    lines += [f"| `{k}` | {v} |" for k, v in DCRNN_FIELDS.items()]
+    for title, fields in (workload_fields or {}).items():
+        lines += ["", f"### summary.json: workload and ranks ({title})", "", "| field | meaning |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in fields.items()]
     lines += ["", "## sacct.json", "", "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
               "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster "
               "without accounting gives an entry that says so.", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SACCT_FIELDS.items()]
     lines += [""]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(schema_markdown(), end="")

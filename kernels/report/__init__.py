@@ -4,8 +4,9 @@ Everything the paper, the proposal and the slides show comes from here:
     <out>/figures/*.pdf|png     figures (PDF for LaTeX, PNG for slides/README)
     <out>/tables/*.tex          booktabs tables, generated sentences and framed gaps (\\input by the documents)
     <out>/tables/numbers.tex    \\newcommand macros for numbers the static text quotes
-One module per section (lab contents and validation, scaling, I/O, DCRNN, communication, profiling,
-the resource request); each reads the selected records from a Context and writes
+One module per section (lab contents and validation, scaling, I/O, communication, profiling, the
+targets, the resource request), and a workload's own section where its reporting module has one
+(kernels/workloads/base.py: `reporting`); each reads the selected records from a Context and writes
 its files and macros. A sentence is generated only when its numbers exist;
 missing data gives a \\gap{...} note, never "n/a" in prose: the paper lists every gap once
 under "Not yet measured" and typesets a float only when its file holds measurements
@@ -21,18 +22,25 @@ from pathlib import Path
 import pandas as pd
 
 from kernels.analysis import runs as analysis
-from kernels.report import comm, criteria_table, dcrnn, io, lab, profiling_section, request, scaling, workplan
+from kernels.report import comm, criteria_table, io, lab, profiling_section, request, scaling, workplan
 from kernels.report.context import Context
 from kernels.report.planned import describe, planned_points
-from kernels.report.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
+from kernels.analysis.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
                                 write_if_changed)
 
-# criteria and request use the scaling results, request the I/O ones too: keep them last
-SECTIONS = (lab, scaling, io, dcrnn, comm, profiling_section, criteria_table, request, workplan)
-SECTION_TITLES = {"lab": "Setup", "scaling": "Scaling and optimisations", "io": "Input and output",
-                  "dcrnn": "DCRNN", "comm": "Communication", "profiling_section": "Profiling",
-                  "criteria_table": "Targets",
-                  "request": "Resource request", "workplan": "Work plan"}
+# criteria and request use the scaling results, request the I/O ones too: keep them last; the workloads' own
+# sections come after I/O
+SECTIONS = (("Setup", lab), ("Scaling and optimisations", scaling), ("Input and output", io),
+            ("Communication", comm), ("Profiling", profiling_section), ("Targets", criteria_table),
+            ("Resource request", request), ("Work plan", workplan))
+
+
+def sections() -> list[tuple[str, object]]:
+    """(title, module with section(ctx)) in the documents' order, the registered workloads' sections included."""
+    from kernels.workloads import registered, reporting_of
+
+    own = [(m.TITLE, m) for m in map(reporting_of, registered()) if m is not None and hasattr(m, "section")]
+    return [*SECTIONS[:3], *own, *SECTIONS[3:]]
 IDENTITY = {"author": "author line of the paper and the slides", "affiliation": "affiliation line of the paper",
             "pi": "the proposal's principal investigator", "institution": "the proposal's applicant institution",
             "repository": "where the code and the run records are published"}
@@ -141,9 +149,9 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
                   comm_dir=Path(runs_dir).parent / "comm")
     plan_macros(ctx)
     _ = ctx.comm_records  # read first: an unreadable commbench record joins the problems the lab section lists
-    for section in SECTIONS:
-        ctx.section = SECTION_TITLES[section.__name__.rsplit(".", 1)[-1]]
-        section.section(ctx)
+    for title, part in sections():
+        ctx.section = title
+        part.section(ctx)
     ctx.section = ""
     ctx.put("not_measured.tex", not_measured_list({k: v for k, v in ctx.gaps.items() if k}))
     ctx.written["has.tex"] = write_if_changed(ctx.tables / "has.tex", presence_file(ctx.texts))

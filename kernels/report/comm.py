@@ -6,8 +6,8 @@ import pandas as pd
 
 from kernels.comm import predict
 from kernels.report.context import Context
-from kernels.report.figures import figure_snippet, rank_axis, save_figure, style
-from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.analysis.figures import figure_snippet, rank_axis, save_figure, style
+from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 TARGET_ERROR = 0.15  # the predictor's goal on the local two-node Slurm
 COMPARE_COLUMNS = {"backend": ("Backend", "s"), "op": ("Collective", "s"), "ranks": ("Ranks", "d"),

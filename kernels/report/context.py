@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels.report.tex import gaps_in, write_if_changed
+from kernels.analysis.tex import gaps_in, write_if_changed
 
 
 @dataclass

@@ -50,12 +50,24 @@ def fingerprint(files: list[Path], extra: str = "") -> str:
     return h.hexdigest()
 
 
+def reporting_modules() -> list[Path]:
+    """The registered workloads' reporting code (criteria, tables, sections): their folder, or their module."""
+    from kernels.workloads import registered
+
+    out = []
+    for wl in registered():
+        if wl.reporting:
+            path = PROJECT_ROOT.joinpath(*wl.reporting.split("."))
+            out += sorted(path.parent.glob("*.py")) if path.parent.name != "workloads" else [path.with_suffix(".py")]
+    return out
+
+
 def analysis_inputs(runs: Path) -> list[Path]:
     records = sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv")
                      for p in runs.glob(pattern)) if runs.is_dir() else []
     kernels = PROJECT_ROOT / "kernels"  # the code that turns records into the documents' numbers
     code = [*sorted((kernels / "analysis").glob("*.py")), kernels / "base" / "stats.py", ANALYSIS_NOTEBOOK,
-            *sorted((kernels / "report").glob("*.py")),
+            *sorted((kernels / "report").glob("*.py")), *reporting_modules(),
             PROJECT_ROOT / "paper" / "plan.yaml", PROJECT_ROOT / "paper" / "systems.yaml"]
     return records + code
 

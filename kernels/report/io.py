@@ -6,10 +6,10 @@ import pandas as pd
 from kernels.analysis import runs as analysis
 from kernels.data import DATASETS
 from kernels.report.context import Context
-from kernels.report.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
+from kernels.analysis.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
                                     style, wrapped)
 from kernels.report.quantities import DATA_WAIT_SLOWEST
-from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)  # data sets read from storage
 
@@ -21,7 +21,7 @@ TABLE_COLUMNS = {"dataset": ("Data", "s"), "pipeline": ("Pipeline", "s"), "io_ca
 
 def io_runs(ctx: Context) -> pd.DataFrame:
     """The records of the I/O figures: those with an input pipeline that reads (not DCRNN's resident series)."""
-    return ctx.runs[ctx.runs["io_source"].notna() & (ctx.runs["workload"] != "dcrnn")]
+    return ctx.runs[ctx.runs["io_source"].notna() & (ctx.runs["io_source"] != analysis.RESIDENT_SERIES)]
 
 
 def _series(t: pd.DataFrame):

@@ -7,7 +7,7 @@ the hardware and node counts found in the selected records.
 from __future__ import annotations
 
 from kernels.report.context import Context
-from kernels.report.tex import gap_note, listing, note_box, tex_escape
+from kernels.analysis.tex import gap_note, listing, note_box, tex_escape
 
 
 def _vals(runs, col) -> str:

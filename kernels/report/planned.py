@@ -10,7 +10,7 @@ import pandas as pd
 from kernels.base.errors import ConfigError
 from kernels.base.files import PROJECT_ROOT
 from kernels.base.params import default
-from kernels.report.tex import listing, tex_escape
+from kernels.analysis.tex import listing, tex_escape
 
 MODES = {"strong": "strong scaling", "weak": "weak scaling", "sweep": "a sweep"}
 

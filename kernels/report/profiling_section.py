@@ -12,10 +12,10 @@ import pandas as pd
 from kernels.profiling import verdict
 from kernels.profiling.breakdown import CATEGORIES
 from kernels.report.context import Context
-from kernels.report.figures import figure_snippet, save_figure, style
+from kernels.analysis.figures import figure_snippet, save_figure, style
 from kernels.report import quantities
 from kernels.report.quantities import DATA_WAIT, EXPOSED_COMM, trace_name
-from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 # every category of the breakdown, so that a record's shares add up to its whole step (memory copies and other
 # operators were left out, and a table summed to 95 %)

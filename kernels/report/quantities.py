@@ -4,7 +4,7 @@ meets two values under one name. The definitions table of the proposal and the p
 QUANTITIES; tables and sentences take their names from here."""
 from __future__ import annotations
 
-from kernels.report.tex import tex_escape
+from kernels.analysis.tex import tex_escape
 
 DATA_WAIT = "data wait"
 DATA_WAIT_SLOWEST = "slowest rank's data wait"

@@ -11,7 +11,7 @@ from kernels.base.flops import PEAK_TFLOPS
 from kernels.report.context import Context
 from kernels.report.io import STREAMED
 from kernels.report.scaling import clean, main_series, set_aside_note
-from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 from kernels.base.params import default
 
 NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),

@@ -13,9 +13,9 @@ import pandas as pd
 from kernels.analysis import runs as analysis, trust
 from kernels.analysis.runs import main_series
 from kernels.report.context import Context
-from kernels.report.figures import (FONT_PT, figure_snippet, finish_rank_plot, hardware_line, log_value_axis,
+from kernels.analysis.figures import (FONT_PT, figure_snippet, finish_rank_plot, hardware_line, log_value_axis,
                                     rank_axis, save_figure, style, wrapped)
-from kernels.report.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
+from kernels.analysis.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
 
 TARGET_E8 = 0.70       # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
 TARGET_E = 0.80        # and 80% as the general line

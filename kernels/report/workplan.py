@@ -13,7 +13,7 @@ import re
 from kernels.base.errors import ConfigError
 from kernels.base.files import PROJECT_ROOT
 from kernels.report.context import Context
-from kernels.report.tex import tex_escape
+from kernels.analysis.tex import tex_escape
 
 BATCH_SCRIPT = PROJECT_ROOT / "slurm" / "papermill_run.sbatch"
 PACKAGE_KEYS = {"package", "work", "months", "milestone"}

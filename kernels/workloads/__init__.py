@@ -52,6 +52,17 @@ def registered() -> list[Workload]:
     return [get_workload(name) for name in WORKLOADS]
 
 
+def reporting_of(wl: Workload):
+    """The workload's reporting module (Workload.reporting), or None when it brings nothing to the documents."""
+    return importlib.import_module(wl.reporting) if wl.reporting else None
+
+
+def record_fields() -> dict[str, dict[str, str]]:
+    """Per registered workload with its own summary.json entries, their meanings: {workload title: fields}."""
+    return {wl.title: m.RECORD_FIELDS for wl in registered()
+            if (m := reporting_of(wl)) is not None and hasattr(m, "RECORD_FIELDS")}
+
+
 def owner_of(param: str) -> str | None:
     """The registered workload that declares `param`, if any."""
     for wl in registered():
@@ -60,4 +71,5 @@ def owner_of(param: str) -> str | None:
     return None
 
 
-__all__ = ["DataInfo", "Metric", "Recipe", "Workload", "WORKLOADS", "get_workload", "owner_of", "registered"]
+__all__ = ["DataInfo", "Metric", "Recipe", "Workload", "WORKLOADS", "get_workload", "owner_of", "record_fields",
+           "registered", "reporting_of"]

@@ -21,7 +21,11 @@ A workload is one `Workload` value. It owns:
 - optionally `prepare(cfg)`, run once before the ranks start (on the launcher's host), to
   make what the run needs on disk, and `report(model, info)`, run on every rank after
   training, whose "shared" part (rank 0's) and "rank" parts land in the record
-  (summary.json `workload` and `ranks`).
+  (summary.json `workload` and `ranks`);
+- optionally its share of the documents, `reporting`: the name of a module (imported only by the
+  report and the records' documentation, never by a rank) holding any of CRITERIA (the targets its
+  briefs set, kernels/analysis/criteria.py), RECORD_FIELDS (what its summary.json entries mean),
+  and TITLE with section(ctx) (its section of the paper). The documents name a workload nowhere else.
 
 kernels/ddp_core.py calls only these; it never branches on a workload or data set
 name. docs/user-guide.md ("Your own model") shows a complete workload in a few dozen lines.
@@ -94,6 +98,7 @@ class Workload:
     report: Callable | None = None          # (model, info) -> {"shared": {...}, "rank": {...}} for the record
     primary_metric: str = ""                # the metric the documents compare across rank counts
     cpu_channels_last: Callable | None = None  # (values) -> bool: channels_last's default on a CPU (None: off)
+    reporting: str = ""                     # module of its criteria, record fields and paper section (above)
     static_shapes: bool = True              # every training step has the same shapes and no host-side branch:
                                             # cuda_graphs defaults on with CUDA and compile
 

@@ -129,6 +129,7 @@ WORKLOAD = Workload(
     build_model=build_model,
     build_optimizer=build_optimizer,
     loss=classification.loss,
+    reporting="kernels.workloads.resnet18_reporting",
     metric_sums=classification.metric_sums,
     check=check,
     primary_metric="acc",

@@ -305,6 +305,7 @@ WORKLOAD = Workload(
     build_model=build_model,
     build_optimizer=build_optimizer,
     loss=loss,
+    reporting="kernels.workloads.dcrnn.reporting",
     metric_sums=metric_sums,
     forward=forward,
     check=check,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels.report.tex import write_if_changed
+from kernels.analysis.tex import write_if_changed
 
 
 # Every text of a figure at its size when drawn; figures are drawn at about the width they are printed
@@ -147,6 +147,6 @@ def finish_rank_plot(fig, ax, ranks, title: str, out: Path, name: str) -> str:
 
 def figure_snippet(name: str, present: bool, why_missing: str, width: str = "\\linewidth") -> str:
     """The figure for the documents' own figure environments, or a marked gap saying why it is missing."""
-    from kernels.report.tex import gap_note
+    from kernels.analysis.tex import gap_note
 
     return f"\\includegraphics[width={width}]{{{name}.pdf}}\n" if present else gap_note(why_missing)

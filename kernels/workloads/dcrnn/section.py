@@ -1,18 +1,17 @@
-"""The DCRNN section: per-horizon errors against the references and the historical average, scaling of data
+"""DCRNN's section of the paper: per-horizon errors against the references and the historical average, scaling of data
 and graph parallelism (throughput, efficiency, accuracy gap, memory, halo traffic), and the pipeline benchmark."""
 from __future__ import annotations
 
 import pandas as pd
 
-from kernels.analysis import runs as analysis
-from kernels.report import benchmarks
-from kernels.report.context import Context
-from kernels.report.figures import figure_snippet, finish_rank_plot, hardware_line, log_value_axis, rank_axis, style
-from kernels.report.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.analysis import benchmarks
+from kernels.analysis.figures import figure_snippet, finish_rank_plot, hardware_line, log_value_axis, rank_axis, style
+from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
+from kernels.workloads.dcrnn import LABELS, REFERENCE_MAE
+from kernels.workloads.dcrnn.scaling_table import NAME, table
 
-TARGET_EFFICIENCY = 0.80   # the study's criterion: > 80 % scaling efficiency from 1 to 8 nodes
-TARGET_MAE_GAP_PCT = 2.0   # accuracy within 2 % of the baseline
-H = analysis.HORIZON_LABELS
+TARGET_EFFICIENCY = 0.80   # the plan's level (brief 000, line 9), drawn as a guide; judged from 1 to 8 nodes only
+H = LABELS
 METRIC_COLUMNS = {"model": ("Model", "s"), "ranks": ("Ranks", "raw"),
                   **{f"mae_{h}": (f"MAE {h[:-3]}", ".2f") for h in H},
                   **{f"rmse_{h}": (f"RMSE {h[:-3]}", ".2f") for h in H},
@@ -26,8 +25,6 @@ SCALING_COLUMNS = {"series": ("Series", "s"), "gpus": ("Ranks", "d"), "nodes": (
 
 def metric_rows(t: pd.DataFrame) -> pd.DataFrame:
     """Per data set: the lab's baseline and largest run of each series, the historical average, the references."""
-    from kernels.workloads.dcrnn import REFERENCE_MAE
-
     rows = []
     for ds, g in t.groupby("dataset", sort=True):
         name = "synthetic" if ds == "synthetic" else ds.upper()
@@ -49,7 +46,7 @@ def metric_rows(t: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(METRIC_COLUMNS))
 
 
-def figures(ctx: Context, t: pd.DataFrame) -> bool:
+def figures(ctx, t: pd.DataFrame) -> bool:
     import matplotlib.pyplot as plt
 
     multi = t.groupby("series").filter(lambda g: g["gpus"].nunique() > 1)
@@ -69,8 +66,8 @@ def figures(ctx: Context, t: pd.DataFrame) -> bool:
     rank_axis(ax, ranks)
     ax.set_title("DCRNN: throughput")
     ax.legend()
-    finish_rank_plot(fig, bx, ranks, f"DCRNN: efficiency (dotted: the 80 % criterion)\n"
-                                     f"{hardware_line(ctx.runs[ctx.runs['workload'] == 'dcrnn'])}", ctx.out,
+    finish_rank_plot(fig, bx, ranks, f"DCRNN: efficiency (dotted: the plan's 80 %)\n"
+                                     f"{hardware_line(ctx.runs[ctx.runs['workload'] == NAME])}", ctx.out,
                      "dcrnn_scaling")
     plt.close(fig)
     return True
@@ -124,15 +121,13 @@ def text(t: pd.DataFrame) -> str:
         top = g.iloc[-1]
         if top["efficiency"] is None or pd.isna(top["efficiency"]):
             continue
-        verdict = "meets" if top["efficiency"] > TARGET_EFFICIENCY else "misses"
         out += (f"For {tex_escape(name)}, {int(top['gpus'])} ranks reach {pct(top['efficiency'])} strong-scaling "
-                f"efficiency against {int(top['baseline_gpus'])} ({verdict} the {pct(TARGET_EFFICIENCY)} criterion)")
+                f"efficiency against {int(top['baseline_gpus'])}")
         gaps = g["mae_gap_pct"].dropna()
         if len(gaps) > 1:
             worst = gaps.loc[gaps.abs().idxmax()]
-            out += (f", and the largest change of the MAE at any horizon is {worst:+.2f}\\,\\% "
-                    f"({'within' if abs(worst) <= TARGET_MAE_GAP_PCT else 'outside'} the "
-                    f"{TARGET_MAE_GAP_PCT:g}\\,\\% criterion)")
+            out += (f", and the largest change of the MAE at any horizon against {int(top['baseline_gpus'])} "
+                    f"rank{'s' if top['baseline_gpus'] > 1 else ''} is {worst:+.2f}\\,\\%")
         if top["halo_mb_per_step"] is not None and not pd.isna(top["halo_mb_per_step"]):
             out += (f"; each rank exchanges up to {num(top['halo_mb_per_step'])}\\,MB of halo rows per step "
                     f"(edge cut {int(top['edge_cut'])})")
@@ -142,9 +137,10 @@ def text(t: pd.DataFrame) -> str:
     return out + "\n"
 
 
-def section(ctx: Context) -> None:
-    t = analysis.dcrnn_table(ctx.runs)
-    ctx.results["dcrnn"] = t
+def write(ctx) -> None:
+    """The section's files from the report's context (kernels/report/context.py): tables, figure, text."""
+    t = table(ctx.runs)
+    ctx.results[NAME] = t
     made = figures(ctx, t) if not t.empty else False
     ctx.put("fig_dcrnn_scaling.tex", figure_snippet("dcrnn_scaling", made,
                                                     "no DCRNN series with more than one rank count is selected"))
