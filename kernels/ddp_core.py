@@ -11,35 +11,24 @@ interfaces; the record, checkpointing, observers and guards (kernels/run) are ca
 """
 from __future__ import annotations
 
-import copy
 from functools import partial
 import time
-from contextlib import nullcontext
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from kernels.base.dist import all_gather_object, process_group, rank_env, select_device
-from kernels.base.flops import model_flops_per_sample
 from kernels.base.params import RunConfig, device_type
-from kernels.base.sysinfo import device_name
 from kernels.base.timers import synchronize
 from kernels.data.pipeline import micro_batches
-from kernels.engines import make_engine
-from kernels.records.checkpoint_file import seed_everything
 from kernels.run.checkpointing import Checkpointer, LoopState, restore
 from kernels.run.guards import StopSignals, Watchdog, agree, die_hung, stop_note
-from kernels.run import memory
-from kernels.run.capture import Capture
-from kernels.run.io_stats import IOAccount
-from kernels.run.metrics import MetricSums, detach, epoch_line, epoch_row
+from kernels.run.metrics import detach, epoch_line, epoch_row
 from kernels.run.observe import Observers
+from kernels.run.parts import RankParts, build
 from kernels.run.probe import run_probe
 from kernels.run.record import RunRecord, utc_now, workload_report
 from kernels.workloads import get_workload
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def run(cfg: RunConfig) -> str:
@@ -53,7 +42,9 @@ def run(cfg: RunConfig) -> str:
 
 
 class RankLoop:
-    """One rank's training run: its parts, its state (LoopState) and the epochs of steps."""
+    """One rank's training run: its parts (RankParts), its state (LoopState) and the epochs of steps."""
+    parts: RankParts | None
+    state: LoopState
 
     def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str, stops: StopSignals):
         self.cfg, self.renv, self.device, self.backend, self.stops = cfg, renv, device, backend, stops
@@ -66,67 +57,27 @@ class RankLoop:
         self.ckpt = Checkpointer(cfg, self.record, self.watchdog.beat)
         self.obs = Observers(cfg, device, self.rank, renv.local_rank, self.log)
         self.seen: dict = {}  # what the run measured besides its rows, for the summary
-        self.src, self.stop_note = None, None
-
-    def _build(self) -> None:
-        """Data, model (and its FLOPs), the engine's wrap and the workload's recipe."""
-        cfg, wl, dev = self.cfg, self.wl, self.device
-        seed_everything(cfg.seed)
-        self.src, self.eval_src, self.info = wl.make_data(cfg, self.rank, self.world, dev)
-        self.src.check_batch(cfg.batch)
-        px, py = self.src.probe(2)
-        memory.refuse_what_cannot_fit(wl, cfg, self.info, (px, py), dev, self.rank)
-        model, self.variant = wl.build_model(cfg, self.info)
-        model = model.to(dev)
-        if cfg.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
-        flops = model_flops_per_sample(copy.deepcopy(model), px, wl.loss, py,
-                                       forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
-        name = device_name(dev)
-        self.engine = make_engine(cfg)
-        self.wrapped = self.engine.wrap_model(model, dev)
-        # weights came from the common seed; from here on each rank draws its own random numbers (its own dropout)
-        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.rank + 1))
-        self.capture = Capture(cfg)
-        self.train_model = self.capture.compile(self.wrapped, cfg)
-        self.steps_per_epoch = self.src.steps_per_epoch
-        self.obs.check_window(cfg.epochs * self.steps_per_epoch, self.steps_per_epoch)
-        self.recipe = wl.build_optimizer(cfg, model, self.steps_per_epoch)
-        opt = self.engine.wrap_optimizer(model, self.recipe.optimizer, cfg.micro_batches)
-        scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
-        self.parts = SimpleNamespace(model=model, opt=opt, sched=self.recipe.scheduler, scaler=scaler)
-        self.autocast = torch.autocast(dev.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES \
-            else nullcontext()
-        self.metrics, self.io = MetricSums(wl, dev), IOAccount(self.src, self.rank, name)
-        self.record.set_facts(model, wl, dev, name, flops, cfg.precision, self.metrics.cols)
-        src = self.src  # config.json's derived facts
-        self.derived = {"per_rank_batch": cfg.per_rank_batch, "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
-                        "steps_per_epoch": self.steps_per_epoch, "train_samples_used": src.num_samples,
-                        "test_samples_used": self.eval_src.num_samples, "dropped_per_epoch": src.dropped_per_epoch,
-                        "data_source": src.describe(), "backend": self.backend, "device_type": dev.type,
-                        "launch_source": self.renv.source, "model_variant": self.variant, "tf32": dev.type == "cuda",
-                        **flops, "peak_tflops": self.record.facts["peak"], "peak_note": self.record.facts["peak_note"],
-                        **self.engine.facts()}
+        self.parts, self.stop_note = None, None
 
     def _open(self) -> None:
         """The record, fresh or resumed from its checkpoint; rank 0 writes config.json and a 'running' summary."""
-        saved = self.record.open(self.device, self.parts.model)
+        p = self.parts
+        saved = self.record.open(self.device, p.model)
         if saved is None:
             self.state = LoopState(utc_now())
         else:
-            mine = restore(saved, self.parts, self.engine, self.rank)
+            mine = restore(saved, p, p.engine, self.rank)
             self.state = LoopState.resumed(saved, mine["partial_sums"])
-            self.io.restore(mine["io"])
+            p.io.restore(mine["io"])
             self.record.resumed(saved)
-        self.record.write_config(self.state, self.derived)
+        self.record.write_config(self.state, p.derived)
         self._summarise("running")
         dist.barrier()
         self.watchdog.beat()
 
     def run(self) -> str:
         try:
-            self._build()
+            self.parts = build(self.cfg, self.wl, self.device, self.renv, self.backend, self.obs, self.record)
             self.watchdog.beat()
             self._open()
             self.obs.run_start(self.record.run_dir, self.record.run_id, self.record.ranks)
@@ -145,14 +96,14 @@ class RankLoop:
             self.obs.stop_monitor()
             self.ckpt.join()  # an error path: a write in progress finishes (it is atomic either way)
             self.record.release()
-            if self.src is not None:
-                self.src.close()  # reader threads and open shards
+            if self.parts is not None:
+                self.parts.src.close()  # reader threads and open shards
 
     def _epochs(self) -> str:
         state = self.state
         for epoch in range(state.epoch, self.cfg.epochs):
-            self.wrapped.train()
-            start, sums = state.step_in_epoch, self.metrics.zeros()
+            self.parts.wrapped.train()
+            start, sums = state.step_in_epoch, self.parts.metrics.zeros()
             if start and state.partial_sums:  # an interrupted epoch: its loss and metric sums so far
                 sums += torch.tensor(state.partial_sums, dtype=torch.float64, device=self.device)
             state.partial_sums = None
@@ -165,8 +116,8 @@ class RankLoop:
 
     def _steps(self, epoch: int, start: int, sums: torch.Tensor) -> tuple[int, str | None]:
         """The epoch's steps from `start`; returns (steps done, a stop if one came mid-epoch)."""
-        cfg, state, obs = self.cfg, self.state, self.obs
-        batches, step = self.src.batches(epoch, start), start
+        cfg, state, obs, p = self.cfg, self.state, self.obs, self.parts
+        batches, step = p.src.batches(epoch, start), start
         while True:
             obs.step_start()
             with obs.phase("data"):
@@ -180,9 +131,9 @@ class RankLoop:
             step += 1
             self.watchdog.beat(step=True)
             if cfg.log_every and step % cfg.log_every == 0:
-                self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{self.steps_per_epoch} loss "
-                         f"{float(sums[0] / max(float(sums[1]), 1)):.4f} lr {self.parts.sched.get_last_lr()[0]:.4g}")
-            if step < self.steps_per_epoch:
+                self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{p.steps_per_epoch} loss "
+                         f"{float(sums[0] / max(float(sums[1]), 1)):.4f} lr {p.sched.get_last_lr()[0]:.4g}")
+            if step < p.steps_per_epoch:
                 stop = self._agree(sums) if state.global_step % cfg.sync_check_steps == 0 else None
                 if stop is None and cfg.stop_after_steps and state.global_step >= cfg.stop_after_steps:
                     stop = "stopped"
@@ -192,64 +143,65 @@ class RankLoop:
                     return step, self._stop(stop)
 
     def _step(self, x, y, sums: torch.Tensor, global_step: int) -> None:
-        wl, eng, phase, parts, mb = self.wl, self.engine, self.obs.phase, self.parts, self.cfg.micro_batches
+        wl, phase, parts, mb = self.wl, self.obs.phase, self.parts, self.cfg.micro_batches
+        eng = parts.engine
         eng.zero_grad(parts.opt)
         for i, (xm, ym) in enumerate(zip(micro_batches(x, mb), micro_batches(y, mb))):
-            self.capture.step_begin()
+            parts.capture.step_begin()
             with eng.no_sync(i, mb):  # gradients are averaged once per step, on the last micro-batch
-                with phase("forward"), self.autocast:
-                    out = wl.forward(self.train_model, xm, ym, global_step, True)
+                with phase("forward"), parts.autocast:
+                    out = wl.forward(parts.train_model, xm, ym, global_step, True)
                     loss = wl.loss(out, ym)
                 with phase("backward"):  # DDP's all-reduce runs inside, as buckets fill
                     parts.scaler.scale(loss / mb).backward()
             with torch.no_grad():
-                self.metrics.add(sums, loss.detach(), detach(out), ym)
-        clip = self.recipe.clip_grad_norm
-        eng.step(parts.opt, parts.scaler, phase, (self.wrapped.parameters(), clip) if clip else None)
-        if self.recipe.schedule_unit == "step":
+                parts.metrics.add(sums, loss.detach(), detach(out), ym)
+        clip = parts.recipe.clip_grad_norm
+        eng.step(parts.opt, parts.scaler, phase, (parts.wrapped.parameters(), clip) if clip else None)
+        if parts.recipe.schedule_unit == "step":
             parts.sched.step()
 
     def _epoch_end(self, epoch: int, steps: int, sums: torch.Tensor, t_epoch: float) -> str | None:
         """Evaluation when due, the row, a checkpoint when due; returns a stop if one was asked for."""
-        cfg, state = self.cfg, self.state
+        cfg, state, p = self.cfg, self.state, self.parts
         synchronize(self.device)
         timed = {"epoch": epoch, "steps": steps, "epoch_s": time.perf_counter() - t_epoch}
         stop = self._agree(sums)  # the whole epoch's loss is finite, and nobody asked to stop
-        if self.recipe.schedule_unit == "epoch":
-            self.parts.sched.step()
+        if p.recipe.schedule_unit == "epoch":
+            p.sched.step()
         timed["wait"], timed["comp"] = self.obs.epoch_timings()
         t_eval, last = time.perf_counter(), epoch + 1 == cfg.epochs
         due = last or (cfg.eval_every and (epoch + 1) % cfg.eval_every == 0)
-        evals = self._evaluate() if due else self.metrics.no_eval()
+        evals = self._evaluate() if due else p.metrics.no_eval()
         timed["eval_s"] = time.perf_counter() - t_eval
-        self.io.add_epoch(timed["wait"], timed["comp"])
-        facts, lr = self.record.facts, self.parts.sched.get_last_lr()[0]
-        row = epoch_row(timed, sums, self.metrics, state.timing, evals, lr, facts["flops"], facts["peak"], cfg.batch,
+        p.io.add_epoch(timed["wait"], timed["comp"])
+        facts, lr = self.record.facts, p.sched.get_last_lr()[0]
+        row = epoch_row(timed, sums, p.metrics, state.timing, evals, lr, facts["flops"], facts["peak"], cfg.batch,
                         self.world)
         state.rows.append(row)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         self.record.write_rows(state.rows)
-        self.log(epoch_line(row, cfg.epochs, self.metrics.cols))
+        self.log(epoch_line(row, cfg.epochs, p.metrics.cols))
         if not last and stop is None and cfg.stop_after_steps and state.global_step >= cfg.stop_after_steps:
             stop = "stopped"
         if (cfg.checkpoint_every and ((epoch + 1) % cfg.checkpoint_every == 0 or last)) or (stop and not last):
-            self.ckpt.save(state, self.parts, self.io.state())
+            self.ckpt.save(state, p, p.io.state())
         return self._stop(stop) if stop and not last else None
 
     @torch.no_grad()
     def _evaluate(self) -> dict:
-        model = self.parts.model  # no DDP hooks: shards may differ by one batch between ranks
-        model.eval()
-        sums = self.metrics.zeros()
-        for x, y in self.eval_src.batches():
+        p = self.parts
+        p.model.eval()  # the bare model, no DDP hooks: shards may differ by one batch between ranks
+        sums = p.metrics.zeros()
+        for x, y in p.eval_src.batches():
             self.watchdog.beat()
-            with self.autocast:
-                out = self.wl.forward(model, x, y, self.state.global_step, False)
+            with p.autocast:
+                out = self.wl.forward(p.model, x, y, self.state.global_step, False)
                 loss = self.wl.loss(out, y)
-            self.metrics.add(sums, loss, out, y)
+            p.metrics.add(sums, loss, out, y)
         dist.all_reduce(sums)
         n = max(float(sums[1]), 1.0)
-        return {"eval_loss": float(sums[0]) / n, **self.metrics.values(sums, "eval")}
+        return {"eval_loss": float(sums[0]) / n, **p.metrics.values(sums, "eval")}
 
     def _agree(self, sums: torch.Tensor) -> str | None:
         """Every sync_check_steps steps and at each epoch's end: did any rank get a stop request or a
@@ -264,7 +216,7 @@ class RankLoop:
     def _stop(self, stop: str) -> str:
         """Checkpoint (mid-epoch, unless the epoch's end just did) and say why the run stops."""
         if self.state.step_in_epoch:
-            self.ckpt.save(self.state, self.parts, self.io.state())
+            self.ckpt.save(self.state, self.parts, self.parts.io.state())
         self.stops.checkpointed()
         self.log(f"stopped after {self.state.global_step} steps (stop_after_steps); re-run to resume"
                  if stop == "stopped" else f"preempted: {self.stop_note}")
@@ -272,17 +224,18 @@ class RankLoop:
 
     def _finish(self, status: str) -> None:
         """After training: the comm probe, the profile, I/O and the workload's report, then the summary."""
-        probe = (run_probe(self.cfg, self.world, self.engine, self.wrapped, self.train_model, self.wl, self.autocast,
-                           self.parts.opt, self.src, self.device, self.log) if status == "complete" else {})
-        self.seen.update(probe=probe, cuda_graphs=self.capture.summary(),
+        p = self.parts
+        probe = (run_probe(self.cfg, self.world, p.engine, p.wrapped, p.train_model, self.wl, p.autocast, p.opt,
+                           p.src, self.device, self.log) if status == "complete" else {})
+        self.seen.update(probe=probe, cuda_graphs=p.capture.summary(),
                          profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]))
-        self.seen["io"] = self.io.summary(all_gather_object(self.io.state()), self.state.rows)
-        self.seen.update(workload_report(self.wl, self.parts.model, self.info, self.rank, self.device))
+        self.seen["io"] = p.io.summary(all_gather_object(p.io.state()), self.state.rows)
+        self.seen.update(workload_report(self.wl, p.model, p.info, self.rank, self.device))
         self.obs.stop_monitor()
         self._summarise(status, error=self.stop_note if status == "preempted" else None)
         if status == "complete":  # e.g. Horovod's benchmark lines, for scripts that grep them
             step_ms = self.state.timing["step_ms"]
-            for line in self.engine.run_end_lines(step_ms, self.cfg.batch, self.world, self.device):
+            for line in p.engine.run_end_lines(step_ms, self.cfg.batch, self.world, self.device):
                 self.log(line)
         self.log(f"{status}: {self.record.run_dir}")
 

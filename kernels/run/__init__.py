@@ -1,5 +1,6 @@
 """What a rank needs besides the loop: components that kernels/ddp_core.py calls at fixed points.
 
+    parts.py          what a rank trains with (RankParts), built once before the first step
     record.py         the run record's lifecycle: run id, fresh/resume/refuse, lock, config, rows, summary
     checkpointing.py  snapshot, asynchronous write, resume
     observe.py        step timers, host syncs, the profiler window, the resource monitor
