@@ -14,6 +14,7 @@ the fast placement: its runs within FAST of its own fastest run, whose median is
 taken the same way. The table says how many runs of each side were in it, and gives every side's median over
 all runs with its range beside it. Targets: lab / C <= 1.5x at 8 B and <= 1.05x from 64 KiB up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,12 @@ def iterations(nbytes: int) -> int:
 
 
 def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> float:
-    p = subprocess.run(mpirun_command(ranks, [str(binary), str(nbytes), str(iters), str(warmup)]), capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        mpirun_command(ranks, [str(binary), str(nbytes), str(iters), str(warmup)]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [ln for ln in p.stdout.splitlines() if ln and not ln.startswith("#")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"the C loop failed: {(p.stderr or p.stdout).strip()[-300:]}")
@@ -59,13 +64,38 @@ def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> flo
 
 def run_lab(ranks: int, nbytes: int, iters: int, warmup: int, loop: str, tmp: Path) -> tuple[float, str]:
     """(the lab's out-of-place time per call in us, what timed it)."""
-    cmd = [sys.executable, "-m", "kernels.comm", "bench", "--backend", "mpi", "--gpus", str(ranks), "--ops",
-           "all_reduce", "--min_bytes", str(nbytes), "--max_bytes", str(nbytes), "--iters", str(iters), "--warmup",
-           str(warmup), "--repeats", "1", "--launcher", "mpirun", "--results_dir", str(tmp)]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "LAB_MPI_LOOP": loop})
-    record = next((ln.split("record: ", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("record: ")),
-                  None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernels.comm",
+        "bench",
+        "--backend",
+        "mpi",
+        "--gpus",
+        str(ranks),
+        "--ops",
+        "all_reduce",
+        "--min_bytes",
+        str(nbytes),
+        "--max_bytes",
+        str(nbytes),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
+        "--repeats",
+        "1",
+        "--launcher",
+        "mpirun",
+        "--results_dir",
+        str(tmp),
+    ]
+    p = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "LAB_MPI_LOOP": loop}
+    )
+    record = next(
+        (ln.split("record: ", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("record: ")), None
+    )
     if p.returncode != 0 or record is None:
         raise RuntimeError(f"lab comm bench failed: {(p.stderr or p.stdout).strip()[-300:]}")
     rec = read_record(Path(record))
@@ -79,8 +109,9 @@ def build_reference(tmp: Path) -> Path:
     if not mpicc:
         raise SystemExit("bench_comm: no mpicc on PATH (Debian: apt-get install libopenmpi-dev)")
     binary = tmp / "allreduce_latency"
-    p = subprocess.run([mpicc, "-O2", "-o", str(binary), str(ROOT / "sweeps" / "allreduce_latency.c")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [mpicc, "-O2", "-o", str(binary), str(ROOT / "sweeps" / "allreduce_latency.c")], capture_output=True, text=True
+    )
     if p.returncode != 0:
         raise SystemExit(f"bench_comm: {mpicc} could not build sweeps/allreduce_latency.c: {p.stderr.strip()[-300:]}")
     return binary
@@ -111,8 +142,11 @@ def measure(args, tmp: Path) -> tuple[dict, dict]:
             timed_by.update({"lab": how, "python": how_py})
             times.setdefault((size, "lab"), []).append(lab)
             times.setdefault((size, "python"), []).append(py)
-            print(f"  {size} B round {r + 1}/{args.rounds}: C {cs[-3]:.3f} us, lab {lab:.3f} us, C {cs[-2]:.3f} us, "
-                  f"lab with a Python loop {py:.3f} us, C {cs[-1]:.3f} us ({iters} calls per loop)", flush=True)
+            print(
+                f"  {size} B round {r + 1}/{args.rounds}: C {cs[-3]:.3f} us, lab {lab:.3f} us, C {cs[-2]:.3f} us, "
+                f"lab with a Python loop {py:.3f} us, C {cs[-1]:.3f} us ({iters} calls per loop)",
+                flush=True,
+            )
     return times, timed_by
 
 
@@ -125,18 +159,27 @@ def fast_placement(runs: list[float]) -> list[float]:
 def table(args, times: dict, timed_by: dict) -> tuple[list[str], dict]:
     dev = sysinfo.cpu_device_name()
     lines = benchtable.header(f"MPI all-reduce: the lab's benchmark against a C loop ({dev})")
-    lines += [f"{args.ranks} ranks on this host, launched by the lab's mpirun line (--bind-to none); float32 sum, out "
-              f"of place; {args.rounds} rounds per size, each lab run between two runs of the C reference, each run "
-              f"a loop of about 20 ms of back-to-back calls after a tenth as many warm-up calls. Times: medians over "
-              f"all runs (min-max). The host moves this VM's cores between placements about 2x apart for seconds at "
-              f"a time, so ratios compare the runs in the fast placement (within {FAST:g}x of the side's fastest run):"
-              f" the median of a side's runs there over the C runs' median there, with how many runs of each side "
-              f"it holds. C: sweeps/allreduce_latency.c. Lab: `lab comm bench --backend mpi`, timed by "
-              f"{timed_by.get('lab', '?')}; with LAB_MPI_LOOP=python, by mpi4py calls in a Python loop.", "",
-              "| size (B) | C loop us | lab us | lab / C | lab, Python loop us | Python loop / C | target |",
-              "|---:|---:|---:|---:|---:|---:|---|"]
-    record = {"device": dev, "ranks": args.ranks, "rounds": args.rounds, "fast_within": FAST, "timed_by": timed_by,
-              "rows": []}
+    lines += [
+        f"{args.ranks} ranks on this host, launched by the lab's mpirun line (--bind-to none); float32 sum, out "
+        f"of place; {args.rounds} rounds per size, each lab run between two runs of the C reference, each run "
+        f"a loop of about 20 ms of back-to-back calls after a tenth as many warm-up calls. Times: medians over "
+        f"all runs (min-max). The host moves this VM's cores between placements about 2x apart for seconds at "
+        f"a time, so ratios compare the runs in the fast placement (within {FAST:g}x of the side's fastest run):"
+        f" the median of a side's runs there over the C runs' median there, with how many runs of each side "
+        f"it holds. C: sweeps/allreduce_latency.c. Lab: `lab comm bench --backend mpi`, timed by "
+        f"{timed_by.get('lab', '?')}; with LAB_MPI_LOOP=python, by mpi4py calls in a Python loop.",
+        "",
+        "| size (B) | C loop us | lab us | lab / C | lab, Python loop us | Python loop / C | target |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    record = {
+        "device": dev,
+        "ranks": args.ranks,
+        "rounds": args.rounds,
+        "fast_within": FAST,
+        "timed_by": timed_by,
+        "rows": [],
+    }
     for size in args.sizes:
         c, lab, py = (times[(size, s)] for s in ("c", "lab", "python"))
         fast = {k: fast_placement(v) for k, v in (("c", c), ("lab", lab), ("python", py))}
@@ -150,11 +193,23 @@ def table(args, times: dict, timed_by: dict) -> tuple[list[str], dict]:
         def ratio_cell(side, m, bold=False):
             counts = f"{len(fast[side])} of {len(times[(size, side)])} runs, C {len(fast['c'])} of {len(c)}"
             return f"{f'**{m:.2f}x**' if bold else f'{m:.2f}x'} ({counts})"
-        lines.append(f"| {size:,} | {cell(c)} | {cell(lab)} | {ratio_cell('lab', lab_c, True)} | {cell(py)} | "
-                     f"{ratio_cell('python', py_c)} | {verdict} |")
-        record["rows"].append({"bytes": size, "c_us": c, "lab_us": lab, "python_loop_us": py, "lab_over_c": lab_c,
-                               "python_loop_over_c": py_c, "fast_runs": {k: len(v) for k, v in fast.items()},
-                               "target": limit})
+
+        lines.append(
+            f"| {size:,} | {cell(c)} | {cell(lab)} | {ratio_cell('lab', lab_c, True)} | {cell(py)} | "
+            f"{ratio_cell('python', py_c)} | {verdict} |"
+        )
+        record["rows"].append(
+            {
+                "bytes": size,
+                "c_us": c,
+                "lab_us": lab,
+                "python_loop_us": py,
+                "lab_over_c": lab_c,
+                "python_loop_over_c": py_c,
+                "fast_runs": {k: len(v) for k, v in fast.items()},
+                "target": limit,
+            }
+        )
     return lines, record
 
 
@@ -168,16 +223,23 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.sizes = [parse_size(s.strip(), "sizes") for s in args.sizes.split(",") if s.strip()]
     if shutil.which("mpirun") is None or not (os.environ.get("LAB_MPICC") or shutil.which("mpicc")):
-        print("bench_comm: not measured: it needs mpirun and mpicc on PATH (Debian: apt-get install openmpi-bin "
-              "libopenmpi-dev)")
+        print(
+            "bench_comm: not measured: it needs mpirun and mpicc on PATH (Debian: apt-get install openmpi-bin "
+            "libopenmpi-dev)"
+        )
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         times, timed_by = measure(args, Path(tmp))
     lines, record = table(args, times, timed_by)
     path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    benchtable.headline(args.out, "comm", record["device"], path, {
-        "rows": [{k: r[k] for k in ("bytes", "lab_over_c", "target")} for r in record["rows"]]})
+    benchtable.headline(
+        args.out,
+        "comm",
+        record["device"],
+        path,
+        {"rows": [{k: r[k] for k in ("bytes", "lab_over_c", "target")} for r in record["rows"]]},
+    )
     return 0
 
 

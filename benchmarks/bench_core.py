@@ -11,6 +11,7 @@ The table is printed and written to results/bench/<device>.md with the device
 name and software versions. On a GPU machine add e.g.
 `--precision bf16 --channels_last --compile both`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,21 @@ def bench_pipeline(kind: str, device: torch.device, batch: int, steps: int, repe
 
 
 def bench_training(procs: int, args, compile_: bool | None) -> dict:
-    params = {"dataset": "synthetic", "gpus": procs, "batch": args.train_batch,
-              "train_samples": args.train_batch * args.train_steps, "test_samples": args.train_batch, "epochs": 1,
-              "width": args.width, "precision": args.precision, "timing_warmup_steps": args.warmup,
-              "num_workers": args.workers, "comm_probe_steps": 0, "log_every": 0, "checkpoint_every": 0}
+    params = {
+        "dataset": "synthetic",
+        "gpus": procs,
+        "batch": args.train_batch,
+        "train_samples": args.train_batch * args.train_steps,
+        "test_samples": args.train_batch,
+        "epochs": 1,
+        "width": args.width,
+        "precision": args.precision,
+        "timing_warmup_steps": args.warmup,
+        "num_workers": args.workers,
+        "comm_probe_steps": 0,
+        "log_every": 0,
+        "checkpoint_every": 0,
+    }
     if args.channels_last is not None:
         params["channels_last"] = args.channels_last
     if compile_ is not None:
@@ -87,10 +99,18 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=15 if cuda else 2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--precision", default="bf16" if cuda else "fp32")
-    ap.add_argument("--channels_last", action=argparse.BooleanOptionalAction, default=None,
-                    help="default: the lab's per-device default (on with CUDA)")
-    ap.add_argument("--compile", choices=["auto", "off", "on", "both"], default="auto",
-                    help="auto: the lab's per-device default (on with CUDA)")
+    ap.add_argument(
+        "--channels_last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: the lab's per-device default (on with CUDA)",
+    )
+    ap.add_argument(
+        "--compile",
+        choices=["auto", "off", "on", "both"],
+        default="auto",
+        help="auto: the lab's per-device default (on with CUDA)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -98,29 +118,39 @@ def main(argv=None) -> int:
     lines = benchtable.header(f"core benchmark on {name}")
 
     print(f"pipeline benchmark: batch {args.batch}, {args.steps} batches per pass, {args.repeats} passes", flush=True)
-    lines += ["## input pipeline alone (augmented, normalised batches on the device)", "",
-              "| pipeline | samples/s |", "|---|---:|"]
+    lines += [
+        "## input pipeline alone (augmented, normalised batches on the device)",
+        "",
+        "| pipeline | samples/s |",
+        "|---|---:|",
+    ]
     for kind, label in (("device", "device-resident"), ("dataloader", f"DataLoader ({args.workers} workers)")):
         rate = bench_pipeline(kind, device, args.batch, args.steps, args.repeats, args.workers)
         lines.append(f"| {label} | {rate:,.0f} |")
         print(lines[-1], flush=True)
 
     compiles = {"auto": [None], "off": [False], "on": [True], "both": [False, True]}[args.compile]
-    lines += ["", f"## training, ResNet-18 CIFAR form (width {args.width}), synthetic data, global batch "
-              f"{args.train_batch}, {args.precision}, {args.train_steps - args.warmup} timed steps", "",
-              "| processes | compile | samples/s (median step) | p10-p90 | samples/s per process | step ms (median) "
-              "| data wait | MFU |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## training, ResNet-18 CIFAR form (width {args.width}), synthetic data, global batch "
+        f"{args.train_batch}, {args.precision}, {args.train_steps - args.warmup} timed steps",
+        "",
+        "| processes | compile | samples/s (median step) | p10-p90 | samples/s per process | step ms (median) "
+        "| data wait | MFU |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for compile_ in compiles:
         for procs in [int(p) for p in args.procs.split(",")]:
             print(f"training: {procs} process(es), compile={compile_} ...", flush=True)
             s = bench_training(procs, args, compile_)
             mfu = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "n/a (no peak for this device)"
-            lines.append(f"| {procs} | {'on' if s['compile'] else 'off'}{', cl' if s['channels_last'] else ''} | "
-                         f"{s['samples_per_s']:,.1f} | "
-                         f"{s['samples_per_s_p10']:,.1f}-{s['samples_per_s_p90']:,.1f} | "
-                         f"{s['samples_per_s_per_device']:,.1f} | {s['step_ms_p50']:.1f} | "
-                         f"{100 * (s['data_wait_frac'] or 0):.1f}% | {mfu} |")
+            lines.append(
+                f"| {procs} | {'on' if s['compile'] else 'off'}{', cl' if s['channels_last'] else ''} | "
+                f"{s['samples_per_s']:,.1f} | "
+                f"{s['samples_per_s_p10']:,.1f}-{s['samples_per_s_p90']:,.1f} | "
+                f"{s['samples_per_s_per_device']:,.1f} | {s['step_ms_p50']:.1f} | "
+                f"{100 * (s['data_wait_frac'] or 0):.1f}% | {mfu} |"
+            )
             print(lines[-1], flush=True)
 
     benchtable.write(lines, args.out, name)

@@ -25,6 +25,7 @@ whole); setup (reading, windows, copies to the device) is timed apart. Ratios ar
 this one run, side by side. The table goes to results/bench/dcrnn-<device>.md and its numbers
 to the .json beside it, which the paper's DCRNN section reads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def time_lab(series, mean, std, train, mode, args, device):
     def loss_of(step):
         x, y = next(batches)
         return dcrnn.loss(dcrnn.forward(model, x, y, step, True), y)
+
     times = timed_steps(f"lab ({mode})", model, opt, loss_of, args, device)
     return setup, store.resident_bytes(), times, src.steps_per_epoch
 
@@ -93,15 +95,16 @@ def timed_steps(name: str, model, opt, loss_of, args, device) -> list[float]:
         sync(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - t)
-        print(f"  {name} step {step + 1}/{args.warmup + args.steps}: {1e3 * (time.perf_counter() - t):.0f} ms",
-              flush=True)
+        print(
+            f"  {name} step {step + 1}/{args.warmup + args.steps}: {1e3 * (time.perf_counter() - t):.0f} ms", flush=True
+        )
     return times
 
 
 def time_public(series, mean, std, train, args, device):
     t0 = time.perf_counter()
     xs, ys = public.materialise_windows(series.speeds, series.time_of_day)
-    xs, ys = xs[train.start:train.stop], ys[train.start:train.stop]
+    xs, ys = xs[train.start : train.stop], ys[train.start : train.stop]
     xs[..., 0] = (xs[..., 0] - mean) / std
     ys[..., 0] = (ys[..., 0] - mean) / std
     loader = public.HostLoader(xs, ys, args.batch)
@@ -123,6 +126,7 @@ def time_public(series, mean, std, train, args, device):
         mask = (truth != 0).float()
         mask = mask / mask.mean()
         return torch.nan_to_num((out - truth).abs() * mask).mean()
+
     times = timed_steps("public", model, opt, loss_of, args, device)
     return setup, held, times, len(loader.xs) // args.batch
 
@@ -131,15 +135,24 @@ def same_function(series, mean, std, args, device) -> float:
     """Max |difference| in mph between the two models' forecasts of one batch with the same weights."""
     lab = lab_model(series, mean, std, "dense", args, device).eval()
     s1, s2 = dual_supports(series.adj)
-    pub = public.PublicDCRNN([public.sparse_support(s1, device), public.sparse_support(s2, device)],
-                             series.num_nodes, args.units, args.layers, args.k).to(device).eval()
+    pub = (
+        public.PublicDCRNN(
+            [public.sparse_support(s1, device), public.sparse_support(s2, device)],
+            series.num_nodes,
+            args.units,
+            args.layers,
+            args.k,
+        )
+        .to(device)
+        .eval()
+    )
     public.load_lab_weights(pub, lab)
     xs, ys = public.materialise_windows(series.speeds[:200], series.time_of_day[:200])
     xs[..., 0] = (xs[..., 0] - mean) / std
     with torch.no_grad():
         x, _ = public.to_device(xs[:4], ys[:4], device)
-        theirs = pub(x) * std + mean                                   # (12, b, n)
-        ours = lab(torch.from_numpy(xs[:4]).float().to(device))        # (b, 12, n)
+        theirs = pub(x) * std + mean  # (12, b, n)
+        ours = lab(torch.from_numpy(xs[:4]).float().to(device))  # (b, 12, n)
     return float((theirs.permute(1, 0, 2) - ours).abs().max())
 
 
@@ -185,22 +198,32 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=15, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--time_steps", type=int, default=0, help="use the first N time steps only (0: all; for a quick "
-                                                               "check of the benchmark itself)")
+    p.add_argument(
+        "--time_steps",
+        type=int,
+        default=0,
+        help="use the first N time steps only (0: all; for a quick check of the benchmark itself)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     p.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # a child: time one, write --result
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
 
     traffic.generate(args.shape, args.data_dir)
     series = traffic.load("synthetic", args.data_dir, args.shape)
     if args.time_steps:
         n = args.time_steps
-        series = dataclasses.replace(series, speeds=series.speeds[:n], time_of_day=series.time_of_day[:n],
-                                     slot_of_week=series.slot_of_week[:n])
+        series = dataclasses.replace(
+            series, speeds=series.speeds[:n], time_of_day=series.time_of_day[:n], slot_of_week=series.slot_of_week[:n]
+        )
     mean, std = series.scaler()
     train = series.splits()["train"]
     if args.variant:
@@ -216,31 +239,58 @@ def main(argv=None) -> int:
     base = statistics.median(rows["public"][2])
     dev = sysinfo.device_name(device)
     lines = benchtable.header(f"DCRNN epoch time: public pipeline mechanics vs the lab's workload ({dev})")
-    lines += [f"synthetic {args.shape} set ({series.num_steps:,} steps x {series.num_nodes} sensors, "
-              f"{len(train):,} training windows), DCRNN {args.layers} x {args.units} units, K={args.k}, batch "
-              f"{args.batch}, one process; median of {args.steps} timed steps after {args.warmup} warm-up; epoch = "
-              f"steps per epoch x median step (projected). Same weights give forecasts within {diff:.1e} mph.", "",
-              "| pipeline | setup s | data held (MB) | step ms, median (p10-p90) | epoch s (projected) | "
-              "speed-up vs public |", "|---|---|---|---|---|---|"]
-    record = {"device": dev, "host": sysinfo.host(), "cores": os.cpu_count(), "versions": sysinfo.software_versions(),
-              "git": sysinfo.git_info().get("commit"), "shape": args.shape, "sensors": series.num_nodes,
-              "units": args.units, "layers": args.layers, "k": args.k, "batch": args.batch, "steps": args.steps,
-              "warmup": args.warmup, "max_forecast_diff_mph": diff, "rows": {}}
+    lines += [
+        f"synthetic {args.shape} set ({series.num_steps:,} steps x {series.num_nodes} sensors, "
+        f"{len(train):,} training windows), DCRNN {args.layers} x {args.units} units, K={args.k}, batch "
+        f"{args.batch}, one process; median of {args.steps} timed steps after {args.warmup} warm-up; epoch = "
+        f"steps per epoch x median step (projected). Same weights give forecasts within {diff:.1e} mph.",
+        "",
+        "| pipeline | setup s | data held (MB) | step ms, median (p10-p90) | epoch s (projected) | "
+        "speed-up vs public |",
+        "|---|---|---|---|---|---|",
+    ]
+    record = {
+        "device": dev,
+        "host": sysinfo.host(),
+        "cores": os.cpu_count(),
+        "versions": sysinfo.software_versions(),
+        "git": sysinfo.git_info().get("commit"),
+        "shape": args.shape,
+        "sensors": series.num_nodes,
+        "units": args.units,
+        "layers": args.layers,
+        "k": args.k,
+        "batch": args.batch,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "max_forecast_diff_mph": diff,
+        "rows": {},
+    }
     for name, (setup, held, times, steps) in rows.items():
         q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
         med = statistics.median(times)
         form = auto if VARIANTS[name] == "auto" else VARIANTS[name]  # None: the public pipeline
         label = f"lab (auto: {auto} supports)" if name == "lab" else name
-        lines.append(f"| {label} | {setup:.1f} | {held / 1e6:,.0f} | {1e3 * med:,.0f} ({1e3 * q[0]:,.0f}-"
-                     f"{1e3 * q[-1]:,.0f}) | {steps * med:,.0f} | {base / med:.2f}x |")
-        record["rows"][name] = {"setup_s": setup, "data_bytes": held, "step_ms": 1e3 * med, "step_ms_p10": 1e3 * q[0],
-                                "step_ms_p90": 1e3 * q[-1], "steps_per_epoch": steps, "epoch_s": steps * med,
-                                "speedup": base / med,
-                                "supports": form}
+        lines.append(
+            f"| {label} | {setup:.1f} | {held / 1e6:,.0f} | {1e3 * med:,.0f} ({1e3 * q[0]:,.0f}-"
+            f"{1e3 * q[-1]:,.0f}) | {steps * med:,.0f} | {base / med:.2f}x |"
+        )
+        record["rows"][name] = {
+            "setup_s": setup,
+            "data_bytes": held,
+            "step_ms": 1e3 * med,
+            "step_ms_p10": 1e3 * q[0],
+            "step_ms_p90": 1e3 * q[-1],
+            "steps_per_epoch": steps,
+            "epoch_s": steps * med,
+            "speedup": base / med,
+            "supports": form,
+        }
     path = benchtable.write(lines, args.out, dev, prefix="dcrnn-")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")  # read by the paper's DCRNN section
-    benchtable.headline(args.out, "dcrnn", dev, path, {"speedup": record["rows"]["lab"]["speedup"],
-                                                       "steps": args.steps})
+    benchtable.headline(
+        args.out, "dcrnn", dev, path, {"speedup": record["rows"]["lab"]["speedup"], "steps": args.steps}
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ each stream pass follows the sequential reads of its round, and its MB/s is prin
 fraction of the fastest of them (paired, because a shared disk's speed drifts within minutes).
 The table is printed and written to results/bench/io-<device>.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,17 +78,22 @@ def prepare_source(data: Path) -> str:
         except Exception:  # noqa: BLE001 - try the next
             continue
     if DEBIAN_FASHION.is_dir():
-        print(f"no MNIST under {data}: copying Debian's Fashion-MNIST from {DEBIAN_FASHION} "
-              f"(lab fetch fashion-mnist --from {DEBIAN_FASHION})", flush=True)
+        print(
+            f"no MNIST under {data}: copying Debian's Fashion-MNIST from {DEBIAN_FASHION} "
+            f"(lab fetch fashion-mnist --from {DEBIAN_FASHION})",
+            flush=True,
+        )
         mnist.fetch("fashion-mnist", data, from_dir=DEBIAN_FASHION)
         return "fashion-mnist"
     print(f"no MNIST under {data} and no Debian Fashion-MNIST: downloading MNIST (lab fetch mnist)", flush=True)
     try:
         mnist.fetch("mnist", data)
     except Exception as e:  # noqa: BLE001 - one line naming both ways, not a traceback
-        raise SystemExit(f"error: no MNIST or Fashion-MNIST under {data}, and MNIST could not be downloaded ({e}); "
-                         f"`apt-get install dataset-fashion-mnist` (Debian) or `lab fetch mnist` where its mirrors "
-                         f"are reachable, then run again") from None
+        raise SystemExit(
+            f"error: no MNIST or Fashion-MNIST under {data}, and MNIST could not be downloaded ({e}); "
+            f"`apt-get install dataset-fashion-mnist` (Debian) or `lab fetch mnist` where its mirrors "
+            f"are reachable, then run again"
+        ) from None
     return "mnist"
 
 
@@ -151,9 +157,12 @@ def stream_and_disk(shards, transform, args, device) -> tuple[dict, dict]:
     steps = shards.num_samples // args.batch
     rates, seq = {}, {}
     for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):
-        srcs = {key: StreamSource(shards, tf, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb,
-                                  read_mb=args.read_mb)
-                for key, tf in ((cache, transform), (f"{cache} records", None))}
+        srcs = {
+            key: StreamSource(
+                shards, tf, args.batch, 0, 1, 0, device, cache=cache, window_mb=args.window_mb, read_mb=args.read_mb
+            )
+            for key, tf in ((cache, transform), (f"{cache} records", None))
+        }
         for r in range(args.repeats + 1):
             for mode in modes:
                 for t in threads:
@@ -164,8 +173,11 @@ def stream_and_disk(shards, transform, args, device) -> tuple[dict, dict]:
             for key, v in got.items():
                 if r:
                     rates.setdefault(key, []).append(v)
-            print(f"  round {r}{' (warm-up)' if not r else ''}: " + ", ".join(
-                f"streamed {key} {v:,.0f} samples/s" for key, v in got.items()), flush=True)
+            print(
+                f"  round {r}{' (warm-up)' if not r else ''}: "
+                + ", ".join(f"streamed {key} {v:,.0f} samples/s" for key, v in got.items()),
+                flush=True,
+            )
         for key, s in srcs.items():
             rates[f"{key} counters"] = dict(s.counters, describe=s.describe())
             s.close()
@@ -179,21 +191,30 @@ def disk_rows(shards, rates: dict, seq: dict, repeats: int, read_mb: float) -> t
     decoding shares the CPU with the reads)."""
     per_sample = shards.data_bytes / shards.num_samples
     threads = sorted({t for _, t in seq})
-    lines = ["", f"The same {len(shards.paths)} shard files read sequentially in {read_mb:g} MiB reads (dd-like, no "
-                 f"decoding), median of {repeats} rounds after a warm-up, with the CPU time those reads cost:", "",
-             "| reads | " + " | ".join(f"{t} thread{'s' * (t > 1)} (MB/s)" for t in threads) + " | CPU ms per MB |",
-             "|---|" + "---:|" * (len(threads) + 1)]
+    lines = [
+        "",
+        f"The same {len(shards.paths)} shard files read sequentially in {read_mb:g} MiB reads (dd-like, no "
+        f"decoding), median of {repeats} rounds after a warm-up, with the CPU time those reads cost:",
+        "",
+        "| reads | " + " | ".join(f"{t} thread{'s' * (t > 1)} (MB/s)" for t in threads) + " | CPU ms per MB |",
+        "|---|" + "---:|" * (len(threads) + 1),
+    ]
     for mode in dict.fromkeys(m for m, _ in seq):
         med = [statistics.median(p[0] for p in seq[(mode, t)]) for t in threads]
         cpu = statistics.median(p[1] for p in seq[(mode, threads[med.index(max(med))])])
         lines.append(f"| {READS[mode]} | " + " | ".join(f"{m:,.0f}" for m in med) + f" | {cpu:.2f} |")
-    lines += ["", f"The stream beside the fastest sequential read of the same round (paired; median of {repeats} "
-                  "rounds "
-                  f"and the min-max of the round ratios); its MB/s is samples/s times {per_sample:,.0f} bytes per "
-                  "sample, as records (uint8, no decoding) and as normalised float batches.", "",
-              "| cache | sequential (MB/s) | streamed records "
-              "(MB/s) | records / sequential | streamed, normalised (MB/s) "
-              "| normalised / sequential |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"The stream beside the fastest sequential read of the same round (paired; median of {repeats} "
+        "rounds "
+        f"and the min-max of the round ratios); its MB/s is samples/s times {per_sample:,.0f} bytes per "
+        "sample, as records (uint8, no decoding) and as normalised float batches.",
+        "",
+        "| cache | sequential (MB/s) | streamed records "
+        "(MB/s) | records / sequential | streamed, normalised (MB/s) "
+        "| normalised / sequential |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     figures = {}
     for cache, modes in (("warm", ("warm",)), ("cold", ("cold", "direct"))):
         limit = [max(seq[(m, t)][r][0] for m in modes for t in threads) for r in range(repeats)]
@@ -219,10 +240,14 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=ROOT / "data", help="data root with mnist/ or fashion-mnist/")
     ap.add_argument("--set", type=Path, default=None, help="a built bigMNIST set to use (default: build one)")
     ap.add_argument("--versions", type=int, default=2)
-    ap.add_argument("--replicas", type=int, default=12,
-                    help="copies of each version (default 12: 1.44 M samples, 1.1 GB, 17 windows of 64 MiB per epoch, "
-                         "so that the first window's exposed read is a small part of an epoch, as in a real bigMNIST "
-                         "epoch of ~840; with 2, its three windows made it up to half of a cold epoch)")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=12,
+        help="copies of each version (default 12: 1.44 M samples, 1.1 GB, 17 windows of 64 MiB per epoch, "
+        "so that the first window's exposed read is a small part of an epoch, as in a real bigMNIST "
+        "epoch of ~840; with 2, its three windows made it up to half of a cold epoch)",
+    )
     ap.add_argument("--source-samples", type=int, default=0, help="source images (0: all 60,000)")
     ap.add_argument("--shard-samples", type=int, default=20_000)
     ap.add_argument("--batch", type=int, default=256)
@@ -230,8 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample baseline")
     ap.add_argument("--loader-steps", type=int, default=200, help="batches per pass of the per-sample baseline")
     ap.add_argument("--window-mb", type=float, default=64.0)
-    ap.add_argument("--read-mb", type=float, default=8.0, help="MiB per read call, of the "
-                                                                 "stream and the sequential reads alike")
+    ap.add_argument(
+        "--read-mb", type=float, default=8.0, help="MiB per read call, of the stream and the sequential reads alike"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -242,10 +268,17 @@ def main(argv=None) -> int:
         set_dir = args.set
         if set_dir is None:
             set_dir = Path(tmp) / "bigmnist"
-            spec = bigmnist.Spec(source=src_name, source_samples=args.source_samples, versions=args.versions,
-                                 replicas=args.replicas, shard_samples=args.shard_samples)
-            print(f"building a bigMNIST of {args.versions} versions x {args.replicas} replicas into {set_dir} ...",
-                  flush=True)
+            spec = bigmnist.Spec(
+                source=src_name,
+                source_samples=args.source_samples,
+                versions=args.versions,
+                replicas=args.replicas,
+                shard_samples=args.shard_samples,
+            )
+            print(
+                f"building a bigMNIST of {args.versions} versions x {args.replicas} replicas into {set_dir} ...",
+                flush=True,
+            )
             bigmnist.build(set_dir, spec, args.data, device=device, log=lambda s: None)
         shards = ShardSet(set_dir)
         m = shards.manifest
@@ -253,37 +286,55 @@ def main(argv=None) -> int:
             fd = os.open(path, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-        print(f"set: {shards.num_samples:,} samples in {len(shards.counts)} shards ({shards.data_bytes / 2**20:,.0f} "
-              f"MiB); batch {args.batch}; {args.repeats} passes after a warm-up", flush=True)
+        print(
+            f"set: {shards.num_samples:,} samples in {len(shards.counts)} shards ({shards.data_bytes / 2**20:,.0f} "
+            f"MiB); batch {args.batch}; {args.repeats} passes after a warm-up",
+            flush=True,
+        )
         lines = benchtable.header(f"input pipelines for (big)MNIST on {name}") + [
-                 f"One rank, data only (no model): normalised batches of {args.batch} on {device.type}. bigMNIST "
-                 f"here: {m['spec']['versions']} versions x {m['spec']['replicas']} replicas of {m['spec']['source']} "
-                 f"= {shards.num_samples:,} samples in {len(shards.counts)} shards "
-                 f"({shards.data_bytes / 2**20:,.0f} MiB). Median of {args.repeats} passes after a warm-up; "
-                 "spread is min-max.", "",
-                 "| pipeline | samples/s | spread | note |", "|---|---:|---:|---|"]
+            f"One rank, data only (no model): normalised batches of {args.batch} on {device.type}. bigMNIST "
+            f"here: {m['spec']['versions']} versions x {m['spec']['replicas']} replicas of {m['spec']['source']} "
+            f"= {shards.num_samples:,} samples in {len(shards.counts)} shards "
+            f"({shards.data_bytes / 2**20:,.0f} MiB). Median of {args.repeats} passes after a warm-up; "
+            "spread is min-max.",
+            "",
+            "| pipeline | samples/s | spread | note |",
+            "|---|---:|---:|---|",
+        ]
         rates = {}
 
         loader = PerSampleSource(shards, m["mean"], m["std"], args.batch, 0, 1, 0, device, False, args.workers, 2)
         rates["per-sample"] = timed_passes(lambda r: loader.batches(r), device, args.repeats, args.loader_steps)
-        lines.append(row(f"per-sample DataLoader ({args.workers} workers)", rates["per-sample"],
-                         f"{args.loader_steps} batches per pass"))
+        lines.append(
+            row(
+                f"per-sample DataLoader ({args.workers} workers)",
+                rates["per-sample"],
+                f"{args.loader_steps} batches per pass",
+            )
+        )
         print(lines[-1], flush=True)
         loader.close()  # its workers' memory maps would keep the shards in the page cache (cold reads memory)
-
 
         t = ImageTransform(mean=(m["mean"],), std=(m["std"],))
         print("streamed shards and sequential reads, in alternating rounds:", flush=True)
         stream, seq = stream_and_disk(shards, t, args, device)
         for cache in ("warm", "cold"):
-            for key, label in ((cache, f"streamed shards, {cache}"),
-                               (f"{cache} records", f"streamed records, {cache}, no decoding")):
+            for key, label in (
+                (cache, f"streamed shards, {cache}"),
+                (f"{cache} records", f"streamed records, {cache}, no decoding"),
+            ):
                 rates[key], c = stream[key], stream[f"{key} counters"]
                 how = f"; {c['describe']['cold_reads']}" if cache == "cold" else ""
-                lines.append(row(label, rates[key], f"whole epochs of {c['windows'] // (args.repeats + 1)} windows; "
-                                 f"{c['bytes_read'] / 1e9:.2f} GB read in {c['read_calls']} reads, "
-                                 f"{c['bytes_read'] / c['read_s'] / 1e6:,.0f} "
-                                 f"MB/s inside reads (per reader thread){how}"))
+                lines.append(
+                    row(
+                        label,
+                        rates[key],
+                        f"whole epochs of {c['windows'] // (args.repeats + 1)} windows; "
+                        f"{c['bytes_read'] / 1e9:.2f} GB read in {c['read_calls']} reads, "
+                        f"{c['bytes_read'] / c['read_s'] / 1e6:,.0f} "
+                        f"MB/s inside reads (per reader thread){how}",
+                    )
+                )
                 print(lines[-1], flush=True)
 
         arrays = mnist.read(src_name, args.data)
@@ -296,9 +347,13 @@ def main(argv=None) -> int:
         disk, figures = disk_rows(shards, rates, seq, args.repeats, args.read_mb)
         lines += disk
         med = {k: statistics.median(v) for k, v in rates.items()}
-        lines += ["", f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "
-                      f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "
-                      f"streamed (warm) over device-resident: {med['warm'] / med['resident']:.2f}x.", ""]
+        lines += [
+            "",
+            f"Streamed (warm) over per-sample DataLoader: **{med['warm'] / med['per-sample']:.1f}x**; "
+            f"streamed (cold) over per-sample: **{med['cold'] / med['per-sample']:.1f}x**; "
+            f"streamed (warm) over device-resident: {med['warm'] / med['resident']:.2f}x.",
+            "",
+        ]
 
     path = benchtable.write(lines, args.out, name, prefix="io-")
     benchtable.headline(args.out, "io", name, path, figures)

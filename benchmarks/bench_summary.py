@@ -7,6 +7,7 @@ yet run on this machine is named with the command that measures it. The figures 
 only when they share a git commit; otherwise the page says which commits they come from. The
 page goes to results/bench/summary-<cpu>.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,14 @@ def _verdict(ok: bool) -> str:
 
 
 def notebook_rows(h: dict) -> list[tuple]:
-    return [("notebook run over the CLI, extra wall s (median of paired runs)", f"<= {NOTEBOOK_MAX_S:g} s",
-             f"{h['overhead_s']:.2f} s ({h['overhead_min_s']:.2f}-{h['overhead_max_s']:.2f}; CLI {h['cli_s']:.2f} s)",
-             _verdict(h["overhead_s"] <= NOTEBOOK_MAX_S))]
+    return [
+        (
+            "notebook run over the CLI, extra wall s (median of paired runs)",
+            f"<= {NOTEBOOK_MAX_S:g} s",
+            f"{h['overhead_s']:.2f} s ({h['overhead_min_s']:.2f}-{h['overhead_max_s']:.2f}; CLI {h['cli_s']:.2f} s)",
+            _verdict(h["overhead_s"] <= NOTEBOOK_MAX_S),
+        )
+    ]
 
 
 def io_rows(h: dict) -> list[tuple]:
@@ -46,9 +52,14 @@ def io_rows(h: dict) -> list[tuple]:
         for kind in ("records", "normalised"):
             target = f">= {COLD_STREAM_MIN_PCT:g} %" if cache == "cold" else "none (page cache)"
             verdict = _verdict(f[f"{kind}_pct"] >= COLD_STREAM_MIN_PCT) if cache == "cold" else "-"
-            rows.append((f"streamed {kind} / sequential read, {cache}", target,
-                         f"{f[f'{kind}_pct']:.0f} % ({f[f'{kind}_mb_s']:,.0f} of {f['sequential_mb_s']:,.0f} MB/s)",
-                         verdict))
+            rows.append(
+                (
+                    f"streamed {kind} / sequential read, {cache}",
+                    target,
+                    f"{f[f'{kind}_pct']:.0f} % ({f[f'{kind}_mb_s']:,.0f} of {f['sequential_mb_s']:,.0f} MB/s)",
+                    verdict,
+                )
+            )
     return rows
 
 
@@ -56,30 +67,54 @@ def seed_rows(h: dict) -> list[tuple]:
     rows = []
     for key in sorted(k for k in h if k.startswith("ranks_")):
         f = h[key]
-        verdict = ("**missed**" if f["ratio"] < SEED_FLOOR else "floor met, **goal missed**" if f["ratio"] < SEED_GOAL
-                   else "met")
-        rows.append((f"lab / seed-style loop, {key[6:]} rank(s) (median of {f['repeats']} paired repeats)",
-                     f">= {SEED_FLOOR:.2f}x (goal {SEED_GOAL:.2f}x)", f"{f['ratio']:.2f}x "
-                                                                      f"({f['min']:.2f}-{f['max']:.2f})",
-                     verdict))
+        verdict = (
+            "**missed**"
+            if f["ratio"] < SEED_FLOOR
+            else "floor met, **goal missed**"
+            if f["ratio"] < SEED_GOAL
+            else "met"
+        )
+        rows.append(
+            (
+                f"lab / seed-style loop, {key[6:]} rank(s) (median of {f['repeats']} paired repeats)",
+                f">= {SEED_FLOOR:.2f}x (goal {SEED_GOAL:.2f}x)",
+                f"{f['ratio']:.2f}x ({f['min']:.2f}-{f['max']:.2f})",
+                verdict,
+            )
+        )
     return rows
 
 
 def dcrnn_rows(h: dict) -> list[tuple]:
-    return [(f"DCRNN lab / public pipeline per step (median of {h['steps']} steps)", DCRNN_CPU_BOUND,
-             f"{h['speedup']:.2f}x", "-")]
+    return [
+        (
+            f"DCRNN lab / public pipeline per step (median of {h['steps']} steps)",
+            DCRNN_CPU_BOUND,
+            f"{h['speedup']:.2f}x",
+            "-",
+        )
+    ]
 
 
 def comm_rows(h: dict) -> list[tuple]:
-    return [(f"MPI all-reduce, lab / C loop at {r['bytes']:,} B", "-" if r["target"] is None else "<= "
-                                                                                                  f"{r['target']:.2f}x",
-             f"{r['lab_over_c']:.2f}x", "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"]))
-            for r in h["rows"]]
+    return [
+        (
+            f"MPI all-reduce, lab / C loop at {r['bytes']:,} B",
+            "-" if r["target"] is None else f"<= {r['target']:.2f}x",
+            f"{r['lab_over_c']:.2f}x",
+            "-" if r["target"] is None else _verdict(r["lab_over_c"] <= r["target"]),
+        )
+        for r in h["rows"]
+    ]
 
 
-SECTIONS = (("notebook", "bench_notebook.py", notebook_rows), ("io", "bench_io.py", io_rows),
-            ("seed", "bench_seed.py", seed_rows), ("dcrnn", "bench_dcrnn.py", dcrnn_rows),
-            ("comm", "bench_comm.py", comm_rows))
+SECTIONS = (
+    ("notebook", "bench_notebook.py", notebook_rows),
+    ("io", "bench_io.py", io_rows),
+    ("seed", "bench_seed.py", seed_rows),
+    ("dcrnn", "bench_dcrnn.py", dcrnn_rows),
+    ("comm", "bench_comm.py", comm_rows),
+)
 
 
 def page(data: dict) -> list[str]:
@@ -100,8 +135,10 @@ def page(data: dict) -> list[str]:
     if len(commits) == 1:
         lines.append(f"All figures come from one commit, {commits[0]}.")
     elif commits:
-        lines.append(f"These figures come from {len(commits)} commits ({', '.join(c[:7] for c in commits)}), not one "
-                     "run: `make bench` measures them all at one commit.")
+        lines.append(
+            f"These figures come from {len(commits)} commits ({', '.join(c[:7] for c in commits)}), not one "
+            "run: `make bench` measures them all at one commit."
+        )
     return lines
 
 
@@ -111,8 +148,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     path = benchtable.headlines_path(args.out)
     if not path.exists():
-        raise SystemExit(f"error: no headline figures at {path}: run `make bench` (or one of benchmarks/bench_*.py) "
-                         "on this machine first")
+        raise SystemExit(
+            f"error: no headline figures at {path}: run `make bench` (or one of benchmarks/bench_*.py) "
+            "on this machine first"
+        )
     data = json.loads(path.read_text())
     benchtable.write(page(data), args.out, sysinfo.cpu_device_name(), prefix="summary-")
     return 0

@@ -1,4 +1,5 @@
 """What every benchmark table shares: the header naming the machine and versions, and where the table goes."""
+
 from __future__ import annotations
 
 import os
@@ -14,10 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def header(title: str) -> list[str]:
     """The table's title and the line that names host, cores, software versions and git commit."""
     versions = sysinfo.software_versions()
-    return [f"# {title}", "",
-            f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; " +
-            ", ".join(f"{k} {v}" for k, v in versions.items() if v) +
-            f"; git {sysinfo.git_info().get('commit') or 'n/a'}", ""]
+    return [
+        f"# {title}",
+        "",
+        f"host {sysinfo.host()}, {os.cpu_count()} CPU cores; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+        + f"; git {sysinfo.git_info().get('commit') or 'n/a'}",
+        "",
+    ]
 
 
 def slug(name: str) -> str:
@@ -49,8 +54,13 @@ def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict
 
     path = headlines_path(out)
     data = json.loads(path.read_text()) if path.exists() else {}
-    data[bench] = {"device": device_name, "table": table.name, "git": sysinfo.git_info().get("commit"),
-                   "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **figures}
+    data[bench] = {
+        "device": device_name,
+        "table": table.name,
+        "git": sysinfo.git_info().get("commit"),
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **figures,
+    }
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 

@@ -15,6 +15,7 @@ The weights have the same layout as kernels/workloads/dcrnn (rows ordered input 
 diffusion matrix), so the benchmark loads one model's weights into the other and checks that
 they compute the same function before it times them.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,7 @@ class HostLoader:
 
     def __iter__(self):
         for i in range(0, len(self.xs), self.batch):
-            yield self.xs[i:i + self.batch], self.ys[i:i + self.batch]
+            yield self.xs[i : i + self.batch], self.ys[i : i + self.batch]
 
 
 def to_device(x: np.ndarray, y: np.ndarray, device: torch.device):
@@ -100,8 +101,9 @@ class Cell(nn.Module):
 
 
 class PublicDCRNN(nn.Module):
-    def __init__(self, supports: list, nodes: int, units: int = 64, layers: int = 2, k_max: int = 2,
-                 cl_decay_steps: int = 2000):
+    def __init__(
+        self, supports: list, nodes: int, units: int = 64, layers: int = 2, k_max: int = 2, cl_decay_steps: int = 2000
+    ):
         super().__init__()
         self.nodes, self.units, self.layers, self.k = nodes, units, layers, cl_decay_steps
         self.enc = nn.ModuleList(Cell(2 if i == 0 else units, units, supports, nodes, k_max) for i in range(layers))

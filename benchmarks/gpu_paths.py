@@ -15,6 +15,7 @@
 Each check returns Markdown lines and whether it passed; the sizes are tiny (ResNet-18 at width 8, digits),
 so the checks cost seconds of compute beyond each process's start and compile.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -27,9 +28,21 @@ import benchtable  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = {"dataset": "digits", "width": 8, "train_samples": 128, "test_samples": 64, "batch": 32, "seed": 3,
-        "epochs": 1, "num_workers": 0, "timing_warmup_steps": 0, "comm_probe_steps": 0, "log_every": 0,
-        "monitor_hz": 0, "eval_every": 0}
+TINY = {
+    "dataset": "digits",
+    "width": 8,
+    "train_samples": 128,
+    "test_samples": 64,
+    "batch": 32,
+    "seed": 3,
+    "epochs": 1,
+    "num_workers": 0,
+    "timing_warmup_steps": 0,
+    "comm_probe_steps": 0,
+    "log_every": 0,
+    "monitor_hz": 0,
+    "eval_every": 0,
+}
 
 
 def train(results: Path, run_id: str, **params) -> tuple[subprocess.CompletedProcess, Path]:
@@ -60,10 +73,12 @@ def ddp_pair(cuda: bool, compile: bool = True) -> tuple[list[str], bool]:
     one = {"stop_after_steps": 1, "lr": 0.2, "lr_warmup_epochs": 0, "precision": "fp32"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        runs = {"init": train(tmp, "init", gpus=1, **{**dev, "compile": False}, **{**one, "lr": 1e-30}),
-                "ddp": train(tmp, "ddp", gpus=2, micro_batches=2, **dev, **one),
-                "single": train(tmp, "single", gpus=1, micro_batches=4, **dev, **one),
-                "wrong": train(tmp, "wrong", gpus=1, **{**dev, "compile": False}, **one)}
+        runs = {
+            "init": train(tmp, "init", gpus=1, **{**dev, "compile": False}, **{**one, "lr": 1e-30}),
+            "ddp": train(tmp, "ddp", gpus=2, micro_batches=2, **dev, **one),
+            "single": train(tmp, "single", gpus=1, micro_batches=4, **dev, **one),
+            "wrong": train(tmp, "wrong", gpus=1, **{**dev, "compile": False}, **one),
+        }
         errors = [e for name, (p, _) in runs.items() if (e := _failed(p, name))]
         if errors:
             return [f"- DDP pair: {'; '.join(errors)}"], False
@@ -72,12 +87,17 @@ def ddp_pair(cuda: bool, compile: bool = True) -> tuple[list[str], bool]:
     wrong = float(((a - i) - (c - i)).norm() / (a - i).norm())
     largest = float((a - b).abs().max())
     ok = rel < 1e-4 and largest < 1e-5 and wrong > 0.5
-    how = (f"2 ranks sharing one GPU over gloo, torch.compile {'on' if compile else 'off'}" if cuda else
-           "2 gloo ranks on the CPU")
-    return [f"- DDP pair ({how}, 2 micro-batches each, the first under no_sync): relative difference of the "
-            f"one-step update against 1 rank x 4 micro-batches {rel:.2e} (asked < 1e-4), largest weight difference "
-            f"{largest:.1e} (asked < 1e-5); the negative control (BatchNorm over "
-            f"the whole batch) {wrong:.2f} (asked > 0.5): **{'pass' if ok else 'FAIL'}**"], ok
+    how = (
+        f"2 ranks sharing one GPU over gloo, torch.compile {'on' if compile else 'off'}"
+        if cuda
+        else "2 gloo ranks on the CPU"
+    )
+    return [
+        f"- DDP pair ({how}, 2 micro-batches each, the first under no_sync): relative difference of the "
+        f"one-step update against 1 rank x 4 micro-batches {rel:.2e} (asked < 1e-4), largest weight difference "
+        f"{largest:.1e} (asked < 1e-5); the negative control (BatchNorm over "
+        f"the whole batch) {wrong:.2f} (asked > 0.5): **{'pass' if ok else 'FAIL'}**"
+    ], ok
 
 
 def fp16_resume(cuda: bool) -> tuple[list[str], bool]:
@@ -93,17 +113,28 @@ def fp16_resume(cuda: bool) -> tuple[list[str], bool]:
         again, d_again = train(tmp / "b", "r", **common)
         stop, d_part = train(tmp / "c", "r", **common, stop_after_steps=3)
         resumed, _ = train(tmp / "c", "r", **common)
-        errors = [e for p, what in ((full, "full run"), (again, "second full run"), (stop, "stopped run"),
-                                    (resumed, "resumed run")) if (e := _failed(p, what))]
+        errors = [
+            e
+            for p, what in (
+                (full, "full run"),
+                (again, "second full run"),
+                (stop, "stopped run"),
+                (resumed, "resumed run"),
+            )
+            if (e := _failed(p, what))
+        ]
         if errors:
             return [f"- {prec} stop and resume: {'; '.join(errors)}"], False
         (a, sa), (b, _), (c, sc) = weights(d_full), weights(d_again), weights(d_part)
     resumed_ok = "resuming r from epoch 1 step 3" in resumed.stdout
     floor, diff = float((a - b).norm() / a.norm()), float((a - c).norm() / a.norm())
     scale = [s.get("scaler", {}).get("scale") if isinstance(s.get("scaler"), dict) else None for s in (sa, sc)]
-    ok = resumed_ok and sa["global_step"] == sc["global_step"] and scale[0] == scale[1] and \
-        diff <= max(10 * floor, 1e-6)
-    return [f"- {prec}{' + GradScaler' if cuda else ''} stopped at step 3 and resumed: steps {sc['global_step']} "
-            f"of {sa['global_step']}, loss scale {scale[1]} against {scale[0]}, weights' relative difference "
-            f"{diff:.2e} against {floor:.2e} between two uninterrupted runs (asked <= 10x that, or 1e-6): "
-            f"**{'pass' if ok else 'FAIL'}**"], ok
+    ok = (
+        resumed_ok and sa["global_step"] == sc["global_step"] and scale[0] == scale[1] and diff <= max(10 * floor, 1e-6)
+    )
+    return [
+        f"- {prec}{' + GradScaler' if cuda else ''} stopped at step 3 and resumed: steps {sc['global_step']} "
+        f"of {sa['global_step']}, loss scale {scale[1]} against {scale[0]}, weights' relative difference "
+        f"{diff:.2e} against {floor:.2e} between two uninterrupted runs (asked <= 10x that, or 1e-6): "
+        f"**{'pass' if ok else 'FAIL'}**"
+    ], ok

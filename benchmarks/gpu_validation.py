@@ -24,6 +24,7 @@ logging steps, and >= 3x the seed-style baseline.
 the harness itself (every command it builds runs, every table is filled). It never stands in for the
 GPU figures: the file it writes says CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ from kernels.workloads.resnet18_cifar import CPU_CHANNELS_LAST_MIN_WIDTH  # noqa
 import benchtable  # noqa: E402
 
 TARGET_SPS = (40_000, 80_000)  # ResNet-18/CIFAR bf16, batch 512, one H100/H200: the brief's, then issue 50's
-TARGET_RATIO = 3.0    # against the seed-style baseline
+TARGET_RATIO = 3.0  # against the seed-style baseline
 
 
 def sh(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -57,15 +58,21 @@ def versions(cuda: bool) -> dict:
 
     from kernels.base import sysinfo
 
-    out = {**sysinfo.software_versions(), "driver": None, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-           "gpus": torch.cuda.device_count() if cuda else 0, "cpus": sysinfo.usable_cores(),
-           "host": sysinfo.host(),
-           # a copied tree (a GPU machine reached by copying files) names its commit in LAB_GIT_COMMIT:
-           # its .git may be stale
-           "git": os.environ.get("LAB_GIT_COMMIT") or sysinfo.git_info().get("commit") or "n/a"}
+    out = {
+        **sysinfo.software_versions(),
+        "driver": None,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "cpus": sysinfo.usable_cores(),
+        "host": sysinfo.host(),
+        # a copied tree (a GPU machine reached by copying files) names its commit in LAB_GIT_COMMIT:
+        # its .git may be stale
+        "git": os.environ.get("LAB_GIT_COMMIT") or sysinfo.git_info().get("commit") or "n/a",
+    }
     if cuda and shutil.which("nvidia-smi"):
-        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                           text=True)
+        p = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
         out["driver"] = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
     return out
 
@@ -95,18 +102,32 @@ def missing_prerequisites() -> list[str]:
     try:
         importlib.import_module("tables")
     except ImportError:
-        return ["PyTables (`import tables`) is missing: the DCRNN rows read and write the synthetic traffic set's "
-                "pandas HDF5 files. `make setup` installs it; or `pip install -c constraints.txt tables`"]
+        return [
+            "PyTables (`import tables`) is missing: the DCRNN rows read and write the synthetic traffic set's "
+            "pandas HDF5 files. `make setup` installs it; or `pip install -c constraints.txt tables`"
+        ]
     return []
 
 
 def run_lab(plan: Plan, name: str, gpus: int = 1, workload: str = "resnet18", **params) -> dict:
     """One run of the lab's loop: {name, summary, params}, or {name, error}."""
     per = plan.batch
-    p = {"workload": workload, "dataset": "synthetic", "gpus": gpus, "batch": per * gpus, "epochs": 1,
-         "train_samples": per * gpus * (plan.steps + plan.warmup), "test_samples": per * gpus,
-         "timing_warmup_steps": plan.warmup, "comm_probe_steps": 0 if gpus == 1 else 5, "log_every": 0,
-         "checkpoint_every": 0, "num_workers": plan.workers, "oversubscribe": not plan.cuda, **params}
+    p = {
+        "workload": workload,
+        "dataset": "synthetic",
+        "gpus": gpus,
+        "batch": per * gpus,
+        "epochs": 1,
+        "train_samples": per * gpus * (plan.steps + plan.warmup),
+        "test_samples": per * gpus,
+        "timing_warmup_steps": plan.warmup,
+        "comm_probe_steps": 0 if gpus == 1 else 5,
+        "log_every": 0,
+        "checkpoint_every": 0,
+        "num_workers": plan.workers,
+        "oversubscribe": not plan.cuda,
+        **params,
+    }
     if workload == "resnet18":
         p["width"] = plan.width
     if workload == "dcrnn":
@@ -131,62 +152,97 @@ def lab_row(r: dict) -> str:
     s, p = r["summary"], r["params"]
     mfu = f"{100 * s['mfu']:.1f} %" if s.get("mfu") is not None else "n/a"
     syncs = f"{s['host_syncs_per_step']:.2f}" if s.get("host_syncs_per_step") is not None else "n/a"
-    return (f"| {r['name']} | {p['gpus']} | {p['precision']}, cl {'on' if p['channels_last'] else 'off'}, compile "
-            f"{'on' if p['compile'] else 'off'} | {s['samples_per_s']:,.0f} ({s['samples_per_s_p10']:,.0f}-"
-            f"{s['samples_per_s_p90']:,.0f}) | {mfu} | {100 * (s['data_wait_frac'] or 0):.1f} % | {syncs} | "
-            f"{s['peak_mem_gib']:.2f} |")
+    return (
+        f"| {r['name']} | {p['gpus']} | {p['precision']}, cl {'on' if p['channels_last'] else 'off'}, compile "
+        f"{'on' if p['compile'] else 'off'} | {s['samples_per_s']:,.0f} ({s['samples_per_s_p10']:,.0f}-"
+        f"{s['samples_per_s_p90']:,.0f}) | {mfu} | {100 * (s['data_wait_frac'] or 0):.1f} % | {syncs} | "
+        f"{s['peak_mem_gib']:.2f} |"
+    )
 
 
-LAB_HEAD = ["| run | GPUs | precision, channels_last, compile "
-            "| samples/s (p10-p90) | MFU | data wait | host syncs/step "
-            "| peak GiB |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+LAB_HEAD = [
+    "| run | GPUs | precision, channels_last, compile "
+    "| samples/s (p10-p90) | MFU | data wait | host syncs/step "
+    "| peak GiB |",
+    "|---|---:|---|---:|---:|---:|---:|---:|",
+]
 
 
 def seed_vs_lab(plan: Plan, repeats: int) -> tuple[list[str], float | None]:
     """benchmarks/bench_seed.py's comparison at this plan's sizes, one GPU, with the seed-style script's one-line
     channels_last change beside it: (seed NCHW, seed channels_last, lab) per repeat, alternating."""
-    args = argparse.Namespace(batch=plan.batch, steps=plan.steps, warmup=plan.warmup, workers=plan.workers,
-                              width=plan.width, precision="bf16" if plan.cuda else "fp32", repeats=repeats)
+    args = argparse.Namespace(
+        batch=plan.batch,
+        steps=plan.steps,
+        warmup=plan.warmup,
+        workers=plan.workers,
+        width=plan.width,
+        precision="bf16" if plan.cuda else "fp32",
+        repeats=repeats,
+    )
     # on a CPU below width 16 channels_last meets oneDNN's fault (seed_baseline.py refuses it): that column is empty
     with_cl = plan.cuda or plan.width >= CPU_CHANNELS_LAST_MIN_WIDTH
     rows = []
     try:
         for _ in range(repeats):
-            rows.append([bench_seed.run_seed(args)["samples_per_s"],
-                         bench_seed.run_seed(args, channels_last=True)["samples_per_s"] if with_cl else None,
-                         bench_seed.run_lab(args)["samples_per_s"]])
+            rows.append(
+                [
+                    bench_seed.run_seed(args)["samples_per_s"],
+                    bench_seed.run_seed(args, channels_last=True)["samples_per_s"] if with_cl else None,
+                    bench_seed.run_lab(args)["samples_per_s"],
+                ]
+            )
     except RuntimeError as e:
         return [str(e)], None
     ratios = [lab / seed for seed, _, lab in rows]
     ratio = statistics.median(ratios)
     num = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
     x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-    lines = ["| repeat | seed-style samples/s | seed-style + channels_last | lab samples/s | lab / seed | "
-             "lab / seed + channels_last |", "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {i + 1} | {s:,.0f} | {num(c)} | {lab:,.0f} | {lab / s:.2f}x | {x(c and lab / c)} |"
-              for i, (s, c, lab) in enumerate(rows)]
+    lines = [
+        "| repeat | seed-style samples/s | seed-style + channels_last | lab samples/s | lab / seed | "
+        "lab / seed + channels_last |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {i + 1} | {s:,.0f} | {num(c)} | {lab:,.0f} | {lab / s:.2f}x | {x(c and lab / c)} |"
+        for i, (s, c, lab) in enumerate(rows)
+    ]
     med_cl = statistics.median(c for _, c, _ in rows) if with_cl else None
     cl = statistics.median(lab / c for _, c, lab in rows) if with_cl else None
-    lines.append(f"| median | {statistics.median(s for s, _, _ in rows):,.0f} | {num(med_cl)} | "
-                 f"{statistics.median(lab for _, _, lab in rows):,.0f} | **{ratio:.2f}x** ({min(ratios):.2f}-"
-                 f"{max(ratios):.2f}) | {x(cl)} |")
+    lines.append(
+        f"| median | {statistics.median(s for s, _, _ in rows):,.0f} | {num(med_cl)} | "
+        f"{statistics.median(lab for _, _, lab in rows):,.0f} | **{ratio:.2f}x** ({min(ratios):.2f}-"
+        f"{max(ratios):.2f}) | {x(cl)} |"
+    )
     if not with_cl:
-        lines.append(f"\nNo channels_last column: on a CPU below width {CPU_CHANNELS_LAST_MIN_WIDTH} it meets "
-                     f"oneDNN's channels_last fault (uxlfoundation/oneDNN#6035).")
+        lines.append(
+            f"\nNo channels_last column: on a CPU below width {CPU_CHANNELS_LAST_MIN_WIDTH} it meets "
+            f"oneDNN's channels_last fault (uxlfoundation/oneDNN#6035)."
+        )
     return lines, ratio
 
 
 def profile_section(plan: Plan) -> tuple[list[str], str | None]:
-    r = run_lab(plan, "profiled", gpus=plan.gpus, profile_steps=max(1, min(5, plan.steps - 1)),
-                profile_wait=plan.warmup,
-                profile_warmup=1, **({"precision": "bf16"} if plan.cuda else {}))
+    r = run_lab(
+        plan,
+        "profiled",
+        gpus=plan.gpus,
+        profile_steps=max(1, min(5, plan.steps - 1)),
+        profile_wait=plan.warmup,
+        profile_warmup=1,
+        **({"precision": "bf16"} if plan.cuda else {}),
+    )
     if "error" in r or not (r["summary"].get("profile") or {}).get("share"):
         return [f"profiled run failed: {r.get('error') or (r['summary'].get('profile') or {}).get('status')}"], None
     pr, bn = r["summary"]["profile"], r["summary"]["bottleneck"]
-    lines = [f"{pr['ranks']} rank(s), {pr['steps']} profiled steps, {pr['timeline']} timeline, "
-             f"{pr['profiled_ms_per_step']:.2f} ms per step; {pr['comm_crosscheck']}; HTA: {pr['hta']['status']}; "
-             f"verdict: {r['summary']['bottleneck']['verdict']}.", "",
-             "| category | ms/step | share |", "|---|---:|---:|"]
+    lines = [
+        f"{pr['ranks']} rank(s), {pr['steps']} profiled steps, {pr['timeline']} timeline, "
+        f"{pr['profiled_ms_per_step']:.2f} ms per step; {pr['comm_crosscheck']}; HTA: {pr['hta']['status']}; "
+        f"verdict: {r['summary']['bottleneck']['verdict']}.",
+        "",
+        "| category | ms/step | share |",
+        "|---|---:|---:|",
+    ]
     for c, v in sorted(pr["share"].items(), key=lambda kv: -kv[1]):
         lines.append(f"| {c} | {pr['ms_per_step'][c]:.3f} | {100 * v:.1f} % |")
     if pr.get("hidden_comm_ms_per_step") is not None:
@@ -200,8 +256,27 @@ def commbench_section(plan: Plan, tmp: Path) -> list[str]:
     if n < 2:
         return ["one GPU: no all_reduce sweep"]
     backend = "nccl" if plan.cuda else "gloo"
-    r = sh([sys.executable, "-m", "kernels.comm", "bench", "--backend", backend, "--gpus", n, "--ops", "all_reduce",
-            "--max_bytes", "64K" if plan.tiny else "1G", "--results_dir", tmp / "comm", "--run_id", "ar"], timeout=600)
+    r = sh(
+        [
+            sys.executable,
+            "-m",
+            "kernels.comm",
+            "bench",
+            "--backend",
+            backend,
+            "--gpus",
+            n,
+            "--ops",
+            "all_reduce",
+            "--max_bytes",
+            "64K" if plan.tiny else "1G",
+            "--results_dir",
+            tmp / "comm",
+            "--run_id",
+            "ar",
+        ],
+        timeout=600,
+    )
     rows_path = tmp / "comm" / "ar" / "results.csv"
     if r.returncode != 0 or not rows_path.exists():
         return [f"all_reduce sweep failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"]
@@ -209,13 +284,18 @@ def commbench_section(plan: Plan, tmp: Path) -> list[str]:
 
     rows = [x for x in csv.DictReader(open(rows_path)) if x["dtype"] == "fp32"]
     rows.sort(key=lambda x: int(x["size_bytes"]))
-    lines = [f"{backend}, {n} ranks, fp32, out of place (nccl-tests' bus bandwidth)", "",
-             "| size (B) | time (us) | busbw (GB/s) |", "|---:|---:|---:|"]
+    lines = [
+        f"{backend}, {n} ranks, fp32, out of place (nccl-tests' bus bandwidth)",
+        "",
+        "| size (B) | time (us) | busbw (GB/s) |",
+        "|---:|---:|---:|",
+    ]
     picked = rows[:: max(1, len(rows) // 8)]
     for x in picked + ([rows[-1]] if rows and rows[-1] is not picked[-1] else []):
         form = "out" if x.get("time_us_out") else "in"  # gloo has some collectives in place only
-        lines.append(f"| {int(x['size_bytes']):,} | {float(x[f'time_us_{form}']):,.1f} | "
-                     f"{float(x[f'busbw_{form}']):.2f} |")
+        lines.append(
+            f"| {int(x['size_bytes']):,} | {float(x[f'time_us_{form}']):,.1f} | {float(x[f'busbw_{form}']):.2f} |"
+        )
     return lines
 
 
@@ -251,8 +331,9 @@ def resnet_rows(plan: Plan, cuda: bool) -> list[dict]:
 def workload_rows(plan: Plan, cuda: bool) -> list[dict]:
     multi = []
     if plan.gpus > 1:
-        multi.append(run_lab(plan, f"resnet18-{plan.precisions[0]}-x{plan.gpus}", gpus=plan.gpus,
-                             precision=plan.precisions[0]))
+        multi.append(
+            run_lab(plan, f"resnet18-{plan.precisions[0]}-x{plan.gpus}", gpus=plan.gpus, precision=plan.precisions[0])
+        )
     for wl in ("cnn", "dcrnn"):
         for g in sorted({1, plan.gpus}):
             multi.append(run_lab(plan, f"{wl}-x{g}", gpus=g, workload=wl, **({"precision": "bf16"} if cuda else {})))
@@ -269,13 +350,20 @@ def targets(runs: list[dict], ratio: float | None, verdict_line: str | None) -> 
     if not runs:
         lines.append("- samples/s and host syncs: the resnet section did not run")
     for goal in TARGET_SPS if runs else ():
-        lines.append(f"- >= {goal:,} samples/s: {best:,.0f} ({ok(best >= goal)})" if best else
-                     "- samples/s: the bf16 run failed")
+        lines.append(
+            f"- >= {goal:,} samples/s: {best:,.0f} ({ok(best >= goal)})" if best else "- samples/s: the bf16 run failed"
+        )
     if runs:
-        lines.append(f"- host syncs per step outside logging steps = 0: {syncs} ({ok(syncs == 0)})"
-                     if syncs is not None else "- host syncs per step: not counted")
-    lines.append(f"- >= {TARGET_RATIO:.0f}x the seed-style baseline: {ratio:.2f}x ({ok(ratio >= TARGET_RATIO)})"
-                 if ratio else "- ratio: the seed section did not run, or failed")
+        lines.append(
+            f"- host syncs per step outside logging steps = 0: {syncs} ({ok(syncs == 0)})"
+            if syncs is not None
+            else "- host syncs per step: not counted"
+        )
+    lines.append(
+        f"- >= {TARGET_RATIO:.0f}x the seed-style baseline: {ratio:.2f}x ({ok(ratio >= TARGET_RATIO)})"
+        if ratio
+        else "- ratio: the seed section did not run, or failed"
+    )
     if verdict_line:
         lines.append(f"- the profiled run's verdict: {verdict_line}")
     return [*lines, ""]
@@ -290,8 +378,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=15, help="steps before timing (compilation, graph capture)")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs for the all-GPU runs (0: every visible one)")
     ap.add_argument("--repeats", type=int, default=3, help="seed-style vs lab pairs")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help=f"comma-separated, in this order: {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated, in this order: {', '.join(SECTIONS)} (default: all)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     args = ap.parse_args(argv)
     import torch
@@ -303,8 +394,11 @@ def main(argv=None) -> int:
         print(f"error: --sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
         return 2
     if cuda and not torch.cuda.is_available():
-        print("error: no GPU visible (torch.cuda.is_available() is False); run on a GPU node, or --device cpu --tiny "
-              "to check the harness", file=sys.stderr)
+        print(
+            "error: no GPU visible (torch.cuda.is_available() is False); run on a GPU node, or --device cpu --tiny "
+            "to check the harness",
+            file=sys.stderr,
+        )
         return 2
     missing = missing_prerequisites() if "workloads" in sections else []
     if missing:
@@ -314,13 +408,18 @@ def main(argv=None) -> int:
     plan = Plan(args, cuda)
     t0 = time.time()
     name = v["gpu"] or "cpu"
-    lines = [f"# GPU validation on {name}" if cuda else "# GPU validation harness, CPU check (no GPU figures)", "",
-             f"host {v['host']}, {v['gpus']} GPU(s), {v['cpus']} CPUs; driver {v['driver']}, CUDA {v['cuda']}, cuDNN "
-             f"{v['cudnn']}, NCCL {v['nccl']}, torch {v['torch']}; git {v['git']}; sections: {', '.join(sections)}",
-             "", f"ResNet-18 CIFAR form (width {plan.width}), synthetic CIFAR-shaped data, batch {plan.batch} per "
-             f"GPU, {plan.steps} timed steps after {plan.warmup}; samples/s = global batch / median step time. Host "
-             f"syncs per step are counted over {min(20, plan.steps)} timed steps with the periodic stop check (every "
-             f"sync_check_steps, a sync like a logging step's) moved outside them.", ""]
+    lines = [
+        f"# GPU validation on {name}" if cuda else "# GPU validation harness, CPU check (no GPU figures)",
+        "",
+        f"host {v['host']}, {v['gpus']} GPU(s), {v['cpus']} CPUs; driver {v['driver']}, CUDA {v['cuda']}, cuDNN "
+        f"{v['cudnn']}, NCCL {v['nccl']}, torch {v['torch']}; git {v['git']}; sections: {', '.join(sections)}",
+        "",
+        f"ResNet-18 CIFAR form (width {plan.width}), synthetic CIFAR-shaped data, batch {plan.batch} per "
+        f"GPU, {plan.steps} timed steps after {plan.warmup}; samples/s = global batch / median step time. Host "
+        f"syncs per step are counted over {min(20, plan.steps)} timed steps with the periodic stop check (every "
+        f"sync_check_steps, a sync like a logging step's) moved outside them.",
+        "",
+    ]
     runs, failed, ratio, verdict_line = [], [], None, None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -328,8 +427,13 @@ def main(argv=None) -> int:
             partial(lines, args.out, name, cuda, f"the section {section}")
             if section == "resnet":
                 runs = resnet_rows(plan, cuda)
-                lines += ["## One GPU: CUDA graphs, precision, channels_last, compile", "", *LAB_HEAD,
-                          *map(lab_row, runs), ""]
+                lines += [
+                    "## One GPU: CUDA graphs, precision, channels_last, compile",
+                    "",
+                    *LAB_HEAD,
+                    *map(lab_row, runs),
+                    "",
+                ]
                 failed += [r["name"] for r in runs if "error" in r]
             elif section == "paths":
                 import gpu_paths
@@ -348,8 +452,12 @@ def main(argv=None) -> int:
                 pl, verdict_line = profile_section(plan)
                 lines += ["## A profiled run", "", *pl, ""]
             elif section == "comm":
-                lines += ["## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep", "",
-                          *commbench_section(plan, tmp), ""]
+                lines += [
+                    "## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep",
+                    "",
+                    *commbench_section(plan, tmp),
+                    "",
+                ]
     if cuda:
         lines += targets(runs, ratio, verdict_line)
     lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s.")

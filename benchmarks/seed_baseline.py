@@ -20,6 +20,7 @@ It prints one JSON line: samples/s as the lab defines it (global batch / median 
 the timed steps), with p10/p90 and the step times' spread. The data are synthetic, CIFAR-shaped
 (kernels/data/embedded.make_synthetic), so no download is needed and both sides read the same bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,13 +61,13 @@ class SeedCifar(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         img = Image.fromarray(self.images[i])
         if self.train:
-            img = ImageOps.expand(img, border=4, fill=0)                       # RandomCrop(32, padding=4)
+            img = ImageOps.expand(img, border=4, fill=0)  # RandomCrop(32, padding=4)
             x0, y0 = np.random.randint(0, 9, size=2)
             img = img.crop((x0, y0, x0 + 32, y0 + 32))
-            if np.random.rand() < 0.5:                                         # RandomHorizontalFlip()
+            if np.random.rand() < 0.5:  # RandomHorizontalFlip()
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0      # ToTensor()
-        x = (x - self.mean) / self.std                                          # Normalize(mean, std)
+        x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0  # ToTensor()
+        x = (x - self.mean) / self.std  # Normalize(mean, std)
         return torch.from_numpy(x), int(self.labels[i])
 
 
@@ -80,14 +81,19 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=64 if cuda else 16)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16" if cuda else "fp32")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--channels_last", action="store_true",
-                    help="the one-line change the usual script can make: channels_last model and inputs")
+    ap.add_argument(
+        "--channels_last",
+        action="store_true",
+        help="the one-line change the usual script can make: channels_last model and inputs",
+    )
     args = ap.parse_args(argv)
 
     if args.channels_last and not cuda and args.width < CPU_CHANNELS_LAST_MIN_WIDTH:
-        raise SystemExit(f"error: --channels_last on a CPU below width {CPU_CHANNELS_LAST_MIN_WIDTH} meets oneDNN's "
-                         f"channels_last fault (uxlfoundation/oneDNN#6035: a crash or wrong gradients); use --width >= "
-                         f"{CPU_CHANNELS_LAST_MIN_WIDTH}, or leave --channels_last out")
+        raise SystemExit(
+            f"error: --channels_last on a CPU below width {CPU_CHANNELS_LAST_MIN_WIDTH} meets oneDNN's "
+            f"channels_last fault (uxlfoundation/oneDNN#6035: a crash or wrong gradients); use --width >= "
+            f"{CPU_CHANNELS_LAST_MIN_WIDTH}, or leave --channels_last out"
+        )
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank, local = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     if world > 1:
@@ -104,9 +110,16 @@ def main(argv=None) -> int:
     images = np.ascontiguousarray(arrays["train"][0].transpose(0, 2, 3, 1))  # NCHW -> HWC images, as CIFAR's files
     data = SeedCifar(images, arrays["train"][1])
     sampler = torch.utils.data.distributed.DistributedSampler(data, seed=args.seed) if world > 1 else None
-    loader = torch.utils.data.DataLoader(data, batch_size=per_rank, shuffle=sampler is None, sampler=sampler,
-                                         num_workers=args.workers, pin_memory=cuda,
-                                         persistent_workers=args.workers > 0, drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        data,
+        batch_size=per_rank,
+        shuffle=sampler is None,
+        sampler=sampler,
+        num_workers=args.workers,
+        pin_memory=cuda,
+        persistent_workers=args.workers > 0,
+        drop_last=True,
+    )
     model = ResNet18Cifar(width=args.width).to(device)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
@@ -120,8 +133,9 @@ def main(argv=None) -> int:
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True).contiguous(memory_format=fmt), y.to(device, non_blocking=True)
         opt.zero_grad()
-        with torch.autocast(device.type, dtype=DTYPES.get(args.precision, torch.bfloat16),
-                            enabled=args.precision in DTYPES):
+        with torch.autocast(
+            device.type, dtype=DTYPES.get(args.precision, torch.bfloat16), enabled=args.precision in DTYPES
+        ):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -141,15 +155,24 @@ def main(argv=None) -> int:
     else:
         med = statistics.median(times)
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [med] * 9
-    out = {"what": "seed-style baseline", "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-           "world_size": world, "batch": args.batch, "precision": args.precision, "width": args.width,
-           "channels_last": args.channels_last,
-           "workers": args.workers, "timed_steps": len(times), "step_ms_p50": round(med, 3),
-           "step_ms_p10": round(q[0], 3), "step_ms_p90": round(q[-1], 3),
-           "samples_per_s": round(args.batch * 1e3 / med, 2),
-           "samples_per_s_p10": round(args.batch * 1e3 / q[-1], 2),
-           "samples_per_s_p90": round(args.batch * 1e3 / q[0], 2),
-           "mean_loss": round(running / max(1, step + 1), 4)}
+    out = {
+        "what": "seed-style baseline",
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "world_size": world,
+        "batch": args.batch,
+        "precision": args.precision,
+        "width": args.width,
+        "channels_last": args.channels_last,
+        "workers": args.workers,
+        "timed_steps": len(times),
+        "step_ms_p50": round(med, 3),
+        "step_ms_p10": round(q[0], 3),
+        "step_ms_p90": round(q[-1], 3),
+        "samples_per_s": round(args.batch * 1e3 / med, 2),
+        "samples_per_s_p10": round(args.batch * 1e3 / q[-1], 2),
+        "samples_per_s_p90": round(args.batch * 1e3 / q[0], 2),
+        "mean_loss": round(running / max(1, step + 1), 4),
+    }
     if rank == 0:
         print(json.dumps(out), flush=True)
     return 0

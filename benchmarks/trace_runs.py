@@ -20,6 +20,7 @@ itself runs fp16 autocast and the scaler on a CPU.
 CPU numerics differ between CPU models: compare traces recorded on one machine, one
 after the other. The traces are evidence for a change, not a test fixture.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,36 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TIMING = ("epoch_s", "eval_s", "samples_per_s", "step_ms", "data_wait", "compute_ms", "tflops", "mfu", "peak_mem",
-          "read_", "monitor", "bottleneck", "comm_probe", "exposed_comm", "checkpoints", "io", "ranks", "started",
-          "finished", "attempts", "epoch_s_median", "host_syncs", "throughput_stat", "timed_steps", "profile",
-          "checksum")  # the JSON checksum covers the timing fields too
+TIMING = (
+    "epoch_s",
+    "eval_s",
+    "samples_per_s",
+    "step_ms",
+    "data_wait",
+    "compute_ms",
+    "tflops",
+    "mfu",
+    "peak_mem",
+    "read_",
+    "monitor",
+    "bottleneck",
+    "comm_probe",
+    "exposed_comm",
+    "checkpoints",
+    "io",
+    "ranks",
+    "started",
+    "finished",
+    "attempts",
+    "epoch_s_median",
+    "host_syncs",
+    "throughput_stat",
+    "timed_steps",
+    "profile",
+    "checksum",
+)  # the JSON checksum covers the timing fields too
 
-SITE = '''
+SITE = """
 import os
 if os.environ.get("LAB_TRACE_DIR") and (os.environ.get("RANK") or os.environ.get("HOROVOD_RANK")
                                         or os.environ.get("LAB_TRACE_SINGLE")):
@@ -91,19 +116,92 @@ if os.environ.get("LAB_TRACE_CPU_FP16"):
 
     import importlib.util
     sys.meta_path.insert(0, _Lift())
-'''
+"""
 
-R18 = ["--workload", "resnet18", "--dataset", "digits", "--width", "8", "--precision", "fp32", "--log_every", "0",
-       "--timing_warmup_steps", "1", "--comm_probe_steps", "2", "--train_samples", "256", "--test_samples", "64",
-       "--batch", "32", "--epochs", "2", "--seed", "3", "--monitor_hz", "0"]
-CNN = ["--workload", "cnn", "--dataset", "digits", "--precision", "fp32", "--log_every", "0",
-       "--timing_warmup_steps", "1", "--comm_probe_steps", "2", "--train_samples", "256", "--test_samples", "64",
-       "--batch", "32", "--epochs", "2", "--seed", "5", "--monitor_hz", "0"]
-DCRNN = ["--workload", "dcrnn", "--dataset", "synthetic", "--rnn_units", "8", "--batch", "8", "--epochs", "2",
-         "--train_samples", "48", "--test_samples", "24", "--log_every", "0", "--timing_warmup_steps", "1",
-         "--comm_probe_steps", "2", "--oversubscribe", "true", "--seed", "7", "--monitor_hz", "0",
-         "--diffusion_form", "original"]  # named, not the default: the default changed (to this one) after 6343a0c
-
+R18 = [
+    "--workload",
+    "resnet18",
+    "--dataset",
+    "digits",
+    "--width",
+    "8",
+    "--precision",
+    "fp32",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "2",
+    "--train_samples",
+    "256",
+    "--test_samples",
+    "64",
+    "--batch",
+    "32",
+    "--epochs",
+    "2",
+    "--seed",
+    "3",
+    "--monitor_hz",
+    "0",
+]
+CNN = [
+    "--workload",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--precision",
+    "fp32",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "2",
+    "--train_samples",
+    "256",
+    "--test_samples",
+    "64",
+    "--batch",
+    "32",
+    "--epochs",
+    "2",
+    "--seed",
+    "5",
+    "--monitor_hz",
+    "0",
+]
+DCRNN = [
+    "--workload",
+    "dcrnn",
+    "--dataset",
+    "synthetic",
+    "--rnn_units",
+    "8",
+    "--batch",
+    "8",
+    "--epochs",
+    "2",
+    "--train_samples",
+    "48",
+    "--test_samples",
+    "24",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "2",
+    "--oversubscribe",
+    "true",
+    "--seed",
+    "7",
+    "--monitor_hz",
+    "0",
+    "--diffusion_form",
+    "original",
+]  # named, not the default: the default changed (to this one) after 6343a0c
 
 
 def with_args(base: list[str], *more: str) -> list[str]:
@@ -118,15 +216,18 @@ RUNS = {
     "resnet18-1rank": [with_args(R18, "--gpus", "1")],
     "resnet18-2ranks": [with_args(R18, "--gpus", "2")],
     "resnet18-2ranks-bf16-microbatches": [with_args(R18, "--gpus", "2", "--precision", "bf16", "--micro_batches", "2")],
-    "resnet18-resume-mid-epoch": [with_args(R18, "--gpus", "2", "--stop_after_steps", "3"),
-                                  with_args(R18, "--gpus", "2")],
+    "resnet18-resume-mid-epoch": [
+        with_args(R18, "--gpus", "2", "--stop_after_steps", "3"),
+        with_args(R18, "--gpus", "2"),
+    ],
     "cnn-2ranks": [with_args(CNN, "--gpus", "2")],
     "dcrnn-2ranks-ddp": [with_args(DCRNN, "--gpus", "2")],
     "dcrnn-2ranks-gp2": [with_args(DCRNN, "--gpus", "2", "--gp", "2")],
     "horovod-2proc": [with_args(R18, "--gpus", "2", "--engine", "horovod", "--comm_probe_steps", "0")],
     # fp16 autocast with the GradScaler enabled, on CPU ranks (see SITE: the lab itself refuses fp16 without a GPU)
-    "resnet18-2ranks-fp16-scaler": [with_args(R18, "--gpus", "2", "--precision", "fp16", "--train_samples", "128",
-                                              "--epochs", "1")],
+    "resnet18-2ranks-fp16-scaler": [
+        with_args(R18, "--gpus", "2", "--precision", "fp16", "--train_samples", "128", "--epochs", "1")
+    ],
 }
 ENV = {"resnet18-2ranks-fp16-scaler": {"LAB_TRACE_CPU_FP16": "1"}}
 
@@ -181,33 +282,52 @@ def record_fields(run_dir: Path) -> dict:
         rows = [{k: v for k, v in r.items() if _keep(k)} for r in csv.DictReader(f)]
     summary = json.loads((run_dir / "summary.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
-    return {"metrics": rows, "summary": {k: v for k, v in summary.items() if _keep(k)},
-            "summary_keys": sorted(summary), "config_params": config["params"],
-            "config_derived": config["derived"], "config_keys": sorted(config)}
+    return {
+        "metrics": rows,
+        "summary": {k: v for k, v in summary.items() if _keep(k)},
+        "summary_keys": sorted(summary),
+        "config_params": config["params"],
+        "config_derived": config["derived"],
+        "config_keys": sorted(config),
+    }
 
 
 def run_one(name: str, invocations: list, tree: Path, work: Path, data_dir: Path) -> dict:
     trace = work / name / "trace"
     trace.mkdir(parents=True)
     results = work / name / "runs"
-    env = {**os.environ, "PYTHONPATH": f"{work / 'site'}{os.pathsep}{tree}", "LAB_TRACE_DIR": str(trace),
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{work / 'site'}{os.pathsep}{tree}",
+        "LAB_TRACE_DIR": str(trace),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     t0 = time.perf_counter()
     for args in invocations:
         args = [*args, "--results_dir", str(results), "--run_id", name]
         if "dcrnn" in args:
             args += ["--data_dir", str(data_dir)]
         single = "--gpus" in args and args[args.index("--gpus") + 1] == "1"
-        p = subprocess.run([sys.executable, "-m", "kernels.train", *args], cwd=tree, capture_output=True, text=True,
-                           env={**env, **({"LAB_TRACE_SINGLE": "1"} if single else {}), **ENV.get(name, {})},
-                           timeout=900)
+        p = subprocess.run(
+            [sys.executable, "-m", "kernels.train", *args],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            env={**env, **({"LAB_TRACE_SINGLE": "1"} if single else {}), **ENV.get(name, {})},
+            timeout=900,
+        )
         if p.returncode != 0:
             raise SystemExit(f"{name}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     losses = {f.stem: f.read_text().split() for f in sorted(trace.glob("rank*.txt"))}
     # the temporary folder differs between recordings: paths in the record are kept relative to it
     fields = json.loads(json.dumps(record_fields(results / name)).replace(str(work), "<work>"))
-    return {"losses": losses, "weights": checksums(results / name), "record": fields,
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "losses": losses,
+        "weights": checksums(results / name),
+        "record": fields,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def record(out: Path, tree: Path, only: list[str] | None) -> None:
@@ -216,10 +336,19 @@ def record(out: Path, tree: Path, only: list[str] | None) -> None:
     (work / "site" / "sitecustomize.py").write_text(SITE)
     data_dir = work / "data"
     # the same synthetic traffic set for every tree: written once by this tree's generator
-    subprocess.run([sys.executable, "-c", "import sys; from kernels.data import traffic; "
-                    "traffic.write_synthetic(traffic.directory('synthetic', sys.argv[1]), 300, 40, "
-                    "progress=lambda m: None)", str(data_dir)], cwd=ROOT, check=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kernels.data import traffic; "
+            "traffic.write_synthetic(traffic.directory('synthetic', sys.argv[1]), 300, 40, "
+            "progress=lambda m: None)",
+            str(data_dir),
+        ],
+        cwd=ROOT,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     traces = {}
     for name, invocations in RUNS.items():
         if only and name not in only:
@@ -227,8 +356,9 @@ def record(out: Path, tree: Path, only: list[str] | None) -> None:
         print(f"{name} ...", flush=True)
         traces[name] = run_one(name, invocations, tree, work, data_dir)
         n = sum(len(v) for v in traces[name]["losses"].values())
-        print(f"  {n} backward losses, weights {traces[name]['weights']['model']}, {traces[name]['wall_s']} s",
-              flush=True)
+        print(
+            f"  {n} backward losses, weights {traces[name]['weights']['model']}, {traces[name]['wall_s']} s", flush=True
+        )
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
     out.write_text(json.dumps({"tree": str(tree), "commit": git, "runs": traces}, indent=1))
     print(f"wrote {out}")
@@ -253,8 +383,10 @@ def compare(a: Path, b: Path) -> int:
             bad += 1
             print(f"{name}: DIFFERS in {', '.join(diffs)}")
         else:
-            print(f"{name}: identical ({steps} backward losses over {len(o['losses'])} rank(s), "
-                  f"weights {o['weights']['model']}, optimizer {o['weights']['optimizer']})")
+            print(
+                f"{name}: identical ({steps} backward losses over {len(o['losses'])} rank(s), "
+                f"weights {o['weights']['model']}, optimizer {o['weights']['optimizer']})"
+            )
     return 1 if bad else 0
 
 

@@ -7,6 +7,7 @@ The lab's loop, launchers, records, notebooks and analysis work with it unchange
 `--workload module:OBJECT` imports OBJECT from any module on PYTHONPATH (here the
 repository root). What a workload gives is described in kernels/workloads/base.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
 class MLP(nn.Module):
     def __init__(self, hidden: int, classes: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, classes))
+        self.net = nn.Sequential(
+            nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+        )
 
     def forward(self, x):  # uint8 images in [0, 255] -> features in [0, 1]
         return self.net(torch.flatten(x, 1).float() / 255.0)
@@ -56,8 +58,16 @@ def metric_sums(outputs, targets):
 
 
 WORKLOAD = Workload(
-    name="mlp", title="a two-hidden-layer perceptron", datasets=("digits",), params=PARAMS,
+    name="mlp",
+    title="a two-hidden-layer perceptron",
+    datasets=("digits",),
+    params=PARAMS,
     defaults={"precision": "fp32", "batch": 64, "epochs": 10, "lr": 3e-3},
-    metrics=(Metric("acc"),), make_data=make_data, build_model=build_model, build_optimizer=build_optimizer,
-    loss=F.cross_entropy, metric_sums=metric_sums, primary_metric="acc",
+    metrics=(Metric("acc"),),
+    make_data=make_data,
+    build_model=build_model,
+    build_optimizer=build_optimizer,
+    loss=F.cross_entropy,
+    metric_sums=metric_sums,
+    primary_metric="acc",
 )

@@ -3,4 +3,5 @@
 Needs torch and numpy only. See kernels/ddp_core.py for the training loop,
 kernels/base/params.py for the parameters and kernels/records/schema.py for run records.
 """
+
 __version__ = "0.1.0"

@@ -15,6 +15,7 @@
 
 `lab <command> --help` describes each. Every command is also `python -m kernels.<module>`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,8 +28,10 @@ COMMANDS = {
     "notebooks": ("kernels.notebook.runner", "regenerate the parameters cell and the .ipynb twins"),
     "submit": ("kernels.slurm.submit", "sbatch a notebook run with the geometry computed from --gpus"),
     "study": ("kernels.slurm.study", "scaling studies on Slurm: submit, status, resubmit, points"),
-    "comm": ("kernels.comm.__main__", "collective microbenchmarks (nccl-tests "
-                                      "layout), alpha-beta fits, scaling prediction"),
+    "comm": (
+        "kernels.comm.__main__",
+        "collective microbenchmarks (nccl-tests layout), alpha-beta fits, scaling prediction",
+    ),
     "sweep": ("kernels.slurm.sweep", "sweep any executable over a grid as a job array"),
     "sysinfo": ("kernels.base.sysinfo", "describe this node; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),
@@ -52,8 +55,11 @@ def jupyter(argv: list[str]) -> int:
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    return "usage: lab COMMAND [ARGS]\n\n" + "\n".join(f"  {k:<{width}}  {doc}" for k, (_, doc) in COMMANDS.items()) \
+    return (
+        "usage: lab COMMAND [ARGS]\n\n"
+        + "\n".join(f"  {k:<{width}}  {doc}" for k, (_, doc) in COMMANDS.items())
         + "\n\n`lab COMMAND --help` describes each command."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         import difflib
 
         close = difflib.get_close_matches(cmd, COMMANDS, n=1)
-        print(f"lab: unknown command '{cmd}'" + (f"; did you mean '{close[0]}'?" if close else "") + "\n\n" + usage(),
-              file=sys.stderr)
+        print(
+            f"lab: unknown command '{cmd}'" + (f"; did you mean '{close[0]}'?" if close else "") + "\n\n" + usage(),
+            file=sys.stderr,
+        )
         return 2
     if cmd == "jupyter":
         return jupyter(rest)

@@ -9,6 +9,7 @@ The same code runs on 1 CPU process, N gloo processes, 1 GPU, N GPUs and N nodes
 the backend differ. Workloads (kernels/workloads) and engines (kernels/engines) are reached through their
 interfaces; the record, checkpointing, observers and guards (kernels/run) are called at fixed points.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -43,6 +44,7 @@ def run(cfg: RunConfig) -> str:
 
 class RankLoop:
     """One rank's training run: its parts (RankParts), its state (LoopState) and the epochs of steps."""
+
     parts: RankParts | None
     state: LoopState
 
@@ -131,8 +133,10 @@ class RankLoop:
             step += 1
             self.watchdog.beat(step=True)
             if cfg.log_every and step % cfg.log_every == 0:
-                self.log(f"epoch {epoch + 1}/{cfg.epochs} step {step}/{p.steps_per_epoch} loss "
-                         f"{float(sums[0] / max(float(sums[1]), 1)):.4f} lr {p.sched.get_last_lr()[0]:.4g}")
+                self.log(
+                    f"epoch {epoch + 1}/{cfg.epochs} step {step}/{p.steps_per_epoch} loss "
+                    f"{float(sums[0] / max(float(sums[1]), 1)):.4f} lr {p.sched.get_last_lr()[0]:.4g}"
+                )
             if step < p.steps_per_epoch:
                 stop = self._agree(sums) if state.global_step % cfg.sync_check_steps == 0 else None
                 if stop is None and cfg.stop_after_steps and state.global_step >= cfg.stop_after_steps:
@@ -176,8 +180,9 @@ class RankLoop:
         timed["eval_s"] = time.perf_counter() - t_eval
         p.io.add_epoch(timed["wait"], timed["comp"])
         facts, lr = self.record.facts, p.sched.get_last_lr()[0]
-        row = epoch_row(timed, sums, p.metrics, state.timing, evals, lr, facts["flops"], facts["peak"], cfg.batch,
-                        self.world)
+        row = epoch_row(
+            timed, sums, p.metrics, state.timing, evals, lr, facts["flops"], facts["peak"], cfg.batch, self.world
+        )
         state.rows.append(row)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         self.record.write_rows(state.rows)
@@ -218,17 +223,38 @@ class RankLoop:
         if self.state.step_in_epoch:
             self.ckpt.save(self.state, self.parts, self.parts.io.state())
         self.stops.checkpointed()
-        self.log(f"stopped after {self.state.global_step} steps (stop_after_steps); re-run to resume"
-                 if stop == "stopped" else f"preempted: {self.stop_note}")
+        self.log(
+            f"stopped after {self.state.global_step} steps (stop_after_steps); re-run to resume"
+            if stop == "stopped"
+            else f"preempted: {self.stop_note}"
+        )
         return stop
 
     def _finish(self, status: str) -> None:
         """After training: the comm probe, the profile, I/O and the workload's report, then the summary."""
         p = self.parts
-        probe = (run_probe(self.cfg, self.world, p.engine, p.wrapped, p.train_model, self.wl, p.autocast, p.opt,
-                           p.src, self.device, self.log) if status == "complete" else {})
-        self.seen.update(probe=probe, cuda_graphs=p.capture.summary(),
-                         profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]))
+        probe = (
+            run_probe(
+                self.cfg,
+                self.world,
+                p.engine,
+                p.wrapped,
+                p.train_model,
+                self.wl,
+                p.autocast,
+                p.opt,
+                p.src,
+                self.device,
+                self.log,
+            )
+            if status == "complete"
+            else {}
+        )
+        self.seen.update(
+            probe=probe,
+            cuda_graphs=p.capture.summary(),
+            profile=self.obs.collect_profile(probe, self.world, self.record.facts["device_name"]),
+        )
         self.seen["io"] = p.io.summary(all_gather_object(p.io.state()), self.state.rows)
         self.seen.update(workload_report(self.wl, p.model, p.info, self.rank, self.device))
         self.obs.stop_monitor()

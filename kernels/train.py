@@ -5,6 +5,7 @@ kernels/launch/ranks.py starts the ranks through kernels/launch/launchers.py (`-
 Everything is validated before a process is spawned or a file is written; bad
 input exits with status 2 and a message naming the parameter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,19 +36,28 @@ def build_parser(workload: str | None = None) -> argparse.ArgumentParser:
     wls = registered()
     if workload and workload not in {w.name for w in wls}:
         wls.append(get_workload(workload))
-    p = argparse.ArgumentParser(prog="lab train", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="lab train",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
     groups = {"common": p.add_argument_group("common parameters")}
     for wl in wls:
         groups[wl.name] = p.add_argument_group(
-            f"workload {wl.name}: {wl.title}", f"data sets: {', '.join(wl.datasets)}; used with --workload {wl.name}")
+            f"workload {wl.name}: {wl.title}", f"data sets: {', '.join(wl.datasets)}; used with --workload {wl.name}"
+        )
     for prm in table(workload):
         kw = {"nargs": "?", "const": "true"} if prm.type is bool else {}
         choices = f" {{{','.join(prm.choices)}}}" if prm.choices else ""
-        groups[prm.group].add_argument(f"--{prm.name}", dest=prm.name, default=argparse.SUPPRESS,
-                                       metavar=prm.type.__name__.upper(),
-                                       help=f"{prm.doc}{choices} (default: {_default_text(prm, wls)})"
-                                       .replace("%", "%%"), **kw)  # argparse formats help with %
+        groups[prm.group].add_argument(
+            f"--{prm.name}",
+            dest=prm.name,
+            default=argparse.SUPPRESS,
+            metavar=prm.type.__name__.upper(),
+            help=f"{prm.doc}{choices} (default: {_default_text(prm, wls)})".replace("%", "%%"),
+            **kw,
+        )  # argparse formats help with %
     return p
 
 
@@ -81,11 +91,15 @@ def rank_failure(e: BaseException) -> int:
         return EXIT_INTERRUPTED if guards.INTERRUPTED else 1
     left = guards.peer_left(e)
     if files.disk_full_at(e):  # the record says so too (kernels/base/files.py)
-        print(f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
-              file=sys.stderr, flush=True)
+        print(
+            f"failed: {files.failure_text(e)}; free space there and run the same command again to resume",
+            file=sys.stderr,
+            flush=True,
+        )
     elif left:  # the rank that left says why; this one's traceback would only bury it
-        print(f"failed: another rank left during a collective ({left}); its output says why",
-              file=sys.stderr, flush=True)
+        print(
+            f"failed: another rank left during a collective ({left}); its output says why", file=sys.stderr, flush=True
+        )
     else:
         traceback.print_exc()
     return 1

@@ -1,4 +1,5 @@
 """Shared test helpers: run the real CLI, write CIFAR-10 files in the official format."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tiers", "schedule", "durations"]  # tiers and their guard; xdist groups and order; the table
 
 # Small enough for 2 cores: ResNet-18 topology at width 8, a few steps.
-TINY = ["--width", "8", "--precision", "fp32", "--log_every", "0", "--timing_warmup_steps", "1",
-        "--comm_probe_steps", "2", "--num_workers", "0"]
+TINY = [
+    "--width",
+    "8",
+    "--precision",
+    "fp32",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "2",
+    "--num_workers",
+    "0",
+]
 
 
 def merge_args(*args) -> list[str]:
@@ -49,7 +62,7 @@ def merge_p(*args) -> list[str]:
             i += 3
         elif flat[i] == "-p" and i + 2 < len(flat):
             where[flat[i + 1]] = len(out)
-            out += flat[i:i + 3]
+            out += flat[i : i + 3]
             i += 3
         else:
             out.append(flat[i])
@@ -59,8 +72,14 @@ def merge_p(*args) -> list[str]:
 
 def run_cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.train", *map(str, args)],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 COUNTER = """
@@ -138,14 +157,20 @@ def write_cifar_tarball(directory: Path, per_batch: int = 20, seed: int = 0) -> 
     for name in names:
         x = rng.integers(0, 256, size=(per_batch, 3, 32, 32), dtype=np.uint8)
         y = rng.integers(0, 10, size=per_batch)
-        entry = {b"batch_label": name.encode(), b"labels": [int(v) for v in y],
-                 b"data": x.reshape(per_batch, 3072), b"filenames": [b"x.png"] * per_batch}
+        entry = {
+            b"batch_label": name.encode(),
+            b"labels": [int(v) for v in y],
+            b"data": x.reshape(per_batch, 3072),
+            b"filenames": [b"x.png"] * per_batch,
+        }
         members[name] = pickle.dumps(entry, protocol=2)
         split = "test" if name == "test_batch" else "train"
         truth[split][0].append(x)
         truth[split][1].append(y)
-    members["batches.meta"] = pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)],
-                                            b"num_cases_per_batch": per_batch, b"num_vis": 3072}, protocol=2)
+    members["batches.meta"] = pickle.dumps(
+        {b"label_names": [b"c%d" % i for i in range(10)], b"num_cases_per_batch": per_batch, b"num_vis": 3072},
+        protocol=2,
+    )
     members["readme.html"] = b"<html></html>"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "cifar-10-python.tar.gz"
@@ -236,8 +261,9 @@ FAULT_TABLE = ROOT / "results" / "reliability.json"
 
 def record_fault(case: str, bound_s: float, took_s: float, exit_status, outcome: str) -> None:
     """One row of the reliability table: the fault, its bound, the measured time to the run's end."""
-    FAULT_ROWS.append({"case": case, "bound_s": bound_s, "took_s": round(took_s, 1), "exit_status": exit_status,
-                       "outcome": outcome})
+    FAULT_ROWS.append(
+        {"case": case, "bound_s": bound_s, "took_s": round(took_s, 1), "exit_status": exit_status, "outcome": outcome}
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -247,6 +273,14 @@ def pytest_sessionfinish(session, exitstatus):
         import platform
 
         FAULT_TABLE.parent.mkdir(parents=True, exist_ok=True)
-        FAULT_TABLE.write_text(json.dumps({
-            "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.node()}, {os.cpu_count()} cores", "rows": FAULT_ROWS}, indent=2) + "\n")
+        FAULT_TABLE.write_text(
+            json.dumps(
+                {
+                    "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    "machine": f"{platform.node()}, {os.cpu_count()} cores",
+                    "rows": FAULT_ROWS,
+                },
+                indent=2,
+            )
+            + "\n"
+        )

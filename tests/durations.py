@@ -7,6 +7,7 @@ its setup, call and teardown together; a session fixture's start-up (the Slurm c
 runs) is charged to the first test that asks for it. With several workers (pytest-xdist) the tests'
 times add up to more than the wall time; the table gives both.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,10 +26,17 @@ BEGIN, END = "<!-- test-durations: begin -->", "<!-- test-durations: end -->"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--durations-table", metavar="FILE", default=None,
-                     help="write every test's duration, per tier and per module, as a Markdown table to FILE")
-    parser.addoption("--durations-readme", action="store_true",
-                     help="with --durations-table: also write the totals into README.md's test section")
+    parser.addoption(
+        "--durations-table",
+        metavar="FILE",
+        default=None,
+        help="write every test's duration, per tier and per module, as a Markdown table to FILE",
+    )
+    parser.addoption(
+        "--durations-readme",
+        action="store_true",
+        help="with --durations-table: also write the totals into README.md's test section",
+    )
 
 
 def _without_group(nodeid: str) -> str:
@@ -64,8 +72,9 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(render(self.seconds, self.tier, self.outcome, wall, self.config, self.commit))
         if self.config.getoption("--durations-readme"):
-            write_readme_totals(ROOT / "README.md", totals_line(self.seconds, self.tier, self.outcome, wall,
-                                                                self.config, self.path))
+            write_readme_totals(
+                ROOT / "README.md", totals_line(self.seconds, self.tier, self.outcome, wall, self.config, self.path)
+            )
 
 
 def pytest_configure(config):
@@ -118,9 +127,11 @@ def _by_tier(seconds: dict, tier: dict) -> dict:
 def totals_line(seconds: dict, tier: dict, outcome: dict, wall: float, config, table: Path) -> str:
     tiers = _by_tier(seconds, tier)
     per = "; ".join(f"{t} {tiers[t][0]} tests, {_m_s(tiers[t][1])}" for t in TIER_ORDER if t in tiers)
-    return (f"The last whole run (`{table.relative_to(ROOT) if table.is_relative_to(ROOT) else table}`, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, {cpu_name()}, {os.cpu_count()} cores, "
-            f"{_workers(config)} workers): {_outcomes(outcome)} in {_m_s(wall)} wall; {per}.")
+    return (
+        f"The last whole run (`{table.relative_to(ROOT) if table.is_relative_to(ROOT) else table}`, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, {cpu_name()}, {os.cpu_count()} cores, "
+        f"{_workers(config)} workers): {_outcomes(outcome)} in {_m_s(wall)} wall; {per}."
+    )
 
 
 def write_readme_totals(readme: Path, line: str) -> None:
@@ -138,16 +149,21 @@ def render(seconds: dict, tier: dict, outcome: dict, wall: float, config, commit
     workers = _workers(config)
     args = " ".join(config.invocation_params.args) or "(none)"
     total = sum(seconds.values())
-    lines = ["# Test durations", "",
-             "Written by the test suite itself (`make test` passes `--durations-table tests/DURATIONS.md`; "
-             "tests/durations.py). Times are setup + call + teardown per test.", "",
-             f"- machine: {cpu_name()}, {os.cpu_count()} cores, {_memory_gib()}, "
-             f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
-             f"- run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit}, "
-             f"`pytest {args}`, {workers} worker{'s' if workers > 1 else ''}"
-             f"{', CI=true' if os.environ.get('CI') == 'true' else ''}",
-             f"- outcome: {_outcomes(outcome)}",
-             f"- wall time {_m_s(wall)}; the tests' times add up to {_m_s(total)}", ""]
+    lines = [
+        "# Test durations",
+        "",
+        "Written by the test suite itself (`make test` passes `--durations-table tests/DURATIONS.md`; "
+        "tests/durations.py). Times are setup + call + teardown per test.",
+        "",
+        f"- machine: {cpu_name()}, {os.cpu_count()} cores, {_memory_gib()}, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
+        f"- run: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit}, "
+        f"`pytest {args}`, {workers} worker{'s' if workers > 1 else ''}"
+        f"{', CI=true' if os.environ.get('CI') == 'true' else ''}",
+        f"- outcome: {_outcomes(outcome)}",
+        f"- wall time {_m_s(wall)}; the tests' times add up to {_m_s(total)}",
+        "",
+    ]
     lines += ["## Per tier", "", "| tier | tests | seconds | share |", "|---|---:|---:|---:|"]
     by_tier = _by_tier(seconds, tier)
     for t in TIER_ORDER:
@@ -165,8 +181,10 @@ def render(seconds: dict, tier: dict, outcome: dict, wall: float, config, commit
         lines.append(f"| {m} | {n} | {s:.1f} | {100 * s / total if total else 0:.0f} % | {', '.join(sorted(ts))} |")
     lines += ["", f"## The {SLOWEST} slowest tests", "", "| test | tier | seconds | outcome |", "|---|---|---:|---|"]
     for nodeid, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]:
-        lines.append(f"| `{nodeid.replace('|', chr(92) + '|')}` | {tier.get(nodeid, '?')} | {s:.1f} | "
-                     f"{outcome.get(nodeid, '?')} |")
+        lines.append(
+            f"| `{nodeid.replace('|', chr(92) + '|')}` | {tier.get(nodeid, '?')} | {s:.1f} | "
+            f"{outcome.get(nodeid, '?')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

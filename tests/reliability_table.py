@@ -4,6 +4,7 @@ Reads results/reliability.json (written by tests/test_faults.py through conftest
 replaces the table between the reliability markers of docs/reliability.md. The table says on which
 machine and when it was measured; the times are that run's, not guarantees.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,14 @@ BEGIN, END = "<!-- reliability-table: begin -->", "<!-- reliability-table: end -
 
 
 def table(data: dict) -> str:
-    lines = [f"Measured by `make reliability` on {data['machine']}, {data['measured_utc']}: the time from the "
-             f"injected fault until the run had stopped (checkpointed, failed, refused or, for the damaged "
-             f"checkpoint, resumed to its end).", "",
-             "| fault injected | bound (s) | measured (s) | exit status | record / outcome |",
-             "|---|---:|---:|---:|---|"]
+    lines = [
+        f"Measured by `make reliability` on {data['machine']}, {data['measured_utc']}: the time from the "
+        f"injected fault until the run had stopped (checkpointed, failed, refused or, for the damaged "
+        f"checkpoint, resumed to its end).",
+        "",
+        "| fault injected | bound (s) | measured (s) | exit status | record / outcome |",
+        "|---|---:|---:|---:|---|",
+    ]
     for r in data["rows"]:
         lines.append(f"| {r['case']} | {r['bound_s']:g} | {r['took_s']:.1f} | {r['exit_status']} | {r['outcome']} |")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ the workers from costing more than they save:
 
 Without xdist (`pytest` alone, `make test-quick`) the groups are inert and only the order applies.
 """
+
 from __future__ import annotations
 
 import os

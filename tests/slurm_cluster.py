@@ -13,6 +13,7 @@ themselves run on the CPU with gloo. Two partitions share the nodes:
 has cores; `quad` is shaped like a EuroHPC booster partition (4 GPUs and 32
 cores a node), so the README's 4-GPU-node command runs here as written.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,9 @@ import time
 from pathlib import Path
 
 NODES = ("n1", "n2")
-CPUS = 2          # CPUs a node gives jobs of the default partition (the machine's cores)
-QUAD_CPUS = 32    # what each node declares, for the 'quad' partition (slurmd believes the config)
-GPUS = 4          # placeholder GPUs per node
+CPUS = 2  # CPUs a node gives jobs of the default partition (the machine's cores)
+QUAD_CPUS = 32  # what each node declares, for the 'quad' partition (slurmd believes the config)
+GPUS = 4  # placeholder GPUs per node
 
 
 def available() -> str | None:
@@ -92,8 +93,7 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE MaxCPUsPerNode={CP
 PartitionName=quad Nodes=n[1-2] MaxTime=INFINITE State=UP
 """
     (base / "slurm.conf").write_text(conf)
-    gres = "AutoDetect=off\n" + "".join(
-        f"NodeName={n} Name=gpu File={base}/gres/gpu[0-{GPUS - 1}]\n" for n in NODES)
+    gres = "AutoDetect=off\n" + "".join(f"NodeName={n} Name=gpu File={base}/gres/gpu[0-{GPUS - 1}]\n" for n in NODES)
     (base / "gres.conf").write_text(gres)
     return base / "slurm.conf"
 

@@ -4,6 +4,7 @@ circle, no function needs a scroll bar, and the loop stays the loop.
 Imports are read with `ast` from the source, those inside functions included (a late import is still a
 dependency). The layers are listed once, here and in docs/architecture.md.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 TOP_LEVEL = {"kernels": "base", "kernels.ddp_core": "core", "kernels.train": "launch", "kernels.cli": "entry"}
 
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 120  # lines as the formatter lays them out: a long literal holds one item per line
 MAX_CORE_LINES = 300
 
 
@@ -62,8 +63,10 @@ def layer_of(module: str) -> int:
     for i, (_, folders) in enumerate(LAYERS):
         if folder in folders:
             return i
-    raise AssertionError(f"{module} is in no layer: kernels/{folder}/ is not in LAYERS in {Path(__file__).name} "
-                         "(add it there and in docs/architecture.md)")
+    raise AssertionError(
+        f"{module} is in no layer: kernels/{folder}/ is not in LAYERS in {Path(__file__).name} "
+        "(add it there and in docs/architecture.md)"
+    )
 
 
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -122,8 +125,12 @@ def circles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_has_a_layer_and_imports_only_downwards():
     g = graph()
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
-              for m, deps in g.items() for d in sorted(deps) if layer_of(d) > layer_of(m)]
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+        for m, deps in g.items()
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m)
+    ]
     assert not upward, "imports that run up the layers:\n" + "\n".join(upward)
 
 
@@ -141,13 +148,14 @@ def test_the_checks_find_what_they_look_for():
     assert imports_of("kernels.ddp_core", src, {**modules(), **known}) >= {"kernels.run.parts", "kernels.run.record"}
 
 
-def test_the_code_passes_the_linter():
-    """`ruff check` with the rules in pyproject.toml: pycodestyle and pyflakes, lines of at most 120 characters."""
+def test_the_code_passes_the_linter_and_the_formatter():
+    """`ruff check` with the rules in pyproject.toml (pycodestyle and pyflakes, lines of at most 120 characters),
+    and `ruff format --check`: the code is laid out as the formatter lays it out (`ruff format .` fixes it)."""
     from ruff.__main__ import find_ruff_bin
 
-    p = subprocess.run([find_ruff_bin(), "check", "--output-format", "concise", "."], cwd=ROOT, capture_output=True,
-                       text=True)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    for args in (["check", "--output-format", "concise", "."], ["format", "--check", "."]):
+        p = subprocess.run([find_ruff_bin(), *args], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 0, f"ruff {args[0]}:\n" + p.stdout[-3000:] + p.stderr[-2000:]
 
 
 def test_no_function_needs_a_scroll_bar():
@@ -170,7 +178,7 @@ def test_the_loop_is_short_and_names_no_workload_dataset_or_engine():
 
     names = {*DATASETS, *ENGINES, *WORKLOADS} - {"ddp"}  # "ddp" is also the file's own name
     code = "\n".join(line.split("#")[0] for line in core.splitlines())  # comments may name things
-    body = code[code.index('"""', 3) + 3:]  # past the module docstring
+    body = code[code.index('"""', 3) + 3 :]  # past the module docstring
     quoted = {n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", body)}
     assert not quoted, f"kernels/ddp_core.py branches on names: {quoted}"
 
@@ -194,8 +202,13 @@ def test_trace_runs_records_bit_exact_losses_and_tells_a_one_bit_change(tmp_path
     itself, and a copy with one loss changed in its last bit is reported as different."""
     tool = ROOT / "benchmarks" / "trace_runs.py"
     out = tmp_path / "a.json"
-    p = subprocess.run([sys.executable, str(tool), "record", str(out), "--only", "resnet18-1rank"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(tool), "record", str(out), "--only", "resnet18-1rank"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     run = json.loads(out.read_text())["runs"]["resnet18-1rank"]
     losses = run["losses"]["rank0"]
@@ -207,8 +220,9 @@ def test_trace_runs_records_bit_exact_losses_and_tells_a_one_bit_change(tmp_path
     x = float.fromhex(losses[3])
     doc["runs"]["resnet18-1rank"]["losses"]["rank0"][3] = (x + x * 2**-52).hex()  # the last mantissa bit
     (tmp_path / "b.json").write_text(json.dumps(doc))
-    diff = subprocess.run([sys.executable, str(tool), "compare", str(out), str(tmp_path / "b.json")],
-                          capture_output=True, text=True)
+    diff = subprocess.run(
+        [sys.executable, str(tool), "compare", str(out), str(tmp_path / "b.json")], capture_output=True, text=True
+    )
     assert diff.returncode == 1 and "DIFFERS in losses" in diff.stdout, diff.stdout
 
 
@@ -220,9 +234,14 @@ def named_workloads(src: str, names: set[str]) -> set[str]:
     """The workload names `src` uses in code: a word of an identifier, or a whole string literal (a URL or a message
     naming the public DCRNN repository is no use of the lab's workload); docstrings and comments left out."""
     tree = ast.parse(src)
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     words = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:

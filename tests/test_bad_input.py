@@ -1,4 +1,5 @@
 """Every bad input fails before any work, names the parameter and the fix, and writes nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,33 +16,39 @@ pytestmark = pytest.mark.unit
 DIGITS = ["--dataset", "digits"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
-    (["--gpus", "0"], "parameter 'gpus': world size must be >= 1"),
-    (["--gpus", "3", "--batch", "64"], "parameter 'batch': the global batch 64 is not divisible by gpus=3"),
-    (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
-    (["--workload", "gpt2"], "parameter 'workload': unknown workload 'gpt2'; choose one of resnet18, cnn"),
-    (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
-    (["--dataset", "imagenet"], "parameter 'dataset': workload 'resnet18' "
-                                "takes cifar10, digits, synthetic, not 'imagenet'"),
-    (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
-    (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
-    (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
-    (["--batch", "64", "--micro_batches", "3"], "parameter 'micro_batches'"),
-    (["--lr", "inf"], "parameter 'lr': 'inf' is not a finite number"),
-    (["--weight_decay", "nan"], "parameter 'weight_decay': 'nan' is not a finite number"),
-    (["--weight_decay", "-1"], "parameter 'weight_decay': must be >= 0, got -1.0"),
-    (["--run_id", "my run"], "parameter 'run_id': 'my run' must be a plain directory name"),
-    (["--epochs", "2", "--epochs", "3"], "parameter 'epochs' is given twice on the command line"),
-    (["--gpus", "16", "--batch", "64"], "parameter 'gpus': 16 CPU ranks on this node but only \\d+ core"),
-    (["--startup_timeout_min", "0"], "parameter 'startup_timeout_min': must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
+        (["--gpus", "0"], "parameter 'gpus': world size must be >= 1"),
+        (["--gpus", "3", "--batch", "64"], "parameter 'batch': the global batch 64 is not divisible by gpus=3"),
+        (["--precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
+        (["--workload", "gpt2"], "parameter 'workload': unknown workload 'gpt2'; choose one of resnet18, cnn"),
+        (["--pipeline", "dali"], "parameter 'pipeline': unknown value 'dali'"),
+        (
+            ["--dataset", "imagenet"],
+            "parameter 'dataset': workload 'resnet18' takes cifar10, digits, synthetic, not 'imagenet'",
+        ),
+        (["--epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
+        (["--compile", "maybe"], "parameter 'compile': 'maybe' is not a valid bool"),
+        (["--device", "cpu", "--precision", "fp16"], "parameter 'precision': fp16 needs a GPU"),
+        (["--batch", "64", "--micro_batches", "3"], "parameter 'micro_batches'"),
+        (["--lr", "inf"], "parameter 'lr': 'inf' is not a finite number"),
+        (["--weight_decay", "nan"], "parameter 'weight_decay': 'nan' is not a finite number"),
+        (["--weight_decay", "-1"], "parameter 'weight_decay': must be >= 0, got -1.0"),
+        (["--run_id", "my run"], "parameter 'run_id': 'my run' must be a plain directory name"),
+        (["--epochs", "2", "--epochs", "3"], "parameter 'epochs' is given twice on the command line"),
+        (["--gpus", "16", "--batch", "64"], "parameter 'gpus': 16 CPU ranks on this node but only \\d+ core"),
+        (["--startup_timeout_min", "0"], "parameter 'startup_timeout_min': must be > 0"),
+    ],
+)
 def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch, args, needle):
     import re
 
     results = tmp_path / "results"
-    rc, _, err = cli_in_process(capsys, monkeypatch, *(DIGITS if "--dataset" not in args else []), *args,
-                                "--results_dir", results)
+    rc, _, err = cli_in_process(
+        capsys, monkeypatch, *(DIGITS if "--dataset" not in args else []), *args, "--results_dir", results
+    )
     assert rc == 2, err
     assert re.search(needle, err), err
     assert not results.exists()
@@ -87,8 +94,9 @@ def test_unwritable_results_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_missing_dataset_names_fetch_command(tmp_path, capsys, monkeypatch):
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", tmp_path / "empty",
-                                "--results_dir", tmp_path / "r")
+    rc, _, err = cli_in_process(
+        capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", tmp_path / "empty", "--results_dir", tmp_path / "r"
+    )
     assert rc == 2
     assert "lab fetch cifar10" in err
     assert not (tmp_path / "r").exists()
@@ -100,15 +108,27 @@ def test_corrupt_dataset_rejected_before_any_record(cifar_root, tmp_path, capsys
     root, _, _ = cifar_root  # the official md5s refuse this set's files: the first checked is data_batch_1
     f = cifar10.batch_dir(root) / "data_batch_1"
     f.write_bytes(f.read_bytes()[:-10])
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", root,
-                                "--results_dir", tmp_path / "r")
+    rc, _, err = cli_in_process(
+        capsys, monkeypatch, "--dataset", "cifar10", "--data_dir", root, "--results_dir", tmp_path / "r"
+    )
     assert rc == 2 and "data_batch_1" in err and "checksum mismatch" in err
     assert not (tmp_path / "r").exists()
 
 
 def test_batch_larger_than_dataset_fails_before_record(tmp_path, capsys, monkeypatch):
-    rc, _, err = cli_in_process(capsys, monkeypatch, *DIGITS, "--batch", "512", "--train_samples", "100",
-                                "--width", "4", "--results_dir", tmp_path / "r")
+    rc, _, err = cli_in_process(
+        capsys,
+        monkeypatch,
+        *DIGITS,
+        "--batch",
+        "512",
+        "--train_samples",
+        "100",
+        "--width",
+        "4",
+        "--results_dir",
+        tmp_path / "r",
+    )
     assert rc == 2 and "fewer than one global batch" in err
     assert not (tmp_path / "r").exists()
 
@@ -138,9 +158,17 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     from kernels.slurm import submit
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
-    rc = submit.main([str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "8",
-                      "--cluster", "leonardo-booster", "--account",
-                      "ehpc123"])
+    rc = submit.main(
+        [
+            str(ROOT / "notebooks" / "01_train.ipynb"),
+            "--gpus",
+            "8",
+            "--cluster",
+            "leonardo-booster",
+            "--account",
+            "ehpc123",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 2 and out.startswith("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 "), out + err
     assert err.count("\n") == 1 and "sbatch is not on PATH" in err and "--dry-run" in err, err

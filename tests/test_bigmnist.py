@@ -1,4 +1,5 @@
 """bigMNIST: the builder, the streamed source and its baseline, on small sets built from the real Fashion-MNIST."""
+
 from __future__ import annotations
 
 import csv
@@ -25,14 +26,41 @@ from conftest import ROOT, merge_args, run_cli
 pytestmark = pytest.mark.integration
 
 # 1,500 real images x 2 versions x 2 replicas = 6,000 samples in 6 shards of 1,000 (4.7 MB)
-SMALL = ["--source", "fashion-mnist", "--source-samples", "1500", "--versions", "2", "--replicas", "2",
-         "--shard-samples", "1000", "--seed", "3"]
+SMALL = [
+    "--source",
+    "fashion-mnist",
+    "--source-samples",
+    "1500",
+    "--versions",
+    "2",
+    "--replicas",
+    "2",
+    "--shard-samples",
+    "1000",
+    "--seed",
+    "3",
+]
 
 
 def build(out: Path, root: Path, *extra, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernels.slurm.bigmnist_jobs", "build", "--out", str(out),
-                           "--data-dir", str(root), *SMALL, *map(str, extra)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.slurm.bigmnist_jobs",
+            "build",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(root),
+            *SMALL,
+            *map(str, extra),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def digests(d: Path) -> dict[str, str]:
@@ -79,8 +107,17 @@ def test_build_is_deterministic_whatever_the_task_count_and_has_its_manifest(sma
 def test_a_killed_build_resumes_and_leaves_no_complete_looking_shard(small_set, fashion_root, tmp_path):
     out = tmp_path / "killed"
     # slow the writes down so the build is caught mid-shard: 60 shards of 100
-    args = [sys.executable, "-m", "kernels.slurm.bigmnist_jobs", "build", "--out", str(out), "--data-dir",
-            str(fashion_root), *SMALL]
+    args = [
+        sys.executable,
+        "-m",
+        "kernels.slurm.bigmnist_jobs",
+        "build",
+        "--out",
+        str(out),
+        "--data-dir",
+        str(fashion_root),
+        *SMALL,
+    ]
     args[args.index("--shard-samples") + 1] = "100"
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -109,15 +146,17 @@ def test_verify_finds_a_flipped_byte_and_the_build_repairs_it(small_set, fashion
 
     d = tmp_path / "set"
     shutil.copytree(small_set, d)
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "bigmnist", "verify", str(d)], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.cli", "bigmnist", "verify", str(d)], cwd=ROOT, capture_output=True, text=True
+    )
     assert p.returncode == 0 and "every shard matches" in p.stdout
     shard = d / "shard-00004.npy"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "bigmnist", "verify", str(d)], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.cli", "bigmnist", "verify", str(d)], cwd=ROOT, capture_output=True, text=True
+    )
     assert p.returncode == 1 and "shard-00004.npy" in p.stderr and "rebuilds exactly those shards" in p.stderr
     p = build(d, fashion_root)
     assert p.returncode == 0 and "1 to build, 5 verified and skipped" in p.stdout, p.stdout
@@ -152,8 +191,10 @@ def test_the_elastic_field_has_simards_magnitude_and_one_field_per_image():
 def _stream_epoch(shards, cache: str, epoch: int = 1, labels: list | None = None):
     """Both ranks' batches of one epoch (window 0.2 MiB, reads of 1 MiB) and the sources, closed; the batches'
     labels are appended to `labels`."""
-    srcs = [StreamSource(shards, None, 96, r, 2, 7, torch.device("cpu"), cache=cache, window_mb=0.2, read_mb=1)
-            for r in range(2)]
+    srcs = [
+        StreamSource(shards, None, 96, r, 2, 7, torch.device("cpu"), cache=cache, window_mb=0.2, read_mb=1)
+        for r in range(2)
+    ]
     xs = []
     for src in srcs:
         for x, y in src.batches(epoch):
@@ -218,8 +259,11 @@ def test_cold_stream_reads_through_the_page_cache_where_direct_reads_are_refused
     monkeypatch.setattr(stream.os, "preadv", fake_preadv)
     evicted, srcs = _stream_epoch(shards, "cold")
     assert np.array_equal(evicted, direct)
-    why = (rf"{re.escape(str(small_set))}/shard-\d+\.npy's file system refused O_DIRECT" if refuses == "open" else
-           rf"direct reads of {re.escape(str(small_set))} failed: Invalid argument")
+    why = (
+        rf"{re.escape(str(small_set))}/shard-\d+\.npy's file system refused O_DIRECT"
+        if refuses == "open"
+        else rf"direct reads of {re.escape(str(small_set))} failed: Invalid argument"
+    )
     for s in srcs:
         assert re.fullmatch(rf"posix_fadvise DONTNEED \({why}\)", s.describe()["cold_reads"]), s.describe()
     assert sum(s.counters["bytes_read"] for s in srcs) == (6000 // 96) * 96 * 785  # no alignment: the samples only
@@ -242,9 +286,30 @@ def _metrics(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-STREAM = ["--workload", "cnn", "--dataset", "bigmnist", "--gpus", "2", "--batch", "64", "--epochs", "2",
-          "--log_every", "0", "--timing_warmup_steps", "2", "--comm_probe_steps", "0", "--window_mb", "0.3",
-          "--sync_check_steps", "1", "--test_samples", "500"]  # 500 of the 10,000 test images
+STREAM = [
+    "--workload",
+    "cnn",
+    "--dataset",
+    "bigmnist",
+    "--gpus",
+    "2",
+    "--batch",
+    "64",
+    "--epochs",
+    "2",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "2",
+    "--comm_probe_steps",
+    "0",
+    "--window_mb",
+    "0.3",
+    "--sync_check_steps",
+    "1",
+    "--test_samples",
+    "500",
+]  # 500 of the 10,000 test images
 
 
 def test_two_rank_streamed_run_records_io_and_resumes_mid_epoch_identically(small_set, tmp_path):
@@ -263,8 +328,19 @@ def test_two_rank_streamed_run_records_io_and_resumes_mid_epoch_identically(smal
     assert cfg["params"]["pipeline"] == "stream" and cfg["derived"]["data_source"]["shards"] == 6
 
     # stopped mid-epoch 1 (93 steps per epoch), then resumed: the same losses as the uninterrupted run
-    p = run_cli(*STREAM, "--data_dir", small_set, "--results_dir", runs, "--run_id", "split", "--cache", "cold",
-                "--stop_after_steps", "40")
+    p = run_cli(
+        *STREAM,
+        "--data_dir",
+        small_set,
+        "--results_dir",
+        runs,
+        "--run_id",
+        "split",
+        "--cache",
+        "cold",
+        "--stop_after_steps",
+        "40",
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads((runs / "split" / "summary.json").read_text())["status"] == "stopped"
     p = run_cli(*STREAM, "--data_dir", small_set, "--results_dir", runs, "--run_id", "split", "--cache", "cold")
@@ -281,8 +357,23 @@ def test_two_rank_streamed_run_records_io_and_resumes_mid_epoch_identically(smal
 
 
 def test_dataloader_baseline_trains_on_the_shards(small_set, tmp_path):
-    p = run_cli(*merge_args(*STREAM, "--data_dir", small_set, "--results_dir", tmp_path, "--run_id", "dl",
-                            "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1"))
+    p = run_cli(
+        *merge_args(
+            *STREAM,
+            "--data_dir",
+            small_set,
+            "--results_dir",
+            tmp_path,
+            "--run_id",
+            "dl",
+            "--epochs",
+            "1",
+            "--pipeline",
+            "dataloader",
+            "--num_workers",
+            "1",
+        )
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads((tmp_path / "dl" / "summary.json").read_text())
     assert s["io"]["source"] == "dataloader-per-sample" and s["io"]["bytes_read"] is None
@@ -329,9 +420,30 @@ def test_job_array_build_then_two_node_streamed_notebook_run(slurm, small_set, f
 
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "LAB_RESULTS": str(tmp_path)}
     out = tmp_path / "array-set"
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "bigmnist", "submit", "--out", str(out), "--data-dir",
-                        str(fashion_root), *SMALL, "--tasks", "3", "--cluster", "local", "--time", "00:10:00"],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.cli",
+            "bigmnist",
+            "submit",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(fashion_root),
+            *SMALL,
+            "--tasks",
+            "3",
+            "--cluster",
+            "local",
+            "--time",
+            "00:10:00",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     job = re.search(r"submitted job array (\d+)", p.stdout).group(1)
     deadline = time.time() + 300
@@ -343,11 +455,44 @@ def test_job_array_build_then_two_node_streamed_notebook_run(slurm, small_set, f
     assert digests(out) == digests(small_set)  # 3 array tasks on 2 nodes = one task here, byte for byte
 
     res = tmp_path / "runs"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1"],
-                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "workload", "cnn", "-p", "dataset",
-                           "bigmnist", "-p", "data_dir", out, "-p", "batch", "64", "-p", "epochs", "1",
-                           "-p", "timing_warmup_steps", "2", "-p", "comm_probe_steps", "0", "-p", "log_every", "0",
-                           "-p", "results_dir", res])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1"],
+        [
+            "notebooks/01_train.ipynb",
+            "-p",
+            "gpus",
+            "2",
+            "-p",
+            "workload",
+            "cnn",
+            "-p",
+            "dataset",
+            "bigmnist",
+            "-p",
+            "data_dir",
+            out,
+            "-p",
+            "batch",
+            "64",
+            "-p",
+            "epochs",
+            "1",
+            "-p",
+            "timing_warmup_steps",
+            "2",
+            "-p",
+            "comm_probe_steps",
+            "0",
+            "-p",
+            "log_every",
+            "0",
+            "-p",
+            "results_dir",
+            res,
+        ],
+    )
     assert rc == 0, log
     run = res / f"cnn-bigmnist-g2-j{job}"
     s = json.loads((run / "summary.json").read_text())

@@ -1,5 +1,6 @@
 """Collective microbenchmarks (real gloo ranks, real Open MPI under mpirun, the real local Slurm),
 the alpha-beta fit and the data-parallel step model."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,14 @@ SMALL = ["--max_bytes", "4K", "--iters", "3", "--warmup", "1", "--repeats", "1"]
 
 
 def comm(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernels.comm", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.comm", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def only_record(root) -> bench.Path:
@@ -51,26 +58,32 @@ def test_bandwidths_follow_the_nccl_tests_definitions():
 def test_sizes_and_parameters_are_checked_before_anything_runs():
     assert bench.resolve({"min_bytes": "8", "max_bytes": "64", "factor": 2}).sizes == [8, 16, 32, 64]
     assert bench.resolve({"min_bytes": "1K", "max_bytes": "1M", "factor": 32}).sizes == [1024, 32768, 1048576]
-    for raw, words in (({"ops": "allreduce"}, "unknown op 'allreduce'"),
-                       ({"backend": "infiniband"}, "parameter 'backend'"),
-                       ({"min_bytes": "1M", "max_bytes": "8K"}, "sizes out of order"),
-                       ({"max_bytes": "lots"}, "parameter 'max_bytes'"),
-                       ({"factor": 1}, "parameter 'factor'"),
-                       ({"dtypes": "fp64"}, "unknown dtype 'fp64'"),
-                       ({"backend": "mpi", "dtypes": "fp32,bf16"}, "MPI has no standard bf16"),
-                       ({"root": 2, "gpus": 2}, "parameter 'root'"),
-                       ({"bogus": 1}, "unknown parameter 'bogus'")):
+    for raw, words in (
+        ({"ops": "allreduce"}, "unknown op 'allreduce'"),
+        ({"backend": "infiniband"}, "parameter 'backend'"),
+        ({"min_bytes": "1M", "max_bytes": "8K"}, "sizes out of order"),
+        ({"max_bytes": "lots"}, "parameter 'max_bytes'"),
+        ({"factor": 1}, "parameter 'factor'"),
+        ({"dtypes": "fp64"}, "unknown dtype 'fp64'"),
+        ({"backend": "mpi", "dtypes": "fp32,bf16"}, "MPI has no standard bf16"),
+        ({"root": 2, "gpus": 2}, "parameter 'root'"),
+        ({"bogus": 1}, "unknown parameter 'bogus'"),
+    ):
         with pytest.raises(ConfigError, match=words):
             bench.resolve(raw)
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--backend", "nccl"], "nccl needs GPUs"),
-    (["--ops", "all_reduce,alltoall"], "did you mean"),
-    (["--launcher", "srun"], "srun needs a Slurm allocation"),
-    (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
-    (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
-    (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto")])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--backend", "nccl"], "nccl needs GPUs"),
+        (["--ops", "all_reduce,alltoall"], "did you mean"),
+        (["--launcher", "srun"], "srun needs a Slurm allocation"),
+        (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
+        (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
+        (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto"),
+    ],
+)
 def test_bad_input_exits_2_and_leaves_no_record(tmp_path, capsys, monkeypatch, args, words):
     """In-process, so each case costs no interpreter start; the words come before any MPI library is loaded,
     so they are the same where none is installed."""
@@ -96,9 +109,25 @@ def test_bad_input_exits_2_and_leaves_no_record(tmp_path, capsys, monkeypatch, a
 def test_an_mpi_library_that_does_not_load_is_one_line_that_leads_with_the_fix(tmp_path):
     """mpi4py pointed at a library that is not there (as on a machine with pip's mpi4py and no MPI): one line,
     the fix first, mpi4py's own words after it, and no record."""
-    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--backend", "mpi", "--gpus", "2",
-                        "--results_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "MPI4PY_LIBMPI": str(tmp_path / "libmpi.so")})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.comm",
+            "bench",
+            "--backend",
+            "mpi",
+            "--gpus",
+            "2",
+            "--results_dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MPI4PY_LIBMPI": str(tmp_path / "libmpi.so")},
+    )
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stdout + p.stderr
     assert p.stderr.startswith("error: parameter 'backend': mpi needs an MPI library that loads: install one")
     assert "mpi4py is installed and said: cannot load MPI library" in p.stderr and not any(tmp_path.iterdir())
@@ -107,8 +136,13 @@ def test_an_mpi_library_that_does_not_load_is_one_line_that_leads_with_the_fix(t
 @pytest.mark.integration
 def test_the_process_exits_2_on_bad_input(tmp_path):
     """The cases above in-process; this one is the real `python -m kernels.comm` and its exit status."""
-    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--ops", "all_reduce,alltoall", "--results_dir",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.comm", "bench", "--ops", "all_reduce,alltoall", "--results_dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "did you mean" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert not any(tmp_path.iterdir())
 
@@ -116,8 +150,7 @@ def test_the_process_exits_2_on_bad_input(tmp_path):
 # ------------------------------------------------------------------ real runs
 @pytest.mark.integration
 def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
-    p = comm("bench", "--backend", "gloo", "--gpus", 2, "--dtypes", "fp32,bf16,fp16", *SMALL,
-             "--results_dir", tmp_path)
+    p = comm("bench", "--backend", "gloo", "--gpus", 2, "--dtypes", "fp32,bf16,fp16", *SMALL, "--results_dir", tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     run = only_record(tmp_path)
     s = json.loads((run / "summary.json").read_text())
@@ -151,14 +184,24 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
     """Every collective in both forms, checked element by element through the loop that is timed: the C loop, built
     from scratch into an empty cache on first use (mpicc comes with libopenmpi-dev), or mpi4py in a Python loop."""
     records = tmp_path / "records"
-    p = comm("bench", "--backend", "mpi", "--gpus", 2, *SMALL, "--results_dir", records,
-             env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"})
+    p = comm(
+        "bench",
+        "--backend",
+        "mpi",
+        "--gpus",
+        2,
+        *SMALL,
+        "--results_dir",
+        records,
+        env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "launcher: mpirun -np 2" in p.stdout
     # neither the driver nor a rank imports torch (seconds per process on a small CPU); the ranks' import
     # timings reach us through mpirun, so the check sees them all
-    imported = {ln.rsplit("|", 1)[1].strip() for ln in (p.stdout + p.stderr).splitlines()
-                if ln.startswith("import time:")}
+    imported = {
+        ln.rsplit("|", 1)[1].strip() for ln in (p.stdout + p.stderr).splitlines() if ln.startswith("import time:")
+    }
     assert "mpi4py.MPI" in imported and "torch" not in imported
     run = only_record(records)
     s = json.loads((run / "summary.json").read_text())
@@ -184,9 +227,27 @@ def test_a_failing_rank_leaves_a_failed_record_not_a_running_one(tmp_path):
     import psutil
 
     log = open(tmp_path / "log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "kernels.comm", "bench", "--backend", "gloo", "--gpus", "2",
-                             "--max_bytes", "64M", "--iters", "50", "--results_dir", str(tmp_path / "c")], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernels.comm",
+            "bench",
+            "--backend",
+            "gloo",
+            "--gpus",
+            "2",
+            "--max_bytes",
+            "64M",
+            "--iters",
+            "50",
+            "--results_dir",
+            str(tmp_path / "c"),
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "c").glob("*/summary.json")):
         assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()
@@ -203,10 +264,32 @@ def test_a_failing_rank_leaves_a_failed_record_not_a_running_one(tmp_path):
 def test_commbench_notebook_on_two_slurm_nodes(slurm, tmp_path, ranks):
     from test_slurm import sbatch
 
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", f"--ntasks-per-node={ranks // 2}", "--gpus-per-node=0"],
-                          ["notebooks/03_commbench.ipynb", "-p", "backend", "gloo", "-p", "gpus", ranks,
-                           "-p", "ops", "all_reduce,all_gather,reduce_scatter,send_recv", "-p", "max_bytes", "64K",
-                           "-p", "iters", "3", "-p", "warmup", "1"])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=2", f"--ntasks-per-node={ranks // 2}", "--gpus-per-node=0"],
+        [
+            "notebooks/03_commbench.ipynb",
+            "-p",
+            "backend",
+            "gloo",
+            "-p",
+            "gpus",
+            ranks,
+            "-p",
+            "ops",
+            "all_reduce,all_gather,reduce_scatter,send_recv",
+            "-p",
+            "max_bytes",
+            "64K",
+            "-p",
+            "iters",
+            "3",
+            "-p",
+            "warmup",
+            "1",
+        ],
+    )
     assert rc == 0, log
     run = only_record(tmp_path / "comm")
     s = json.loads((run / "summary.json").read_text())
@@ -223,7 +306,7 @@ def test_alpha_beta_fit_recovers_known_parameters_from_noisy_timings():
     pts = []
     for n in (2, 4, 8):
         for k in range(3, 27, 2):
-            s = 2 ** k
+            s = 2**k
             t = OPS["all_reduce"].steps(n) * alpha + OPS["all_reduce"].factor(n) * s / bw
             pts.append((n, s, t * (1 + rng.normal(0, 0.03))))
     f = predict.fit_points("all_reduce", pts)
@@ -237,20 +320,31 @@ def test_a_fit_that_cannot_resolve_a_quantity_says_so_and_is_never_used():
     fit are 'unresolved' with their reason and no number for what they could not resolve; fits() hands only
     resolved fits to the predictor and the proposal, and lists the others only when asked (the tables)."""
     alpha, bw = 25e-6, 3.2e9
-    good = [(2, 2 ** k, OPS["all_reduce"].steps(2) * alpha + OPS["all_reduce"].factor(2) * 2 ** k / bw)
-            for k in range(3, 21, 3)]
+    good = [
+        (2, 2**k, OPS["all_reduce"].steps(2) * alpha + OPS["all_reduce"].factor(2) * 2**k / bw) for k in range(3, 21, 3)
+    ]
     assert predict.fit_points("all_reduce", good)["status"] == "resolved"
     two = predict.fit_points("reduce_scatter", [(2, 1024, 2.0e-4), (2, 1 << 20, 1.9e-4)])  # noisy: no growth
     assert two["status"].startswith("unresolved") and two["busbw_Bps"] is None and "fewer than 3" in two["status"]
-    flat = predict.fit_points("all_reduce", [(2, 2 ** k, 1e-4 * (1 + 0.01 * (k % 2))) for k in range(3, 21, 3)])
+    flat = predict.fit_points("all_reduce", [(2, 2**k, 1e-4 * (1 + 0.01 * (k % 2))) for k in range(3, 21, 3)])
     assert flat["busbw_Bps"] is None and "no bandwidth term" in flat["status"] and flat["alpha_s"] > 0
     rng = np.random.default_rng(1)  # timings unrelated to the model: log-normal spread around it
     wild = predict.fit_points("all_reduce", [(n, s, t * rng.lognormal(0, 3)) for n, s, t in good])
     assert wild["status"].startswith("unresolved") and "rms error" in wild["status"] and wild["busbw_Bps"] is None
     two_pts = [(2, 1024, 2.0e-4), (2, 1 << 20, 1.9e-4)]
-    rows = [{"backend": "gloo", "op": op, "dtype": "fp32", "placement": "intra-node", "ranks": n, "size_bytes": s,
-             "time_us_out": t * 1e6} for op, pts in (("all_reduce", good), ("reduce_scatter", two_pts))
-            for n, s, t in pts]
+    rows = [
+        {
+            "backend": "gloo",
+            "op": op,
+            "dtype": "fp32",
+            "placement": "intra-node",
+            "ranks": n,
+            "size_bytes": s,
+            "time_us_out": t * 1e6,
+        }
+        for op, pts in (("all_reduce", good), ("reduce_scatter", two_pts))
+        for n, s, t in pts
+    ]
     rec = {"config": {"params": {"label": "x"}, "hosts": ["h"]}, "rows": rows}
     used = predict.fits([rec], by="label")
     listed = predict.fits([rec], by="label", unresolved=True)
@@ -268,11 +362,26 @@ def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
 
     def record(name, gpus, batch, label="L", threads=2):
         d = tmp_path / "runs" / name
-        records.write_json(d / "config.json", {
-            "params": {"gpus": gpus, "batch": batch, "label": label, "bucket_cap_mb": 25.0},
-            "derived": {"backend": "gloo"}, "ranks": [{"threads": threads}] * gpus, "hosts": ["h"]})
-        records.write_json(d / "summary.json", {"status": "complete", "world_size": gpus, "grad_param_bytes": [4096],
-                                                "step_ms_p50": 100.0, "step_ms_p90": 110.0, "device_name": "CPU"})
+        records.write_json(
+            d / "config.json",
+            {
+                "params": {"gpus": gpus, "batch": batch, "label": label, "bucket_cap_mb": 25.0},
+                "derived": {"backend": "gloo"},
+                "ranks": [{"threads": threads}] * gpus,
+                "hosts": ["h"],
+            },
+        )
+        records.write_json(
+            d / "summary.json",
+            {
+                "status": "complete",
+                "world_size": gpus,
+                "grad_param_bytes": [4096],
+                "step_ms_p50": 100.0,
+                "step_ms_p90": 110.0,
+                "device_name": "CPU",
+            },
+        )
         return d
 
     one = record("one", 1, 64)
@@ -298,8 +407,15 @@ def test_predict_without_a_fit_for_a_placement_says_which_record_is_missing():
     with `ValueError: no inter-node all_reduce fit` deep in the step model)."""
     from kernels.base.errors import ConfigError
 
-    run = {"device": "CPU", "param_bytes": [4096], "bucket_cap_mb": 25.0, "t1_s": 0.1, "p90_s": 0.11,
-           "data_s": 0.0, "batch": 64}
+    run = {
+        "device": "CPU",
+        "param_bytes": [4096],
+        "bucket_cap_mb": 25.0,
+        "t1_s": 0.1,
+        "p90_s": 0.11,
+        "data_s": 0.0,
+        "batch": 64,
+    }
     fit = {"alpha_s": 1e-5, "busbw_Bps": 1e9}
     intra_only = {("gloo", "all_reduce", "fp32", "intra-node", "h"): fit}
     with pytest.raises(ConfigError) as e:
@@ -348,8 +464,10 @@ def test_all_reduce_algorithm_is_the_cheaper_under_the_fits():
     assert predict.allreduce_time(mib, 4, 2, {"alpha_s": 1e-6, "busbw_Bps": 1e11}, net)[1] == "hierarchical"
     t, algo = predict.allreduce_time(mib, 4, 2, {"alpha_s": 1e-3, "busbw_Bps": 1e8}, net)
     assert algo == "ring (flat)" and t == pytest.approx(6 * 1e-4 + 1.5 * mib / 1e9)
-    assert predict.allreduce_time(mib, 4, 1, net, None) == (pytest.approx(6 * 1e-4 + 1.5 * mib / 1e9),
-                                                            "ring (intra-node)")
+    assert predict.allreduce_time(mib, 4, 1, net, None) == (
+        pytest.approx(6 * 1e-4 + 1.5 * mib / 1e9),
+        "ring (intra-node)",
+    )
     assert predict.allreduce_time(mib, 1, 1, None, None) == (0.0, "none")
 
 
@@ -378,8 +496,9 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
             spec["fixed"].update(min_bytes="64K", max_bytes="4M", iters=10)
         else:
             spec["repeats"] = 1
-            spec["fixed"].update(width=8, train_samples=512, test_samples=64, timing_warmup_steps=2,
-                                 batch_per_gpu=16, comm_probe_steps=0)
+            spec["fixed"].update(
+                width=8, train_samples=512, test_samples=64, timing_warmup_steps=2, batch_per_gpu=16, comm_probe_steps=0
+            )
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         specs.append(path)
@@ -423,8 +542,9 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
 
     plan = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
     systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
-    res = report.build(tmp_path / "runs", tmp_path / "report", plan, systems,
-                       select={"labels": ["predictor_local", "commbench_local"]})
+    res = report.build(
+        tmp_path / "runs", tmp_path / "report", plan, systems, select={"labels": ["predictor_local", "commbench_local"]}
+    )
     assert len(res["predictor"]) == 3 and len(res["comm_compare"]) == 3
     tables = tmp_path / "report" / "tables"
     assert "Gap" not in (tables / "predictor_table.tex").read_text()
@@ -437,7 +557,7 @@ def test_straggler_factor_and_published_fits():
     # lognormal through p50=100, p90=130: the median of the slowest of 2 is the 0.707 quantile
     f2 = predict.straggler_factor(100.0, 130.0, 2)
     assert f2 == pytest.approx(np.exp(np.log(1.3) / 1.2815516 * 0.5448), rel=1e-3)
-    assert 1 < f2 < predict.straggler_factor(100.0, 130.0, 8) < 1.3 ** 2
+    assert 1 < f2 < predict.straggler_factor(100.0, 130.0, 8) < 1.3**2
     assert predict.straggler_factor(100.0, 130.0, 1) == 1.0 and predict.straggler_factor(100.0, None, 4) == 1.0
     pub = predict.published_fits({"intranode_GBps": 450, "internode_GBps": 100, "internode_latency_us": 6})
     assert pub["intra-node"]["busbw_Bps"] == 450e9 and pub["inter-node"]["alpha_s"] == pytest.approx(6e-6)
@@ -450,8 +570,12 @@ def test_node_hours_prefer_a_prediction_to_the_assumed_efficiency():
 
     import pandas as pd
 
-    plan = {"points": pd.DataFrame({"gpus": [1, 2, 4, 8], "epochs": [1, 1, 1, 1]}), "gpus_per_node": 4,
-            "assumed_efficiency": 0.5, "profiling_overhead": 0.0}
+    plan = {
+        "points": pd.DataFrame({"gpus": [1, 2, 4, 8], "epochs": [1, 1, 1, 1]}),
+        "gpus_per_node": 4,
+        "assumed_efficiency": 0.5,
+        "profiling_overhead": 0.0,
+    }
     table, _ = node_hours(plan, {1: 3600.0}, {4: (1200.0, "predicted (fitted)")})
     src = dict(zip(table["gpus"], table["source"]))
     assert src == {1: "measured", 2: "from N=1 at E=0.5", 4: "predicted (fitted)", 8: "from N=1 at E=0.5"}

@@ -1,4 +1,5 @@
 """Readers, verification and the sharding contract."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,16 @@ import torch
 
 from kernels.data import cifar10, load_image_dataset
 from kernels.data.embedded import load_digits
-from kernels.data.pipeline import (EvalSource, ImageTransform, LoaderSource, Split, TensorSource, epoch_permutation,
-                                   rank_slice, steps_per_epoch)
+from kernels.data.pipeline import (
+    EvalSource,
+    ImageTransform,
+    LoaderSource,
+    Split,
+    TensorSource,
+    epoch_permutation,
+    rank_slice,
+    steps_per_epoch,
+)
 from kernels.base.params import ConfigError
 
 from conftest import write_cifar_tarball
@@ -188,13 +197,15 @@ def test_chunked_device_batches_equal_the_step_by_step_ones(channels_last):
     """On a GPU the device-resident source transforms many steps' batches at once (fewer launches per step); the
     batches are the same values, for every rank, from any start step, and keep the memory format."""
     g = torch.Generator().manual_seed(3)
-    train = Split(torch.randint(0, 256, (203, 3, 8, 8), generator=g, dtype=torch.uint8),
-                  torch.randint(0, 10, (203,), generator=g))
+    train = Split(
+        torch.randint(0, 256, (203, 3, 8, 8), generator=g, dtype=torch.uint8), torch.randint(0, 10, (203,), generator=g)
+    )
     t = ImageTransform(mean=(120.0, 110.0, 100.0), std=(60.0, 61.0, 62.0), pad=2, flip=True)
     for rank in (0, 1):
         ref = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=0)
-        chunked = TensorSource(train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last,
-                               chunk_bytes=5 * 4 * 192 * 8)
+        chunked = TensorSource(
+            train, t, 16, rank, 2, 5, torch.device("cpu"), channels_last, chunk_bytes=5 * 4 * 192 * 8
+        )
         assert ref.chunk_steps == 1 and chunked.chunk_steps == 5
         for start in (0, 7):
             a, b = list(ref.batches(1, start)), list(chunked.batches(1, start))

@@ -5,6 +5,7 @@ HDFStore with the speeds under key 'df', and a pickle assembled opcode by opcode
 wrote adj_mx.pkl (str as 8-bit strings, a numpy array reduced with its raw bytes), which
 only loads with encoding='latin1'.
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.unit
 # ------------------------------------------------------------------ files in the real layouts
 def py2_pickle(ids: list[str], adj: np.ndarray) -> bytes:
     """[sensor_ids, sensor_id_to_ind, adj_mx] as Python 2's pickle protocol 2 wrote it."""
+
     def s(b: bytes) -> bytes:  # SHORT_BINSTRING / BINSTRING: a Python 2 str
         return b"U" + bytes([len(b)]) + b if len(b) < 256 else b"T" + struct.pack("<i", len(b)) + b
 
@@ -47,14 +49,46 @@ def py2_pickle(ids: list[str], adj: np.ndarray) -> bytes:
     out = b"\x80\x02]q\x00(" + b"]q\x01(" + b"".join(s(x.encode()) for x in ids) + b"e"
     out += b"}q\x02(" + b"".join(s(x.encode()) + i(n) for n, x in enumerate(ids)) + b"u"
     a = np.ascontiguousarray(adj, dtype="<f4")
-    out += (b"cnumpy.core.multiarray\n_reconstruct\nq\x03cnumpy\nndarray\nq\x04" + i(0) + b"\x85" + s(b"b") + b"\x87R"
-            + b"(" + i(1) + i(a.shape[0]) + i(a.shape[1]) + b"\x86" + b"cnumpy\ndtype\n" + s(b"f4") + i(0) + i(1)
-            + b"\x87R(" + i(3) + s(b"<") + b"NNN" + i(-1) + i(-1) + i(0) + b"tb" + b"\x89" + s(a.tobytes()) + b"tb")
+    out += (
+        b"cnumpy.core.multiarray\n_reconstruct\nq\x03cnumpy\nndarray\nq\x04"
+        + i(0)
+        + b"\x85"
+        + s(b"b")
+        + b"\x87R"
+        + b"("
+        + i(1)
+        + i(a.shape[0])
+        + i(a.shape[1])
+        + b"\x86"
+        + b"cnumpy\ndtype\n"
+        + s(b"f4")
+        + i(0)
+        + i(1)
+        + b"\x87R("
+        + i(3)
+        + s(b"<")
+        + b"NNN"
+        + i(-1)
+        + i(-1)
+        + i(0)
+        + b"tb"
+        + b"\x89"
+        + s(a.tobytes())
+        + b"tb"
+    )
     return out + b"e."
 
 
-def write_set(d, speeds: np.ndarray, ids: list[str], adj: np.ndarray, key: str = "df", h5="speeds.h5",
-              pkl="adj_mx.pkl", start="2012-03-01"):
+def write_set(
+    d,
+    speeds: np.ndarray,
+    ids: list[str],
+    adj: np.ndarray,
+    key: str = "df",
+    h5="speeds.h5",
+    pkl="adj_mx.pkl",
+    start="2012-03-01",
+):
     d.mkdir(parents=True, exist_ok=True)
     index = pd.date_range(start, periods=speeds.shape[0], freq="5min")
     with pd.HDFStore(d / h5, mode="w") as store:
@@ -97,9 +131,23 @@ def test_the_graph_builder_matches_a_hand_computed_case(tmp_path):
     rows = "from,to,distance\na,a,0\nb,b,0\nc,c,0\na,b,1\nb,c,2\nc,a,10\nx,a,1\n"
     (tmp_path / "d.csv").write_text(rows)
     (tmp_path / "ids.txt").write_text("a,b,c")
-    p = subprocess.run([sys.executable, "-m", "kernels.data.traffic", "adjacency", "--distances", tmp_path / "d.csv",
-                        "--sensor-ids", tmp_path / "ids.txt", "--out", tmp_path / "adj.pkl"], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.data.traffic",
+            "adjacency",
+            "--distances",
+            tmp_path / "d.csv",
+            "--sensor-ids",
+            tmp_path / "ids.txt",
+            "--out",
+            tmp_path / "adj.pkl",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     ids, _, adj = traffic.read_adjacency(tmp_path / "adj.pkl")
     # finite entries 0,0,0,1,2,10: mean 13/6, population std sqrt(105/6 - (13/6)^2) = 3.5785
@@ -107,8 +155,8 @@ def test_the_graph_builder_matches_a_hand_computed_case(tmp_path):
     assert math.isclose(sigma, 3.5785, rel_tol=1e-4)
     want = np.zeros((3, 3), np.float32)
     np.fill_diagonal(want, 1.0)
-    want[0, 1] = math.exp(-(1 / sigma) ** 2)  # 0.9249
-    want[1, 2] = math.exp(-(2 / sigma) ** 2)  # 0.7317
+    want[0, 1] = math.exp(-((1 / sigma) ** 2))  # 0.9249
+    want[1, 2] = math.exp(-((2 / sigma) ** 2))  # 0.7317
     # c -> a: exp(-(10/3.5785)^2) = 0.0004 < 0.1: dropped; nothing symmetrised
     assert ids == ["a", "b", "c"] and np.allclose(adj, want, atol=1e-6)
     (tmp_path / "ids2.txt").write_text("a\nb\nc\n")  # one per line works too
@@ -163,13 +211,30 @@ def test_distances_files_read_as_published_rebuild_the_reference_adjacency(tmp_p
     (from,to,distance), with graph_sensor_ids.txt as published (one comma-separated line): the adjacency equals
     the original script's within 1e-6, and the pickle is the published [ids, id_to_ind, adj] triple."""
     pairs = [(a, b, float(d)) for a, b, d in (ln.split(",") for ln in BAY_HEAD.split())]
-    header = {"bay: no header": "", "la: from,to,cost": "from,to,cost\n",
-              "lab: from,to,distance": "from,to,distance\n"}[layout]
+    header = {
+        "bay: no header": "",
+        "la: from,to,cost": "from,to,cost\n",
+        "lab: from,to,distance": "from,to,distance\n",
+    }[layout]
     (tmp_path / "d.csv").write_text(header + BAY_HEAD)
     (tmp_path / "graph_sensor_ids.txt").write_text(",".join(BAY_IDS))  # one line, no newline, as published
-    p = subprocess.run([sys.executable, "-m", "kernels.data.traffic", "adjacency", "--distances", tmp_path / "d.csv",
-                        "--sensor-ids", tmp_path / "graph_sensor_ids.txt", "--out", tmp_path / "adj.pkl"], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.data.traffic",
+            "adjacency",
+            "--distances",
+            tmp_path / "d.csv",
+            "--sensor-ids",
+            tmp_path / "graph_sensor_ids.txt",
+            "--out",
+            tmp_path / "adj.pkl",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     ids, to_ind, adj = traffic.read_adjacency(tmp_path / "adj.pkl")
     want = gen_adj_mx(pairs, BAY_IDS)
@@ -181,8 +246,12 @@ def test_distances_files_read_as_published_rebuild_the_reference_adjacency(tmp_p
 
 def test_a_distances_file_that_is_not_one_is_refused_naming_the_line(tmp_path):
     (tmp_path / "ids.txt").write_text("a,b")
-    for text, needle in (("sensor,dest,km\na,b,1\n", "neither a header"), ("from,to,cost\na,b,far\n", "line 2"),
-                         ("a,b,1\nb\n", "line 2"), ("", "is empty")):
+    for text, needle in (
+        ("sensor,dest,km\na,b,1\n", "neither a header"),
+        ("from,to,cost\na,b,far\n", "line 2"),
+        ("a,b,1\nb\n", "line 2"),
+        ("", "is empty"),
+    ):
         (tmp_path / "d.csv").write_text(text)
         with pytest.raises(ConfigError, match=needle):
             traffic.read_distances(tmp_path / "d.csv")
@@ -199,7 +268,7 @@ def test_windows_and_splits_follow_the_original_counts(tmp_path):
     assert (len(sp["train"]), len(sp["val"]), len(sp["test"])) == (54, 8, 15)
     assert sp["train"].start == 0 and sp["val"].start == 54 and sp["test"].stop == 77
     # the scaler: mean and std of the training input windows' speeds, each window counted
-    xs = np.stack([speeds[w:w + 12] for w in sp["train"]])
+    xs = np.stack([speeds[w : w + 12] for w in sp["train"]])
     mean, std = s.scaler()
     assert math.isclose(mean, xs.mean(), rel_tol=1e-9) and math.isclose(std, xs.std(), rel_tol=1e-9)
     store = SeriesStore(s.inputs(mean, std), s.speeds, (s.speeds != 0).sum(1), torch.device("cpu"), 12, 12)
@@ -207,8 +276,8 @@ def test_windows_and_splits_follow_the_original_counts(tmp_path):
     assert src.steps_per_epoch == 6 and src.dropped_per_epoch == 6
     x, (y, norm) = next(src.batches(0))
     first = int(round(float(x[0, 0, 0, 0]) * std + mean - 1)) // 4  # window start from its first value
-    assert torch.allclose(x[0, :, :, 0] * std + mean, torch.tensor(speeds[first:first + 12], dtype=torch.float32))
-    assert torch.equal(y[0], torch.tensor(speeds[first + 12:first + 24], dtype=torch.float32))
+    assert torch.allclose(x[0, :, :, 0] * std + mean, torch.tensor(speeds[first : first + 12], dtype=torch.float32))
+    assert torch.equal(y[0], torch.tensor(speeds[first + 12 : first + 24], dtype=torch.float32))
     assert float(norm[0]) == 48  # 12 steps x 4 sensors, none missing
     # two ranks: the same global batch, split
     a = [next(WindowSource(store, sp["train"], 8, r, 2, 0).batches(0))[0] for r in (0, 1)]
@@ -230,7 +299,7 @@ def test_masked_metrics_and_loss_match_numpy():
         n = float(sums["mae"][1][k])
         assert n == m.sum()
         assert math.isclose(float(sums["mae"][0][k]) / n, np.abs(e).mean(), rel_tol=1e-5)
-        assert math.isclose(math.sqrt(float(sums["rmse"][0][k]) / n), math.sqrt((e ** 2).mean()), rel_tol=1e-5)
+        assert math.isclose(math.sqrt(float(sums["rmse"][0][k]) / n), math.sqrt((e**2).mean()), rel_tol=1e-5)
         assert math.isclose(float(sums["mape"][0][k]) / n, (np.abs(e) / y[:, h - 1][m]).mean(), rel_tol=1e-5)
     loss = float(dcrnn.loss(torch.tensor(p), (torch.tensor(y), torch.tensor(norm))))
     m = y != 0
@@ -250,6 +319,7 @@ def test_diffusion_matches_dense_matrix_powers():
 
         def mm(m, v):
             return torch.einsum("ij,jbf->ibf", m, v)
+
         # the paper's equation: plain powers of each support
         paper = g.diffuse(x, 3, "paper")
         want = [x]
@@ -260,7 +330,7 @@ def test_diffusion_matches_dense_matrix_powers():
         orig = g.diffuse(x, 2)  # the default
         t1 = mm(a, x)
         t2 = 2 * mm(a, t1) - x
-        u1 = mm(b, t1)          # x0 is now t1
+        u1 = mm(b, t1)  # x0 is now t1
         u2 = 2 * mm(b, u1) - t1
         assert all(torch.allclose(u, v) for u, v in zip(orig, [x, t1, t2, u1, u2]))
         assert not torch.allclose(orig[3], mm(b, x))
@@ -370,8 +440,9 @@ def test_a_cell_from_the_zero_state_skips_its_terms_and_computes_the_same_step()
         by_hand = (1 - ru[..., 3:]) * torch.tanh(cell.candidate([diffuse(x), diffuse(zero)]))
         assert torch.allclose(got, want) and torch.allclose(got, by_hand)
         params = [x, *cell.parameters()]
-        for a, b in zip(torch.autograd.grad(got.square().sum(), params),
-                        torch.autograd.grad(want.square().sum(), params)):
+        for a, b in zip(
+            torch.autograd.grad(got.square().sum(), params), torch.autograd.grad(want.square().sum(), params)
+        ):
             assert torch.allclose(a, b)
 
 
@@ -426,7 +497,7 @@ def test_partition_balances_and_plans_cover_the_halo():
         assert set(reads) == set(p.own) | set(p.halo) and not set(p.halo) & set(p.own)
 
 
-GP_WORKER = r'''
+GP_WORKER = r"""
 import json, os, sys
 import numpy as np, torch, torch.distributed as dist
 from kernels.data import traffic
@@ -464,7 +535,7 @@ for pair in pairs.split(","):  # each form and support layout in the same proces
                "grads": {k: p.grad.tolist() for k, p in model.named_parameters()}},
               open(f"{out}/{form}-{mode}-{rank}.json", "w"))
 dist.destroy_process_group()
-'''
+"""
 
 
 def run_gp(tmp_path, root, world: int, pairs: list[tuple[str, str]]) -> dict:
@@ -476,11 +547,21 @@ def run_gp(tmp_path, root, world: int, pairs: list[tuple[str, str]]) -> dict:
     out.mkdir()
     script = tmp_path / "gp_worker.py"
     script.write_text(GP_WORKER)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(world),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
     arg = ",".join(f"{form}:{mode}" for form, mode in pairs)
-    procs = [subprocess.Popen([sys.executable, script, root, out, arg], env={**env, "RANK": str(r)},
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, root, out, arg], env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True
+        )
+        for r in range(world)
+    ]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read()
     found = {}
@@ -522,24 +603,52 @@ def tiny_set(root, t: int = 300, n: int = 40):
     traffic.write_synthetic(traffic.directory("synthetic", root), t, n, progress=lambda m: None)
 
 
-TINY_DCRNN = ["--workload", "dcrnn", "--dataset", "synthetic", "--rnn_units", "8", "--batch", "8", "--epochs", "2",
-              "--train_samples", "48", "--test_samples", "24", "--log_every", "0", "--timing_warmup_steps", "1",
-              "--comm_probe_steps", "0", "--oversubscribe", "true",
-              "--seq_len", "3", "--horizon", "6"]  # 9 cell steps instead of 24: what the DDP checks need, at 0.7x
+TINY_DCRNN = [
+    "--workload",
+    "dcrnn",
+    "--dataset",
+    "synthetic",
+    "--rnn_units",
+    "8",
+    "--batch",
+    "8",
+    "--epochs",
+    "2",
+    "--train_samples",
+    "48",
+    "--test_samples",
+    "24",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "0",
+    "--oversubscribe",
+    "true",
+    "--seq_len",
+    "3",
+    "--horizon",
+    "6",
+]  # 9 cell steps instead of 24: what the DDP checks need, at 0.7x
 
 
 def losses(run_dir) -> list[float]:
     with open(run_dir / "metrics.csv") as f:
-        return [float(r["train_loss"]) for r in csv.DictReader(f)] + \
-            [float(r["eval_mae_15min"]) for r in csv.DictReader(open(run_dir / "metrics.csv"))]
+        return [float(r["train_loss"]) for r in csv.DictReader(f)] + [
+            float(r["eval_mae_15min"]) for r in csv.DictReader(open(run_dir / "metrics.csv"))
+        ]
 
 
 @pytest.mark.integration
 def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_equals_both(tmp_path):
     tiny_set(tmp_path / "data")
     base = [*TINY_DCRNN, "--data_dir", tmp_path / "data", "--results_dir", tmp_path / "runs"]
-    runs = {"one": ["--gpus", "1", "--micro_batches", "2"], "ddp": ["--gpus", "2"],
-            "grid": ["--gpus", "4", "--gp", "2"]}
+    runs = {
+        "one": ["--gpus", "1", "--micro_batches", "2"],
+        "ddp": ["--gpus", "2"],
+        "grid": ["--gpus", "4", "--gp", "2"],
+    }
     for name, extra in runs.items():
         p = run_cli(*base, *extra, "--run_id", name)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -580,10 +689,37 @@ def test_ddp_two_ranks_equal_one_process_with_two_micro_batches_and_a_2x2_grid_e
 @pytest.mark.integration
 def test_a_short_run_on_the_metr_la_shape_beats_the_historical_average(tmp_path):
     # the product's synthetic default (34,272 steps x 207 sensors), generated by the run itself; a small model
-    p = run_cli("--workload", "dcrnn", "--dataset", "synthetic", "--data_dir", tmp_path / "data", "--results_dir",
-                tmp_path / "runs", "--run_id", "short", "--rnn_units", "16", "--batch", "32", "--epochs", "1",
-                "--train_samples", "2560", "--test_samples", "288", "--use_curriculum_learning", "false",
-                "--log_every", "0", "--comm_probe_steps", "0", "--checkpoint_every", "0", timeout=900)
+    p = run_cli(
+        "--workload",
+        "dcrnn",
+        "--dataset",
+        "synthetic",
+        "--data_dir",
+        tmp_path / "data",
+        "--results_dir",
+        tmp_path / "runs",
+        "--run_id",
+        "short",
+        "--rnn_units",
+        "16",
+        "--batch",
+        "32",
+        "--epochs",
+        "1",
+        "--train_samples",
+        "2560",
+        "--test_samples",
+        "288",
+        "--use_curriculum_learning",
+        "false",
+        "--log_every",
+        "0",
+        "--comm_probe_steps",
+        "0",
+        "--checkpoint_every",
+        "0",
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "synthetic metr-la: 34,272 x 207 written" in p.stdout + p.stderr
     s = json.loads((tmp_path / "runs" / "short" / "summary.json").read_text())
@@ -622,14 +758,17 @@ def test_bad_files_are_named_before_any_record(tmp_path):
         traffic.load("metr-la", tmp_path)
 
 
-@pytest.mark.parametrize("args,message", [
-    ({"horizon": 13}, "parameter 'horizon': must be in 1..12"),
-    ({"seq_len": 0}, "parameter 'seq_len': must be in 1..12"),
-    ({"gpus": 4, "gp": 3}, "parameter 'gp': 3 does not divide gpus=4"),
-    ({"gpus": 256, "gp": 256, "batch": 256}, "parameter 'gp': 256 parts for 207 sensors"),
-    ({"lr_milestones": "20,x"}, "parameter 'lr_milestones'"),
-    ({"rnn_units": 0}, "parameter 'rnn_units'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ({"horizon": 13}, "parameter 'horizon': must be in 1..12"),
+        ({"seq_len": 0}, "parameter 'seq_len': must be in 1..12"),
+        ({"gpus": 4, "gp": 3}, "parameter 'gp': 3 does not divide gpus=4"),
+        ({"gpus": 256, "gp": 256, "batch": 256}, "parameter 'gp': 256 parts for 207 sensors"),
+        ({"lr_milestones": "20,x"}, "parameter 'lr_milestones'"),
+        ({"rnn_units": 0}, "parameter 'rnn_units'"),
+    ],
+)
 def test_bad_parameters_are_refused_by_name(args, message):
     with pytest.raises(ConfigError, match=message):
         resolve({"workload": "dcrnn", **args})
@@ -638,14 +777,34 @@ def test_bad_parameters_are_refused_by_name(args, message):
 def test_a_bad_set_fails_the_cli_before_a_record(tmp_path, capsys, monkeypatch):
     ids, adj = small_graph(5)
     write_set(tmp_path / "data" / "metr-la", np.full((200, 5), 50.0), ids, adj, h5="metr-la.h5")
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "dcrnn", "--dataset", "metr-la", "--data_dir",
-                                tmp_path / "data", "--results_dir", tmp_path / "runs")
+    rc, _, err = cli_in_process(
+        capsys,
+        monkeypatch,
+        "--workload",
+        "dcrnn",
+        "--dataset",
+        "metr-la",
+        "--data_dir",
+        tmp_path / "data",
+        "--results_dir",
+        tmp_path / "runs",
+    )
     assert rc == 2
     assert "metr-la.h5: shape (200, 5), but metr-la is (34272, 207)" in err
     assert not (tmp_path / "runs").exists()
     (tmp_path / "data" / "metr-la" / "adj_mx.pkl").unlink()
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "dcrnn", "--dataset", "metr-la", "--data_dir",
-                                tmp_path / "data", "--results_dir", tmp_path / "runs")
+    rc, _, err = cli_in_process(
+        capsys,
+        monkeypatch,
+        "--workload",
+        "dcrnn",
+        "--dataset",
+        "metr-la",
+        "--data_dir",
+        tmp_path / "data",
+        "--results_dir",
+        tmp_path / "runs",
+    )
     assert rc == 2 and "adj_mx.pkl, which is missing; run `lab fetch metr-la --from DIR" in err
 
 
@@ -657,8 +816,12 @@ def test_fetch_from_a_directory_verifies_records_checksums_and_trains(tmp_path):
     np.fill_diagonal(adj, 1.0)
     src = tmp_path / "download"
     write_set(src, rng.uniform(0, 70, (34272, 207)), ids, adj, h5="metr-la.h5")
-    p = subprocess.run([sys.executable, "-m", "kernels.data.fetch", "metr-la", "--from", src, "--root",
-                        tmp_path / "data"], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.data.fetch", "metr-la", "--from", src, "--root", tmp_path / "data"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert "metr-la ready and verified" in p.stdout
     sums = json.loads((tmp_path / "data" / "metr-la" / "SHA256SUMS.json").read_text())
@@ -666,10 +829,36 @@ def test_fetch_from_a_directory_verifies_records_checksums_and_trains(tmp_path):
     from kernels.data import check_dataset
 
     check_dataset("metr-la", tmp_path / "data")  # what every run checks before it starts
-    p = run_cli("--workload", "dcrnn", "--dataset", "metr-la", "--data_dir", tmp_path / "data", "--results_dir",
-                tmp_path / "runs", "--run_id", "metr", "--rnn_units", "4", "--batch", "16", "--epochs", "1",
-                "--train_samples", "32", "--test_samples", "16", "--log_every", "0", "--gpus", "2", "--gp", "2",
-                "--comm_probe_steps", "0")
+    p = run_cli(
+        "--workload",
+        "dcrnn",
+        "--dataset",
+        "metr-la",
+        "--data_dir",
+        tmp_path / "data",
+        "--results_dir",
+        tmp_path / "runs",
+        "--run_id",
+        "metr",
+        "--rnn_units",
+        "4",
+        "--batch",
+        "16",
+        "--epochs",
+        "1",
+        "--train_samples",
+        "32",
+        "--test_samples",
+        "16",
+        "--log_every",
+        "0",
+        "--gpus",
+        "2",
+        "--gp",
+        "2",
+        "--comm_probe_steps",
+        "0",
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads((tmp_path / "runs" / "metr" / "summary.json").read_text())
     assert s["status"] == "complete" and s["workload"]["dataset_shape"] == [34272, 207]

@@ -1,4 +1,5 @@
 """The training core, run for real: gloo process groups in separate processes via the CLI."""
+
 from __future__ import annotations
 
 import csv
@@ -14,8 +15,7 @@ from conftest import TINY, counting_env, load_checkpoint, merge_args, run_cli
 
 pytestmark = pytest.mark.integration
 
-BASE = [*TINY, "--dataset", "digits", "--train_samples", "128", "--test_samples", "64", "--batch", "32",
-        "--seed", "3"]
+BASE = [*TINY, "--dataset", "digits", "--train_samples", "128", "--test_samples", "64", "--batch", "32", "--seed", "3"]
 
 
 def params_of(run_dir):
@@ -79,8 +79,9 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
 
     part = tmp_path / "part"
-    p = run_cli(*BASE, "--gpus", "2", "--epochs", "2", "--results_dir", part, "--run_id", "r",
-                "--stop_after_steps", "3")
+    p = run_cli(
+        *BASE, "--gpus", "2", "--epochs", "2", "--results_dir", part, "--run_id", "r", "--stop_after_steps", "3"
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((part / "r" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["steps_done"] == 3
@@ -97,8 +98,11 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
         rows = list(csv.DictReader(f))
     head = json.loads((full / "r" / "summary.json").read_text())
     assert [int(r["epoch"]) for r in rows] == [1, 2]
-    assert min(float(r["samples_per_s_p10"]) for r in rows) <= head["samples_per_s"] <= \
-        max(float(r["samples_per_s_p90"]) for r in rows)
+    assert (
+        min(float(r["samples_per_s_p10"]) for r in rows)
+        <= head["samples_per_s"]
+        <= max(float(r["samples_per_s_p90"]) for r in rows)
+    )
 
     wf, sf = params_of(full / "r")
     wp, sp = params_of(part / "r")
@@ -114,9 +118,30 @@ def test_resume_after_stop_equals_uninterrupted_run(tmp_path):
 def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
     res = tmp_path / "runs"
     env, calls = counting_env(tmp_path, "kernels.launch.config", ["resolve", "check_environment"])
-    p = run_cli(*merge_args(*TINY, "--gpus", "2", "--dataset", "synthetic", "--train_samples", "256", "--batch", "64",
-                            "--epochs", "1", "--pipeline", "dataloader", "--num_workers", "1", "--label", "ci",
-                            "--results_dir", res), env=env)
+    p = run_cli(
+        *merge_args(
+            *TINY,
+            "--gpus",
+            "2",
+            "--dataset",
+            "synthetic",
+            "--train_samples",
+            "256",
+            "--batch",
+            "64",
+            "--epochs",
+            "1",
+            "--pipeline",
+            "dataloader",
+            "--num_workers",
+            "1",
+            "--label",
+            "ci",
+            "--results_dir",
+            res,
+        ),
+        env=env,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     # the configuration is resolved once by the driver and once by each rank; the driver alone checks the machine
     # in full (and runs the workload's prepare); a rank checks only what is its own
@@ -125,7 +150,8 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
         pid, name, kw = line.split(" ", 2)
         by_pid.setdefault(pid, []).append(name + (" rank_only" if "('rank_only', True)" in kw else ""))
     assert sorted(map(sorted, by_pid.values())) == [["check_environment", "resolve"]] + 2 * [
-        ["check_environment rank_only", "resolve"]], by_pid
+        ["check_environment rank_only", "resolve"]
+    ], by_pid
     run = only_run(res)
     assert "-g2-ci-" in run.name
     assert f"record: {run}" in p.stdout
@@ -155,8 +181,11 @@ def test_two_process_synthetic_epoch_leaves_complete_record(tmp_path):
 
 def test_single_process_runs_without_a_launcher(tmp_path):
     # every step a warm-up step: the epoch line says so instead of printing a 0.0 ms step
-    p = run_cli(*merge_args(*BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo",
-                            "--timing_warmup_steps", "100"))
+    p = run_cli(
+        *merge_args(
+            *BASE, "--epochs", "1", "--results_dir", tmp_path, "--run_id", "solo", "--timing_warmup_steps", "100"
+        )
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "solo" / "config.json").read_text())
     assert cfg["derived"]["launch_source"] == "single" and cfg["derived"]["world_size"] == 1
@@ -179,9 +208,20 @@ def test_terminated_run_checkpoints_and_is_resumable(tmp_path):
     from conftest import ROOT
 
     run_dir = tmp_path / "t"
-    p = subprocess.Popen([sys.executable, "-m", "kernels.train", *merge_args(*BASE, "--epochs", "50",
-                          "--sync_check_steps", "1", "--results_dir", str(tmp_path), "--run_id", "t")], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernels.train",
+            *merge_args(
+                *BASE, "--epochs", "50", "--sync_check_steps", "1", "--results_dir", str(tmp_path), "--run_id", "t"
+            ),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (run_dir / "metrics.csv").exists():  # training is under way
         assert p.poll() is None and time.time() < deadline, p.stdout.read() if p.poll() is not None else "timeout"

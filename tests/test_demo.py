@@ -4,6 +4,7 @@ The notebook runner is replaced here by one that writes a record in the real sch
 test says; the demo test in tests/test_docs.py runs the real notebooks (with DEMO_RERUNS=0: in the suite the
 other worker's tests make every re-run contended too).
 """
+
 from __future__ import annotations
 
 import io
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.unit
 
 def runner(runs_dir, contended: list[bool], calls: list, rc: int = 0):
     """A stand-in for kernels.notebook.runner.run: each call leaves one record, contended as the next entry says."""
+
     def run(notebook, args):
         gpus = int(args[args.index("gpus") + 1])
         n = len(calls)
@@ -26,16 +28,20 @@ def runner(runs_dir, contended: list[bool], calls: list, rc: int = 0):
         busy = contended[n] if n < len(contended) else False
         write_record(runs_dir, f"r{n}-g{gpus}", gpus=gpus, batch=64, x=100.0, contended=busy, label="demo")
         return rc
+
     return run
 
 
-@pytest.mark.parametrize("contended,reruns,tries,last", [
-    ([True, False], 1, 2, "running it again (1 of 1)"),
-    ([True, True, True], 1, 2, "in all 2 tries; the analysis sets the point aside"),
-    ([True, True, False], 2, 3, "running it again (2 of 2)"),
-    ([True], 0, 1, "cores); the analysis sets the point aside"),
-    ([False], 3, 1, None),
-])
+@pytest.mark.parametrize(
+    "contended,reruns,tries,last",
+    [
+        ([True, False], 1, 2, "running it again (1 of 1)"),
+        ([True, True, True], 1, 2, "in all 2 tries; the analysis sets the point aside"),
+        ([True, True, False], 2, 3, "running it again (2 of 2)"),
+        ([True], 0, 1, "cores); the analysis sets the point aside"),
+        ([False], 3, 1, None),
+    ],
+)
 def test_a_contended_run_is_run_again_at_most_reruns_times(tmp_path, monkeypatch, contended, reruns, tries, last):
     calls, out = [], io.StringIO()
     runs = tmp_path / "runs"

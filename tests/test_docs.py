@@ -7,6 +7,7 @@ skipped with the reason it cannot run on this machine (a GPU, a real cluster, th
 network) and the test that covers its mechanism instead. A new command in the docs
 fails this test until it is classified, so the docs cannot drift from what works.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,12 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")), "reproduce.md",
-        "data/README.md")
+DOCS = (
+    "README.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+    "reproduce.md",
+    "data/README.md",
+)
 COMMAND_WORDS = ("make", "lab", ".", "sbatch", "srun", "torchrun", "git", "ls", "python")
 
 RUN = "run"
@@ -36,11 +41,11 @@ COMMANDS: dict[str, str] = {
     "make demo": RUN,
     "lab run notebooks/01_train.ipynb -p gpus 1 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
     "-p width 16 -p precision fp32": "skip: make demo's first run (Makefile "
-                                     "DEMO_P) under another label; the demo test runs it",
+    "DEMO_P) under another label; the demo test runs it",
     "lab run notebooks/01_train.ipynb -p gpus 2 -p label mine -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 "
     "-p width 16 -p precision fp32": "skip: make demo's second run under another label; the demo test runs it",
     "make paper STUDY=mine": "skip: needs the two runs above; the demo test builds the documents from records selected "
-                             "by label (make paper SYSTEM=leonardo-booster STUDY=strong_resnet18)",
+    "by label (make paper SYSTEM=leonardo-booster STUDY=strong_resnet18)",
     "make test": "skip: it is this test suite",
     "make paper": RUN,
     "make paper SYSTEM=leonardo-booster STUDY=strong_resnet18": RUN,
@@ -48,98 +53,81 @@ COMMANDS: dict[str, str] = {
     ". .venv/bin/activate": RUN,
     "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf": RUN,
     "make lab": "skip: starts a server that runs until stopped; "
-                "tests/test_jupyterlab.py starts it and opens a notebook",
+    "tests/test_jupyterlab.py starts it and opens a notebook",
     # --- profiling
-    "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8":
-        "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
+    "sbatch slurm/papermill_run.sbatch notebooks/02_profile.ipynb -p gpus 8": "skip: needs 8 GPUs; test_slurm.py runs 02_profile through the script on the local two-node Slurm",
     "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 1 --profile_steps 3": RUN,
-    "python -m kernels.profiling breakdown results/runs/<run_id>":
-        "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
-    "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8":
-        "skip: needs Nsight Systems and GPUs; test_profiling.py "
-        "checks the command it builds and its missing-tool error",
-    "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1":
-        "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
+    "python -m kernels.profiling breakdown results/runs/<run_id>": "skip: a template (<run_id>); test_profiling.py runs it on a profiled run's directory",
+    "sbatch slurm/profile_nsys.sbatch notebooks/02_profile.ipynb -p gpus 8": "skip: needs Nsight Systems and GPUs; test_profiling.py "
+    "checks the command it builds and its missing-tool error",
+    "sbatch slurm/profile_ncu.sbatch notebooks/02_profile.ipynb -p gpus 1": "skip: needs Nsight Compute and a GPU; test_profiling.py checks the command it builds and the one-rank wrapper",
     # --- proving a restructuring changes no arithmetic (README "Architecture")
     "git worktree add /tmp/before <commit>": "skip: a template (<commit>): the commit to compare with",
-    "python benchmarks/trace_runs.py record before.json --tree /tmp/before":
-        "skip: 8 training runs of the worktree above (~1 min); test_architecture.py records one run with --only",
-    "python benchmarks/trace_runs.py record after.json":
-        "skip: 8 training runs (~1 min); test_architecture.py records one run with --only and compares",
-    "python benchmarks/trace_runs.py compare before.json after.json":
-        "skip: needs the two recordings above; test_architecture.py compares a recording with itself and with a "
-        "copy whose one loss differs in its last bit",
+    "python benchmarks/trace_runs.py record before.json --tree /tmp/before": "skip: 8 training runs of the worktree above (~1 min); test_architecture.py records one run with --only",
+    "python benchmarks/trace_runs.py record after.json": "skip: 8 training runs (~1 min); test_architecture.py records one run with --only and compares",
+    "python benchmarks/trace_runs.py compare before.json after.json": "skip: needs the two recordings above; test_architecture.py compares a recording with itself and with a "
+    "copy whose one loss differs in its last bit",
     # --- benchmarks
     "make bench": "skip: about 25 minutes of tables on 2 cores (23 min at 924da67); test_bench.py runs each "
-                  "benchmark with tiny sizes",
+    "benchmark with tiny sizes",
     "make bench-gpu": "skip: needs a GPU; test_bench.py runs its plan on a CPU (--device cpu --tiny) and checks it "
-                      "refuses to start without a GPU",
+    "refuses to start without a GPU",
     # --- training
     "lab train --help": RUN,
     "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3": RUN,
     "lab fetch cifar10": "skip: needs the network (the download-and-verify code is tested on files in the real format)",
     "lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist": RUN,
     "lab fetch cifar10 --root /scratch/$USER/data": "skip: needs the network and a scratch file system",
-    "lab train --workload cnn --dataset fashion-mnist --gpus 2":
-        "skip: 5 epochs of 60,000 images take ~10 min on 2 cores (test_mnist.py trains on a subset; the full "
-        "accuracy is measured in the issue's note)",
+    "lab train --workload cnn --dataset fashion-mnist --gpus 2": "skip: 5 epochs of 60,000 images take ~10 min on 2 cores (test_mnist.py trains on a subset; the full "
+    "accuracy is measured in the issue's note)",
     "lab fetch mnist": "skip: needs the network (verification of MNIST's checksums is tested in test_mnist.py)",
     "lab train --workload cnn --dataset mnist --gpus 2": "skip: needs the MNIST files, which no offline package ships",
     "lab train --workload examples.mlp_workload:WORKLOAD --gpus 2 --hidden 64": RUN,
     "lab train --gpus 8 --batch 1024 --precision bf16 --channels_last": "skip: needs 8 GPUs and CIFAR-10",
     "torchrun --nproc-per-node 8 -m kernels.train --launcher none --gpus 8": "skip: needs 8 GPUs",
-    "srun --ntasks 16 --ntasks-per-node 4 python -m kernels.train --launcher none --gpus 16":
-        "skip: needs a 16-task allocation; srun ranks are tested on the local Slurm (test_slurm.py)",
+    "srun --ntasks 16 --ntasks-per-node 4 python -m kernels.train --launcher none --gpus 16": "skip: needs a 16-task allocation; srun ranks are tested on the local Slurm (test_slurm.py)",
     # --- Slurm jobs
-    "sbatch slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8":
-        "skip: needs 8 GPUs; the same script runs on the local two-node Slurm in test_slurm.py",
+    "sbatch slurm/papermill_run.sbatch notebooks/01_train.ipynb -p gpus 8": "skip: needs 8 GPUs; the same script runs on the local two-node Slurm in test_slurm.py",
     "make setup CUDA=1": "skip: installs about 3 GB of CUDA wheels on a GPU cluster; test_lock.py checks the lock "
-                         "it installs under and the verify step that ends it",
-    "make lock-cuda TORCH_INDEX=https://download.pytorch.org/whl/cu126":
-        "skip: asks download.pytorch.org, which this machine cannot reach (PyPI's resolution is in tests/data)",
-    "make setup CUDA=1 TORCH_INDEX=https://download.pytorch.org/whl/cu126":
-        "skip: installs PyTorch's CUDA 12.6 wheels from download.pytorch.org on a GPU cluster",
+    "it installs under and the verify step that ends it",
+    "make lock-cuda TORCH_INDEX=https://download.pytorch.org/whl/cu126": "skip: asks download.pytorch.org, which this machine cannot reach (PyPI's resolution is in tests/data)",
+    "make setup CUDA=1 TORCH_INDEX=https://download.pytorch.org/whl/cu126": "skip: installs PyTorch's CUDA 12.6 wheels from download.pytorch.org on a GPU cluster",
     "sbatch slurm/jupyter.sbatch": "skip: a server until scancel; test_slurm.py starts it on the local Slurm and "
-                                   "reaches it as the ssh tunnel would",
-    "sbatch --ntasks-per-node=4 --gpus-per-node=4 --time=04:00:00 slurm/jupyter.sbatch":
-        "skip: the same script with a bigger allocation than the local Slurm's",
+    "reaches it as the ssh tunnel would",
+    "sbatch --ntasks-per-node=4 --gpus-per-node=4 --time=04:00:00 slurm/jupyter.sbatch": "skip: the same script with a bigger allocation than the local Slurm's",
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/01_train.ipynb "
     "-p gpus 8": "skip: submits to the cluster; test_slurm.py runs it as written, with the SBATCH_* line before it, "
-                 "on the local Slurm's 4-GPU-node partition (CPU ranks)",
+    "on the local Slurm's 4-GPU-node partition (CPU ranks)",
     "sbatch --gpus-per-node=0 --ntasks-per-node=4 --cpus-per-task=8 slurm/papermill_run.sbatch "
     "notebooks/01_train.ipynb "
-    "-p gpus 4 -p dataset synthetic -p precision fp32":
-        "skip: needs a CPU node with 4 x 8 cores; the local Slurm has 2 cores per node (test_slurm.py runs the script "
-        "with --gpus-per-node and CPU ranks)",
+    "-p gpus 4 -p dataset synthetic -p precision fp32": "skip: needs a CPU node with 4 x 8 cores; the local Slurm has 2 cores per node (test_slurm.py runs the script "
+    "with --gpus-per-node and CPU ranks)",
     "lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5": RUN,
     "lab study submit studies/strong_resnet18.yaml --dry-run": RUN,
     "lab study points studies/strong_resnet18.yaml --write": RUN,
     "lab study submit studies/strong_resnet18.yaml": "skip: submits 63 GPU jobs to MareNostrum 5; studies are "
-                                                     "submitted on the local Slurm in test_study.py",
+    "submitted on the local Slurm in test_study.py",
     "lab study submit studies/weak_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
     "lab study submit studies/sensitivity_resnet18.yaml": "skip: submits GPU jobs to MareNostrum 5 (test_study.py)",
     "lab study status studies/strong_resnet18.yaml": "skip: asks the cluster's "
-                                                     "squeue (test_study.py on the local Slurm)",
+    "squeue (test_study.py on the local Slurm)",
     "lab study resubmit studies/strong_resnet18.yaml": "skip: submits to the cluster "
-                                                       "(test_study.py on the local Slurm)",
+    "(test_study.py on the local Slurm)",
     "lab study resubmit studies/strong_resnet18.yaml --points 3,7": "skip: submits to the cluster "
-                                                                    "(test_study.py on the local Slurm)",
+    "(test_study.py on the local Slurm)",
     "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster "
-                                                 "(test_study.py runs a sweep on the local one)",
+    "(test_study.py runs a sweep on the local one)",
     "lab sweep collect sweeps/product_grid.yaml": "skip: collects the outputs of the submission above",
-    "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system":
-        "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
+    "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system": "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
     "lab sysinfo --merge results/system/*.json": "skip: needs the per-node files of the srun line above",
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
-    "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012":
-        "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
+    "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012": "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
     "git clone <this repository> lab && cd lab": "skip: a template (<this repository>)",
     # --- bigMNIST and the I/O study
     "lab study submit studies/io_mnist.yaml --dry-run": RUN,
     "lab study submit studies/io_bigmnist.yaml --dry-run": RUN,
     "lab bigmnist build --out data/bigmnist": "skip: builds 56.5 GB; test_bigmnist.py builds small sets",
-    "lab bigmnist submit --out data/bigmnist --tasks 16 --gpus-per-node 1":
-        "skip: 56.5 GB on GPU nodes; test_bigmnist.py builds a small set as a job array on the local Slurm",
+    "lab bigmnist submit --out data/bigmnist --tasks 16 --gpus-per-node 1": "skip: 56.5 GB on GPU nodes; test_bigmnist.py builds a small set as a job array on the local Slurm",
     "lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 --versions 2 "
     "--replicas 2 --shard-samples 1000": RUN,
     "lab bigmnist verify /tmp/bigmnist-small": RUN,
@@ -149,36 +137,33 @@ COMMANDS: dict[str, str] = {
     "lab comm bench --backend mpi --gpus 2 --max_bytes 1M": RUN,
     "lab comm fit": RUN,
     "lab study submit studies/commbench_local.yaml": "skip: needs the local Slurm; "
-        "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (smaller sizes)",
+    "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (smaller sizes)",
     "lab study submit studies/predictor_local.yaml": "skip: needs the local Slurm; "
-        "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (fewer steps, one repeat)",
-    "lab comm validate --label predictor_local --markdown results/bench/predictor-local-slurm.md":
-        "skip: reads the records of the two studies above (test_comm.py runs validate on its own records)",
+    "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (fewer steps, one repeat)",
+    "lab comm validate --label predictor_local --markdown results/bench/predictor-local-slurm.md": "skip: reads the records of the two studies above (test_comm.py runs validate on its own records)",
     "lab sweep submit sweeps/allreduce_latency.yaml": "skip: needs a Slurm cluster; test_study.py submits it on the "
-                                                      "local one (a smaller grid)",
+    "local one (a smaller grid)",
     "lab sweep collect sweeps/allreduce_latency.yaml": "skip: collects the submission above (test_study.py)",
     "make horovod": RUN,
     "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2": RUN,
     "lab study submit studies/horovod_strong.yaml --dry-run": RUN,
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch notebooks/03_commbench.ipynb "
     "-p backend nccl -p gpus 8": "skip: needs 8 GPUs; test_comm.py runs "
-                                 "the notebook with gloo on the local two-node Slurm",
+    "the notebook with gloo on the local two-node Slurm",
     # --- DCRNN
     "python -m kernels.data.traffic generate --shape metr-la": RUN,
     "python -m kernels.data.traffic info synthetic": RUN,
     "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16": RUN,
-    "lab train --workload dcrnn --gpus 4":
-        "skip: 100 epochs of 23,974 windows on 4 ranks need GPUs "
-        "(hours on 2 cores); test_dcrnn.py trains 1, 2 and 4 ranks on subsets",
-    "lab train --workload dcrnn --gpus 4 --gp 2":
-        "skip: as above; test_dcrnn.py runs the 2 x 2 grid on a small set and compares it with data parallelism",
+    "lab train --workload dcrnn --gpus 4": "skip: 100 epochs of 23,974 windows on 4 ranks need GPUs "
+    "(hours on 2 cores); test_dcrnn.py trains 1, 2 and 4 ranks on subsets",
+    "lab train --workload dcrnn --gpus 4 --gp 2": "skip: as above; test_dcrnn.py runs the 2 x 2 grid on a small set and compares it with data parallelism",
     "lab fetch metr-la --from DIR": "skip: a template (DIR holds the original files, which need a browser to "
-                                    "download); test_dcrnn.py reads files written in their formats",
+    "download); test_dcrnn.py reads files written in their formats",
     "lab train --workload dcrnn --dataset metr-la --gpus 4 --gp 2": "skip: needs the METR-LA files",
     "python -m kernels.data.traffic adjacency --distances distances_la_2012.csv --sensor-ids graph_sensor_ids.txt "
     "--out adj_mx.pkl": "skip: needs the original repository's distances CSV; test_dcrnn.py runs this command on "
-                        "a hand-computed case and on the three published "
-                        "layouts (header from,to,cost, none, from,to,distance)",
+    "a hand-computed case and on the three published "
+    "layouts (header from,to,cost, none, from,to,distance)",
     "lab study submit studies/dcrnn_strong.yaml --dry-run": RUN,
     "lab study submit studies/dcrnn_graph.yaml --dry-run": RUN,
     "lab fetch metr-la --from ~/Downloads/dcrnn": "skip: needs the original METR-LA files (a browser download)",
@@ -240,8 +225,14 @@ def cpu_hog_until(done, timeout_s: float = 300):
     """Foreign work on one core until done() is true, the block ends, or timeout_s passes: busy 2/3 of each 90 ms,
     about 0.67 cores, well above the 0.25 the contention rule counts, and a third less CPU taken from the suite's
     other tests than a loop that never sleeps."""
-    hog = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    t = time.perf_counter() + 0.06\n"
-                            "    while time.perf_counter() < t: pass\n    time.sleep(0.03)"])
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nwhile True:\n    t = time.perf_counter() + 0.06\n"
+            "    while time.perf_counter() < t: pass\n    time.sleep(0.03)",
+        ]
+    )
     stop = threading.Event()
 
     def watch():
@@ -276,8 +267,13 @@ def docs_env(tmp_path):
     venv_bin = ROOT / ".venv" / "bin"
     if not (venv_bin / "lab").exists():
         pytest.skip("run `make setup` first: .venv/bin/lab is missing")
-    return {**os.environ, "LAB_RESULTS": str(tmp_path), "PAPER_OUT": str(tmp_path / "pdf"),
-            "SLIDES_OUT": str(tmp_path / "pdf"), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    return {
+        **os.environ,
+        "LAB_RESULTS": str(tmp_path),
+        "PAPER_OUT": str(tmp_path / "pdf"),
+        "SLIDES_OUT": str(tmp_path / "pdf"),
+        "PATH": f"{venv_bin}:{os.environ['PATH']}",
+    }
 
 
 @pytest.mark.system
@@ -307,8 +303,12 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
             assert len({r["cpus"] for r in ranks}) == 2, ranks
 
     _sh("make paper", env)
-    _sh("ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf"
-        .replace("paper/build", str(tmp_path / "pdf")).replace("slides/build", str(tmp_path / "pdf")), env)
+    _sh(
+        "ls paper/build/paper.pdf paper/build/proposal.pdf slides/build/pitch.pdf".replace(
+            "paper/build", str(tmp_path / "pdf")
+        ).replace("slides/build", str(tmp_path / "pdf")),
+        env,
+    )
     tables = tmp_path / "tables"
     for name in ("abstract_results.tex", "request_text.tex", "slide_results.tex", "slide_request.tex"):
         text = (tables / name).read_text()
@@ -334,8 +334,13 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
     assert named <= set(device.findall(hardware)) | unquoted, (named, hardware)
     # no dash standing in for a number, and each profiled column of shares adds up to the whole step
     assert not re.search(r"(?<![\w.])(–|--)\s*(%|ms\b|GB|samples|node)", paper), paper
-    columns = zip(*[[float(x) for x in re.findall(r"([\d.]+)\\,\\%", row)]
-                    for row in (tables / "profile_table.tex").read_text().splitlines() if "\\,\\%" in row])
+    columns = zip(
+        *[
+            [float(x) for x in re.findall(r"([\d.]+)\\,\\%", row)]
+            for row in (tables / "profile_table.tex").read_text().splitlines()
+            if "\\,\\%" in row
+        ]
+    )
     assert all(abs(sum(c) - 100) <= 0.5 for c in columns)
     # one name per definition: the trace's collectives are never "communication" with a bare number
     assert not re.search(r"(?<!exposed )communication [\d.]+ ?%", paper) and "collectives (trace)" in paper, paper
@@ -357,16 +362,20 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
 def test_the_training_commands_as_written(tmp_path, docs_env):
     env, runs, venv_bin = docs_env, tmp_path / "runs", ROOT / ".venv" / "bin"
     runs.mkdir()
-    s, new, _ = _new_record(runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 "
-                                  "--epochs 1 --profile_steps 3", env)
+    s, new, _ = _new_record(
+        runs,
+        "lab train --dataset digits --gpus 2 --batch 64 --width 16 --precision fp32 --epochs 1 --profile_steps 3",
+        env,
+    )
     assert s["profile"]["status"] == "complete" and (new / "breakdown.csv").exists() and s["bottleneck"]["verdict"]
 
     p = _sh(". .venv/bin/activate && command -v lab && command -v python", env)
     assert str(venv_bin / "lab") in p.stdout
 
     assert "--precision" in _sh("lab train --help", env).stdout
-    s, _, _ = _new_record(runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 "
-                                "--precision fp32 --epochs 3", env)
+    s, _, _ = _new_record(
+        runs, "lab train --dataset digits --gpus 2 --batch 64 --width 16 --lr 0.05 --precision fp32 --epochs 3", env
+    )
     assert s["status"] == "complete" and s["final_eval_acc"] > 0.9, s  # "about 96 % test accuracy"
 
     s, _, _ = _new_record(runs, "lab train --workload examples.mlp_workload:WORKLOAD --gpus 2 --hidden 64", env)
@@ -393,8 +402,11 @@ def test_the_horovod_commands_as_written(tmp_path, docs_env):
 
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
         assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild
-        s, _, p = _new_record(runs, "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 "
-                                    "--precision fp32 --epochs 2", env)
+        s, _, p = _new_record(
+            runs,
+            "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2",
+            env,
+        )
         assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
         assert s["status"] == "complete", s
     p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
@@ -408,8 +420,11 @@ def test_the_dcrnn_commands_as_written(tmp_path, docs_env):
     p = _sh("python -m kernels.data.traffic generate --shape metr-la", env)
     assert "traffic-synthetic-metr-la" in p.stdout
     assert "34,272 steps x 207 sensors" in _sh("python -m kernels.data.traffic info synthetic", env).stdout
-    s, _, _ = _new_record(runs, "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 "
-                                "--test_samples 256 --rnn_units 16", env)
+    s, _, _ = _new_record(
+        runs,
+        "lab train --workload dcrnn --gpus 2 --epochs 1 --train_samples 640 --test_samples 256 --rnn_units 16",
+        env,
+    )
     assert s["status"] == "complete" and s["final_eval_mae_60min"] > 0 and s["workload"]["historical_average"], s
 
 
@@ -422,20 +437,25 @@ def test_the_data_commands_as_written(tmp_path, docs_env):
     p = _sh("lab fetch fashion-mnist --from /usr/share/datasets/fashion-mnist", env)
     assert "fashion-mnist ready and verified" in p.stdout
     shutil.rmtree("/tmp/bigmnist-small", ignore_errors=True)
-    p = _sh("lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 "
-            "--versions 2 --replicas 2 --shard-samples 1000", env)
+    p = _sh(
+        "lab bigmnist build --out /tmp/bigmnist-small --source fashion-mnist --source-samples 2000 "
+        "--versions 2 --replicas 2 --shard-samples 1000",
+        env,
+    )
     assert "manifest written" in p.stdout
     assert "every shard matches" in _sh("lab bigmnist verify /tmp/bigmnist-small", env).stdout
-    s, _, _ = _new_record(runs, "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small "
-                                "--gpus 2 --epochs 1", env)
+    s, _, _ = _new_record(
+        runs, "lab train --workload cnn --dataset bigmnist --data_dir /tmp/bigmnist-small --gpus 2 --epochs 1", env
+    )
     assert s["status"] == "complete" and s["io"]["source"] == "streamed-shards", s
 
 
 @pytest.mark.system
 def test_the_submission_dry_runs_as_written(tmp_path, docs_env):
     env = docs_env
-    p = _sh("lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5",
-            env)
+    p = _sh(
+        "lab submit notebooks/01_train.ipynb --gpus 8 --gpus-per-node 4 --partition boost --dry-run -p epochs 5", env
+    )
     readme = (ROOT / "docs" / "cluster.md").read_text()
     promised = re.search(r"--dry-run -p epochs 5\n\s+# (sbatch .*)\n", readme).group(1)
     assert p.stdout.strip() == promised

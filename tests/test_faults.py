@@ -8,6 +8,7 @@ later run completes with the same final metrics and weights as an uninterrupted 
 Each case adds a row (case, bound, measured time, outcome) to the reliability table
 that `make reliability` writes into docs/reliability.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,42 @@ from conftest import ROOT, load_checkpoint, record_fault
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-BASE = ["--dataset", "digits", "--width", "4", "--batch", "32", "--precision", "fp32", "--train_samples", "512",
-        "--test_samples", "64", "--log_every", "0", "--timing_warmup_steps", "1", "--comm_probe_steps", "0",
-        "--sync_check_steps", "1", "--seed", "11"]
+BASE = [
+    "--dataset",
+    "digits",
+    "--width",
+    "4",
+    "--batch",
+    "32",
+    "--precision",
+    "fp32",
+    "--train_samples",
+    "512",
+    "--test_samples",
+    "64",
+    "--log_every",
+    "0",
+    "--timing_warmup_steps",
+    "1",
+    "--comm_probe_steps",
+    "0",
+    "--sync_check_steps",
+    "1",
+    "--seed",
+    "11",
+]
 EPOCHS = ["--epochs", "6"]
 
 
 def lab(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.train", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 def again(tmp_path: Path) -> subprocess.CompletedProcess:
@@ -53,8 +81,13 @@ def resume_matches(run: Path, tmp_path: Path, reference: Path) -> subprocess.Com
 
 def start(*args, log: Path, env=None) -> subprocess.Popen:
     f = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, stdout=f,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "kernels.train", *map(str, args)],
+        cwd=ROOT,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 def wait_for(cond, timeout=120, what="condition"):
@@ -126,16 +159,28 @@ def test_rank0_killed(tmp_path, reference):
 def test_rank_stopped_with_sigstop(tmp_path, reference):
     """A stopped rank hangs the others in a collective: the watchdog ends them, the launcher kills it."""
     run = tmp_path / "r"
-    launcher = start(*BASE, *EPOCHS, "--gpus", "2", "--hang_timeout_min", "0.25", "--results_dir", tmp_path,
-                     "--run_id", "r", log=tmp_path / "log")
+    launcher = start(
+        *BASE,
+        *EPOCHS,
+        "--gpus",
+        "2",
+        "--hang_timeout_min",
+        "0.25",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "r",
+        log=tmp_path / "log",
+    )
     wait_for(lambda: epochs_done(run) >= 1, what="the first epoch")
     ranks = ranks_of(launcher)
     t0 = time.monotonic()
     ranks[1].suspend()
     rc = launcher.wait(timeout=180)
     took = time.monotonic() - t0
-    record_fault("rank 1 stopped (SIGSTOP), local launcher, hang_timeout_min=0.25", 15 + 60, took, rc,
-                 summary(run)["status"])
+    record_fault(
+        "rank 1 stopped (SIGSTOP), local launcher, hang_timeout_min=0.25", 15 + 60, took, rc, summary(run)["status"]
+    )
     assert rc != 0 and took < 15 + 60, took
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)  # nobody left behind
     s = summary(run)
@@ -149,14 +194,20 @@ def test_ctrl_c_checkpoints_like_sigterm_and_a_second_stops_at_once(tmp_path, re
     KeyboardInterrupt, wrote no checkpoint and printed about 100 traceback lines per rank. Now the ranks checkpoint
     at the next agreed step, the record says preempted, one line per rank, exit 130, and the run resumes to the
     uninterrupted result. A second Ctrl-C stops at once: a failed record saying why, the last checkpoint intact."""
+
     def launch(run_id: str, **changes) -> subprocess.Popen:
         args = [*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", run_id]
         for name, value in changes.items():
             args[args.index(f"--{name}") + 1] = value
         f = open(tmp_path / f"{run_id}.log", "w")
-        return subprocess.Popen([sys.executable, "-m", "kernels.train", *map(str, args)], cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True)  # its own process group, as a shell gives a job
+        return subprocess.Popen(
+            [sys.executable, "-m", "kernels.train", *map(str, args)],
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )  # its own process group, as a shell gives a job
 
     run = tmp_path / "r"
     launcher = launch("r")
@@ -171,7 +222,7 @@ def test_ctrl_c_checkpoints_like_sigterm_and_a_second_stops_at_once(tmp_path, re
     s = summary(run)
     assert s["status"] == "preempted" and "SIGINT (Ctrl-C" in s["error"] and s["steps_done"] > 0, s
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
-    assert len([x for x in log[log.index("launcher: got SIGINT"):].splitlines() if x.strip()]) <= 4, log[-1500:]
+    assert len([x for x in log[log.index("launcher: got SIGINT") :].splitlines() if x.strip()]) <= 4, log[-1500:]
     resume_matches(run, tmp_path, reference)
 
     # a second Ctrl-C before the agreed step (long epochs, checks 1000 steps apart): at once, the record says why
@@ -218,11 +269,19 @@ def test_launcher_killed_takes_its_ranks_along(tmp_path, reference):
     t0 = time.monotonic()
     launcher.kill()
     launcher.wait()
-    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks), timeout=15,
-             what="the ranks to die with their launcher")
+    wait_for(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks),
+        timeout=15,
+        what="the ranks to die with their launcher",
+    )
     took = time.monotonic() - t0
-    record_fault("local launcher killed (SIGKILL)", 15, took, 137,
-                 "ranks died with it; 'running' until the next attempt records 'died'")
+    record_fault(
+        "local launcher killed (SIGKILL)",
+        15,
+        took,
+        137,
+        "ranks died with it; 'running' until the next attempt records 'died'",
+    )
     assert summary(run)["status"] == "running"  # nobody could say otherwise ...
     p = again(tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -233,8 +292,13 @@ def test_launcher_killed_takes_its_ranks_along(tmp_path, reference):
 
 
 def test_unresolvable_master_addr_fails_fast(tmp_path):
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "no-such-host.invalid",
-           "MASTER_PORT": "29511"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "no-such-host.invalid",
+        "MASTER_PORT": "29511",
+    }
     t0 = time.monotonic()
     p = lab(*BASE, "--gpus", "2", "--launcher", "none", "--results_dir", tmp_path, env=env)
     took = time.monotonic() - t0
@@ -247,11 +311,17 @@ def test_unresolvable_master_addr_fails_fast(tmp_path):
 def test_nobody_serves_the_rendezvous(tmp_path):
     from kernels.base.ports import free_port
 
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     t0 = time.monotonic()
-    p = lab(*BASE, "--gpus", "2", "--launcher", "none", "--startup_timeout_min", "0.1", "--results_dir", tmp_path,
-            env=env)
+    p = lab(
+        *BASE, "--gpus", "2", "--launcher", "none", "--startup_timeout_min", "0.1", "--results_dir", tmp_path, env=env
+    )
     took = time.monotonic() - t0
     record_fault("rank 0 never arrives (startup_timeout_min=0.1)", 6 + 20, took, p.returncode, "no record")
     assert p.returncode == 2 and took < 6 + 20, (took, p.stderr)
@@ -285,7 +355,7 @@ def _damage_tensor_bytes(path: Path) -> None:
     data = bytearray(path.read_bytes())
     with zipfile.ZipFile(path) as z:
         entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    name_len, extra_len = struct.unpack("<HH", data[entry.header_offset + 26:entry.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", data[entry.header_offset + 26 : entry.header_offset + 30])
     first = entry.header_offset + 30 + name_len + extra_len
     for i in range(first, first + entry.file_size, max(1, entry.file_size // 8)):
         data[i] ^= 0x5A
@@ -315,8 +385,13 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, reference
     _damage_tensor_bytes(run / "checkpoint.pt")
     t0 = time.monotonic()
     p = again(tmp_path)
-    record_fault("checkpoint.pt damaged inside (falls back to checkpoint.prev.pt)", 120, time.monotonic() - t0,
-                 p.returncode, summary(run)["status"])
+    record_fault(
+        "checkpoint.pt damaged inside (falls back to checkpoint.prev.pt)",
+        120,
+        time.monotonic() - t0,
+        p.returncode,
+        summary(run)["status"],
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "checkpoint.pt is unusable: checksum mismatch" in p.stdout
     assert "resuming from the previous checkpoint, checkpoint.prev.pt" in p.stdout
@@ -365,8 +440,13 @@ def test_a_writer_killed_anywhere_in_the_checkpoint_write_leaves_one_that_verifi
     took = time.monotonic() - t0
     newest = 2 if ckpt.POINTS.index(point) >= ckpt.POINTS.index("next-written") else 1
     assert state["global_step"] == newest and used.name == "checkpoint.pt", (point, used, notes)
-    record_fault(f"checkpoint writer killed (SIGKILL) at '{point}'", 5, took, 128 + 9,
-                 f"loads {'the new checkpoint' if newest == 2 else 'the one before the write'}")
+    record_fault(
+        f"checkpoint writer killed (SIGKILL) at '{point}'",
+        5,
+        took,
+        128 + 9,
+        f"loads {'the new checkpoint' if newest == 2 else 'the one before the write'}",
+    )
     assert bool(notes) == (point in ("next-half-written", "next-written", "rotated")), notes
     assert float(state["model"]["w"][0]) == newest
     ckpt.write(run, _state(3))  # the next write after the crash
@@ -380,8 +460,17 @@ def test_rank0_killed_mid_checkpoint_resumes_from_the_newest_whole_one(tmp_path,
     identical to an uninterrupted run."""
     run = tmp_path / "r"
     t0 = time.monotonic()
-    p = lab(*BASE, *EPOCHS, "--gpus", "2", "--results_dir", tmp_path, "--run_id", "r",
-            env={"LAB_CHECKPOINT_FAULT": "rotated@2"})
+    p = lab(
+        *BASE,
+        *EPOCHS,
+        "--gpus",
+        "2",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "r",
+        env={"LAB_CHECKPOINT_FAULT": "rotated@2"},
+    )
     took = time.monotonic() - t0
     assert p.returncode == 128 + 9, p.stdout + p.stderr
     assert {f.name for f in run.glob("checkpoint*")} == {"checkpoint.prev.pt", "checkpoint.next.pt"}
@@ -389,8 +478,13 @@ def test_rank0_killed_mid_checkpoint_resumes_from_the_newest_whole_one(tmp_path,
     out = resume_matches(run, tmp_path, reference).stdout
     assert "a checkpoint write was interrupted after checkpoint.next.pt was complete" in out
     assert "resuming r from epoch 3 step 0" in out, out
-    record_fault("rank 0 killed between a checkpoint's renames", 60, took, rc,
-                 f"{status}; resumed from the new checkpoint to the same end")
+    record_fault(
+        "rank 0 killed between a checkpoint's renames",
+        60,
+        took,
+        rc,
+        f"{status}; resumed from the new checkpoint to the same end",
+    )
 
 
 def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
@@ -405,21 +499,33 @@ def test_a_key_given_twice_in_any_yaml_is_an_error_naming_both_lines(tmp_path):
     twice.write_text(study.replace("\ngpus: [1, 2, 4]\n", "\ngpus: [1, 2]\nrepeats: 1\ngpus: [4]\n"))
     first = twice.read_text().splitlines().index("gpus: [1, 2]") + 1
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(twice), "--dry-run"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.slurm.study", "submit", str(twice), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     record_fault("study file with a key given twice", 20, time.monotonic() - t0, p.returncode, "refused")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert f"study file {twice}:{first + 2}: key 'gpus' is given twice, on lines {first} and {first + 2}" in p.stderr
     # nested mappings too, and the other files: cluster profiles, sweeps, paper/plan.yaml, paper/systems.yaml
-    for name, what in (("clusters/local.yaml", "cluster profile"), ("sweeps/allreduce_latency.yaml", "sweep file"),
-                       ("paper/plan.yaml", "plan"), ("paper/systems.yaml", "systems file")):
+    for name, what in (
+        ("clusters/local.yaml", "cluster profile"),
+        ("sweeps/allreduce_latency.yaml", "sweep file"),
+        ("paper/plan.yaml", "plan"),
+        ("paper/systems.yaml", "systems file"),
+    ):
         lines = (ROOT / name).read_text().splitlines()
         i, line = next((i, x) for i, x in enumerate(lines) if re.match(r"\s*\w+:", x) and i > 0)
         f = tmp_path / Path(name).name
-        f.write_text("\n".join(lines[:i + 1] + [line] + lines[i + 1:]) + "\n")
+        f.write_text("\n".join(lines[: i + 1] + [line] + lines[i + 1 :]) + "\n")
         key = line.split(":")[0].strip()
-        with pytest.raises(ConfigError, match=rf"{what} .*:{i + 2}: key '{key}' is given twice, on lines {i + 1} "
-                                              rf"and {i + 2}"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"{what} .*:{i + 2}: key '{key}' is given twice, on lines {i + 1} "
+            rf"and {i + 2}",
+        ):
             yamlfile.read(f, what)
         assert yamlfile.read(ROOT / name, what)  # the files as shipped have no repeated key
     with pytest.raises(ConfigError, match="key 'b' is given twice, on lines 2 and 4"):
@@ -449,8 +555,19 @@ def test_resume_refuses_a_changed_parameter_unless_allowed(tmp_path):
     p = lab(*BASE, *EPOCHS, "--gpus", "1", "--lr", "0.05", "--results_dir", tmp_path, "--run_id", "r")
     assert p.returncode == 2 and "lr (0.2 in the checkpoint, 0.05 now)" in p.stderr
     assert "allow_config_change=true" in p.stderr and summary(run)["status"] == "stopped"
-    p = lab(*BASE, *EPOCHS, "--gpus", "1", "--lr", "0.05", "--allow_config_change", "--results_dir", tmp_path,
-            "--run_id", "r")
+    p = lab(
+        *BASE,
+        *EPOCHS,
+        "--gpus",
+        "1",
+        "--lr",
+        "0.05",
+        "--allow_config_change",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "r",
+    )
     assert p.returncode == 0 and "lr changed from 0.2 to 0.05" in p.stdout
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["config_changes"] == [{"parameter": "lr", "checkpoint": 0.2, "now": 0.05}]
@@ -458,8 +575,21 @@ def test_resume_refuses_a_changed_parameter_unless_allowed(tmp_path):
 
 def test_non_finite_loss_stops_the_run(tmp_path):
     t0 = time.monotonic()
-    p = lab(*BASE, "--epochs", "2", "--gpus", "2", "--lr", "1e12", "--lr_warmup_epochs", "0", "--results_dir",
-            tmp_path, "--run_id", "r")
+    p = lab(
+        *BASE,
+        "--epochs",
+        "2",
+        "--gpus",
+        "2",
+        "--lr",
+        "1e12",
+        "--lr_warmup_epochs",
+        "0",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "r",
+    )
     took = time.monotonic() - t0
     s = summary(tmp_path / "r")
     record_fault("non-finite loss (lr 1e12)", 60, took, p.returncode, s["status"])
@@ -469,8 +599,9 @@ def test_non_finite_loss_stops_the_run(tmp_path):
 
 def _tmpfs(where: Path, size: str) -> Path:
     where.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if p.returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but a tmpfs cannot be mounted: {p.stderr}")
@@ -503,12 +634,14 @@ def test_full_file_system(small_disk):
     fill(mnt / "fill")
     t0 = time.monotonic()
     p = lab(*BASE, "--epochs", "1", "--gpus", "1", "--results_dir", mnt / "runs", "--run_id", "r")
-    record_fault("results_dir on a full file system (20 MiB tmpfs, full)", 20, time.monotonic() - t0, p.returncode,
-                 "no record")
+    record_fault(
+        "results_dir on a full file system (20 MiB tmpfs, full)", 20, time.monotonic() - t0, p.returncode, "no record"
+    )
     assert p.returncode == 2 and str(mnt) in p.stderr, p.stderr
     # the two sizes in one unit, precise enough to show why, and what takes the space
-    has, needs = re.search(r"has ([\d,]+) KiB free, this run needs about ([\d,]+) KiB: two checkpoints",
-                           p.stderr).groups()
+    has, needs = re.search(
+        r"has ([\d,]+) KiB free, this run needs about ([\d,]+) KiB: two checkpoints", p.stderr
+    ).groups()
     assert int(has.replace(",", "")) < int(needs.replace(",", "")) and "for the record" in p.stderr
     assert not (mnt / "runs" / "r").exists()  # no empty run directory left behind
     from kernels.records.schema import RecordError, atomic_write_bytes
@@ -582,9 +715,41 @@ def test_when_even_the_summary_cannot_be_written_the_reserved_space_says_why(sma
 
 
 # ------------------------------------------------------------------ the real Slurm
-SLURM_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "batch", "32", "-p", "precision", "fp32",
-           "-p", "train_samples", "512", "-p", "test_samples", "64", "-p", "log_every", "0", "-p",
-           "timing_warmup_steps", "1", "-p", "comm_probe_steps", "0", "-p", "sync_check_steps", "1", "-p", "seed", "11"]
+SLURM_P = [
+    "-p",
+    "dataset",
+    "digits",
+    "-p",
+    "width",
+    "4",
+    "-p",
+    "batch",
+    "32",
+    "-p",
+    "precision",
+    "fp32",
+    "-p",
+    "train_samples",
+    "512",
+    "-p",
+    "test_samples",
+    "64",
+    "-p",
+    "log_every",
+    "0",
+    "-p",
+    "timing_warmup_steps",
+    "1",
+    "-p",
+    "comm_probe_steps",
+    "0",
+    "-p",
+    "sync_check_steps",
+    "1",
+    "-p",
+    "seed",
+    "11",
+]
 
 
 def _slurm_env(slurm, tmp_path) -> dict:
@@ -592,11 +757,34 @@ def _slurm_env(slurm, tmp_path) -> dict:
 
 
 def _submit(slurm, tmp_path, *opts, epochs=6, extra_p=()) -> str:
-    p = subprocess.run(["sbatch", f"--output={tmp_path}/job-%j.out", "--cpus-per-task=1", "--nodes=1",
-                        "--ntasks-per-node=2", "--gpus-per-node=2", *opts, "slurm/papermill_run.sbatch",
-                        "notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "epochs", str(epochs), *SLURM_P,
-                        *extra_p, "-p", "results_dir", str(tmp_path / "runs")],
-                       cwd=ROOT, env=_slurm_env(slurm, tmp_path), capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            "sbatch",
+            f"--output={tmp_path}/job-%j.out",
+            "--cpus-per-task=1",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--gpus-per-node=2",
+            *opts,
+            "slurm/papermill_run.sbatch",
+            "notebooks/01_train.ipynb",
+            "-p",
+            "gpus",
+            "2",
+            "-p",
+            "epochs",
+            str(epochs),
+            *SLURM_P,
+            *extra_p,
+            "-p",
+            "results_dir",
+            str(tmp_path / "runs"),
+        ],
+        cwd=ROOT,
+        env=_slurm_env(slurm, tmp_path),
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     return re.search(r"Submitted batch job (\d+)", p.stdout).group(1)
 
@@ -668,8 +856,19 @@ def test_slurm_time_limit_checkpoints_the_run(slurm, tmp_path):
     assert took < 60 + 90 and s["status"] == "preempted", (took, s["status"], s.get("error"))
     step = load_checkpoint(run / "checkpoint.pt")["global_step"]
     assert step == s["steps_done"] > 0
-    p = lab(*BASE, "--epochs", "300", "--gpus", "2", "--stop_after_steps", str(step + 16), "--results_dir",
-            tmp_path / "runs", "--run_id", run.name)
+    p = lab(
+        *BASE,
+        "--epochs",
+        "300",
+        "--gpus",
+        "2",
+        "--stop_after_steps",
+        str(step + 16),
+        "--results_dir",
+        tmp_path / "runs",
+        "--run_id",
+        run.name,
+    )
     assert p.returncode == 0 and summary(run)["status"] == "stopped", p.stdout + p.stderr
     assert summary(run)["resumed_from_step"] == step and summary(run)["steps_done"] == step + 16
 
@@ -700,17 +899,19 @@ def test_slurm_stopped_rank_ends_the_job(slurm, tmp_path):
     job = _submit(slurm, tmp_path, "--time=00:05:00", extra_p=("-p", "hang_timeout_min", "0.25"))
     run = tmp_path / "runs" / f"resnet18-digits-g2-j{job}"
     wait_for(lambda: epochs_done(run) >= 1, timeout=180, what="the first epoch under Slurm")
-    victim = [p for p in psutil.process_iter(["environ"])
-              if (p.info["environ"] or {}).get("SLURM_JOB_ID") == job
-              and (p.info["environ"] or {}).get("SLURM_PROCID") == "1"
-              and "kernels.train" in " ".join(p.cmdline())]
+    victim = [
+        p
+        for p in psutil.process_iter(["environ"])
+        if (p.info["environ"] or {}).get("SLURM_JOB_ID") == job
+        and (p.info["environ"] or {}).get("SLURM_PROCID") == "1"
+        and "kernels.train" in " ".join(p.cmdline())
+    ]
     assert victim, "rank 1 of the job not found"
     t0 = time.monotonic()
     victim[0].suspend()
     state = _wait_job(slurm, tmp_path, job)
     took = time.monotonic() - t0
-    record_fault("Slurm: rank 1 stopped (SIGSTOP), hang_timeout_min=0.25", 15 + 60, took, 1,
-                 summary(run)["status"])
+    record_fault("Slurm: rank 1 stopped (SIGSTOP), hang_timeout_min=0.25", 15 + 60, took, 1, summary(run)["status"])
     assert state == "FAILED" and took < 15 + 60, (state, took)
     assert summary(run)["status"] == "failed"
 
@@ -722,12 +923,29 @@ def test_slurm_study_array_task_is_requeued_and_resumes(slurm, tmp_path, referen
 
     env = _slurm_env(slurm, tmp_path)
     spec = tmp_path / "arr.yaml"
-    fixed = {"dataset": "digits", "width": 4, "batch": 32, "precision": "fp32", "train_samples": 512,
-             "test_samples": 64, "log_every": 0, "timing_warmup_steps": 1, "comm_probe_steps": 0,
-             "sync_check_steps": 1, "seed": 11, "epochs": 6, "results_dir": str(tmp_path / "runs")}
+    fixed = {
+        "dataset": "digits",
+        "width": 4,
+        "batch": 32,
+        "precision": "fp32",
+        "train_samples": 512,
+        "test_samples": 64,
+        "log_every": 0,
+        "timing_warmup_steps": 1,
+        "comm_probe_steps": 0,
+        "sync_check_steps": 1,
+        "seed": 11,
+        "epochs": 6,
+        "results_dir": str(tmp_path / "runs"),
+    }
     spec.write_text(yaml.safe_dump({"name": "arr", "cluster": "local", "mode": "strong", "gpus": [2], "fixed": fixed}))
-    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(spec)], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.slurm.study", "submit", str(spec)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     array = re.search(r"submitted job array (\d+)", p.stdout).group(1)
     run = tmp_path / "runs" / "arr-p000"
@@ -760,29 +978,71 @@ def test_bad_notebook_parameters_are_refused_before_papermill_starts(tmp_path):
     an 80-line traceback, and left a failed .ipynb and .html behind. The runner checks the parameters as the
     notebook's resolve cell does (names, types, choices; -p, -y and -f alike) and stops before Papermill."""
     env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
-    cases = [("01_train", ["-p", "btach", "32"], "unknown parameter 'btach' (injected into the notebook, e.g. by "
-                                                 "papermill -p); did you mean 'batch'?"),
-             ("02_profile", ["-p", "gpus", "2", "-y", "precision: bf17"], "parameter 'precision': unknown "
-                                                                          "value 'bf17'"),
-             ("01_train", ["-p", "batch", "abc"], "parameter 'batch': 'abc' is not a valid int"),
-             ("03_commbench", ["-p", "itres", "3"], "unknown parameter 'itres' (injected "
-                                                   "into the notebook); did you mean 'iters'?"),
-             ("10_analyse_scaling", ["-p", "sytem", "x"], "did you mean 'system'?")]
+    cases = [
+        (
+            "01_train",
+            ["-p", "btach", "32"],
+            "unknown parameter 'btach' (injected into the notebook, e.g. by papermill -p); did you mean 'batch'?",
+        ),
+        ("02_profile", ["-p", "gpus", "2", "-y", "precision: bf17"], "parameter 'precision': unknown value 'bf17'"),
+        ("01_train", ["-p", "batch", "abc"], "parameter 'batch': 'abc' is not a valid int"),
+        (
+            "03_commbench",
+            ["-p", "itres", "3"],
+            "unknown parameter 'itres' (injected into the notebook); did you mean 'iters'?",
+        ),
+        ("10_analyse_scaling", ["-p", "sytem", "x"], "did you mean 'system'?"),
+    ]
     for notebook, args, error in cases:
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", f"notebooks/{notebook}.ipynb",
-                            *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "kernels.notebook.runner", "run", f"notebooks/{notebook}.ipynb", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if notebook == "01_train" and args[1] == "btach":
-            record_fault("notebook parameter misspelt (lab run ... -p btach 32)", 10, time.monotonic() - t0,
-                         p.returncode, "refused, nothing written")
+            record_fault(
+                "notebook parameter misspelt (lab run ... -p btach 32)",
+                10,
+                time.monotonic() - t0,
+                p.returncode,
+                "refused, nothing written",
+            )
         assert p.returncode == 2 and error in p.stderr, (notebook, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and "papermill" not in p.stdout.lower(), p.stdout + p.stderr
         assert not (tmp_path / "results").exists()  # no staged notebook, no HTML, no record
     # a good parameter set still runs (the notebook's own check agrees with the runner's)
-    p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", "notebooks/01_train.ipynb", "-p",
-                        "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "precision", "fp32", "-y",
-                        "train_samples: 128\ntest_samples: 64\nbatch: 32"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.notebook.runner",
+            "run",
+            "notebooks/01_train.ipynb",
+            "-p",
+            "dataset",
+            "digits",
+            "-p",
+            "width",
+            "4",
+            "-p",
+            "epochs",
+            "1",
+            "-p",
+            "precision",
+            "fp32",
+            "-y",
+            "train_samples: 128\ntest_samples: 64\nbatch: 32",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0 and "notebook complete" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
 
 
@@ -794,8 +1054,13 @@ def test_an_integer_beyond_what_its_use_can_hold_is_refused_at_once():
     record_fault("--epochs 99999999999999999999999", 10, time.monotonic() - t0, p.returncode, "refused")
     assert p.returncode == 2 and "parameter 'epochs': 99999999999999999999999 is beyond what it can hold" in p.stderr
     assert "2,147,483,647" in p.stderr and "Traceback" not in p.stderr
-    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--iters", str(2**31)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.comm", "bench", "--iters", str(2**31)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "parameter 'iters': 2147483648 is beyond what it can hold" in p.stderr, p.stderr
     from kernels.base.params import COMMON, coerce
 
@@ -812,8 +1077,9 @@ def test_a_stop_point_is_absolute(tmp_path):
     before = (run / "summary.json").read_bytes()
     t0 = time.monotonic()
     p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "5", "--results_dir", tmp_path, "--run_id", "r")
-    record_fault("the same --stop_after_steps command again", 10, time.monotonic() - t0, p.returncode,
-                 "nothing done, said so")
+    record_fault(
+        "the same --stop_after_steps command again", 10, time.monotonic() - t0, p.returncode, "nothing done, said so"
+    )
     assert p.returncode == 0 and "run r has already done 5 steps, stop_after_steps=5: nothing to do" in p.stdout
     assert (run / "summary.json").read_bytes() == before  # not even a new attempt in the record
     p = lab(*BASE, *EPOCHS, "--gpus", "1", "--stop_after_steps", "8", "--results_dir", tmp_path, "--run_id", "r")
@@ -826,9 +1092,9 @@ def _cut(path: Path) -> None:
     data = path.read_bytes()
     if path.suffix == ".csv":
         last = data.rstrip(b"\n").rfind(b"\n") + 1
-        path.write_bytes(data[:data.index(b",", last)])
+        path.write_bytes(data[: data.index(b",", last)])
     else:
-        path.write_bytes(data[:len(data) - max(3, min(40, len(data) // 5))])
+        path.write_bytes(data[: len(data) - max(3, min(40, len(data) // 5))])
 
 
 def test_one_damaged_file_never_sinks_the_report(tmp_path):
@@ -844,18 +1110,72 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
 
     res = tmp_path / "results"
     env = {**os.environ, "LAB_RESULTS": str(res)}
-    p = lab("--dataset", "digits", "--width", "4", "--batch", "64", "--precision", "fp32", "--gpus", "2", "--epochs",
-            "2", "--profile_steps", "2", "--profile_wait", "2", "--comm_probe_steps", "0", "--label", "dmg", "--run_id",
-            "good", "--results_dir", res / "runs", env=env)
+    p = lab(
+        "--dataset",
+        "digits",
+        "--width",
+        "4",
+        "--batch",
+        "64",
+        "--precision",
+        "fp32",
+        "--gpus",
+        "2",
+        "--epochs",
+        "2",
+        "--profile_steps",
+        "2",
+        "--profile_wait",
+        "2",
+        "--comm_probe_steps",
+        "0",
+        "--label",
+        "dmg",
+        "--run_id",
+        "good",
+        "--results_dir",
+        res / "runs",
+        env=env,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    p = subprocess.run([sys.executable, "-m", "kernels.comm", "bench", "--backend", "gloo", "--gpus", "2", "--ops",
-                        "all_reduce", "--max_bytes", "64K", "--iters", "2", "--repeats", "1", "--run_id", "cgood"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.comm",
+            "bench",
+            "--backend",
+            "gloo",
+            "--gpus",
+            "2",
+            "--ops",
+            "all_reduce",
+            "--max_bytes",
+            "64K",
+            "--iters",
+            "2",
+            "--repeats",
+            "1",
+            "--run_id",
+            "cgood",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     good, cgood = res / "runs" / "good", res / "comm" / "cgood"
     assert all((good / f).exists() for f in ("monitor.csv", "breakdown.csv", "top_ops.csv"))
-    damage = {"config.json": _cut, "summary.json": _cut, "metrics.csv": _cut, "monitor.csv": _cut,
-              "breakdown.csv": _cut, "top_ops.csv": _cut}
+    damage = {
+        "config.json": _cut,
+        "summary.json": _cut,
+        "metrics.csv": _cut,
+        "monitor.csv": _cut,
+        "breakdown.csv": _cut,
+        "top_ops.csv": _cut,
+    }
     for name, harm in damage.items():
         copy = res / "runs" / f"bad-{name.replace('.', '-')}"
         shutil.copytree(good, copy)
@@ -886,17 +1206,27 @@ def test_one_damaged_file_never_sinks_the_report(tmp_path):
     systems = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
     t0 = time.monotonic()
     built = report.build(res / "runs", res, plan, systems, select={"labels": ["dmg"], "studies": []})
-    record_fault("one damaged copy of every record file in the results folder", 60, time.monotonic() - t0, 0,
-                 "report built, each damaged record listed")
+    record_fault(
+        "one damaged copy of every record file in the results folder",
+        60,
+        time.monotonic() - t0,
+        0,
+        "report built, each damaged record listed",
+    )
     assert built["runs"]["run_id"].tolist() == ["good"]
     problems = built["problems"].set_index("run_id")
-    expect = {**{f"bad-{n.replace('.', '-')}": n for n in damage}, "bad-metrics-field": "metrics.csv",
-              "bad-summary-edited": "summary.json: no checksum", "bad-summary-typed": "'samples_per_s' is '",
-              "bad-metrics-foobar": "metrics.csv: not a metrics file",
-              **{f"comm/bad-{n.replace('.', '-')}": n for n in ("results.csv", "summary.json", "config.json")}}
+    expect = {
+        **{f"bad-{n.replace('.', '-')}": n for n in damage},
+        "bad-metrics-field": "metrics.csv",
+        "bad-summary-edited": "summary.json: no checksum",
+        "bad-summary-typed": "'samples_per_s' is '",
+        "bad-metrics-foobar": "metrics.csv: not a metrics file",
+        **{f"comm/bad-{n.replace('.', '-')}": n for n in ("results.csv", "summary.json", "config.json")},
+    }
     for run_id, name in expect.items():
         assert problems.loc[run_id, "status"] == "unreadable" and name in problems.loc[run_id, "reason"], run_id
     listed = (res / "tables" / "excluded.csv").read_text()
     notes = (res / "tables" / "data_notes.tex").read_text()
-    assert all(run_id in listed for run_id in expect) and all(r.replace("_", "\\_") in notes or r in notes
-                                                               for r in expect)
+    assert all(run_id in listed for run_id in expect) and all(
+        r.replace("_", "\\_") in notes or r in notes for r in expect
+    )

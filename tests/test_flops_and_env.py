@@ -1,4 +1,5 @@
 """FLOP counting, device peaks, MFU, and the rank environment."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ pytestmark = pytest.mark.unit
 
 def test_resnet18_cifar_forward_is_056_gmacs():
     model = ResNet18Cifar(num_classes=10, width=64)
-    f = model_flops_per_sample(model, torch.zeros(2, 3, 32, 32), torch.nn.functional.cross_entropy,
-                               torch.zeros(2, dtype=torch.long))
+    f = model_flops_per_sample(
+        model, torch.zeros(2, 3, 32, 32), torch.nn.functional.cross_entropy, torch.zeros(2, dtype=torch.long)
+    )
     gmacs = f["fwd_flops_per_sample"] / 2 / 1e9
     assert abs(gmacs - 0.56) / 0.56 < 0.05, gmacs
     # backward costs about twice the forward
@@ -46,10 +48,24 @@ def test_hostlist_expansion():
 
 def test_rank_env_from_torchrun_slurm_and_nothing():
     t = rank_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
-    assert (t.global_rank, t.world_size, t.local_rank, t.master_addr, t.master_port, t.source) == \
-        (3, 8, 1, "h", 1234, "torchrun")
-    s = rank_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-                  "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[07-08]"})
+    assert (t.global_rank, t.world_size, t.local_rank, t.master_addr, t.master_port, t.source) == (
+        3,
+        8,
+        1,
+        "h",
+        1234,
+        "torchrun",
+    )
+    s = rank_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_NODELIST": "gpu[07-08]",
+        }
+    )
     assert (s.global_rank, s.world_size, s.local_rank, s.master_addr, s.source) == (5, 8, 1, "gpu07", "slurm")
     assert s.master_port == slurm_port("4242") and not s.is_rank0
     one = rank_env({})

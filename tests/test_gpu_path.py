@@ -1,5 +1,6 @@
 """The GPU path's settings, checked where they can be on a CPU: srun's CPU options, per-device defaults, GPU
 index selection under Slurm's bindings, ports, device peaks, evaluation frequency and asynchronous checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def test_srun_line_carries_the_cpus_per_task_and_a_binding():
     cmd = srun_command(rank_job(cfg), env)
     assert "--cpus-per-task=8" in cmd and "--cpu-bind=cores" in cmd
     assert cmd.index("--cpu-bind=cores") < cmd.index("-m")  # srun options, before the rank's command
-    assert "--cpus-per-task=8" not in srun_command(rank_job(cfg), {k: v for k, v in env.items()
-                                                              if k != "SLURM_CPUS_PER_TASK"})
+    assert "--cpus-per-task=8" not in srun_command(
+        rank_job(cfg), {k: v for k, v in env.items() if k != "SLURM_CPUS_PER_TASK"}
+    )
     assert "--cpu-bind=none" in srun_command(rank_job(cfg), {**env, "LAB_CPU_BIND": "none"})
 
 
@@ -46,15 +48,18 @@ def test_local_ranks_get_disjoint_shares_of_the_cores_only_when_asked():
 def test_cpu_counts_follow_the_binding_not_the_machine():
     """Under a binding (Slurm's, or taskset here) a local run sizes its OMP threads and its core check by the
     cores it was given: two ranks on one bound core need oversubscribe, one rank gets one thread."""
-    code = ("from kernels.launch.config import resolve, check_environment\n"
-            "from kernels.base.errors import ConfigError\n"
-            "from kernels.launch.launchers import thread_env\n"
-            "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
-            "print(thread_env(1)['OMP_NUM_THREADS'])\n"
-            "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
-            "except ConfigError as e: print(e)\n")
-    p = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    code = (
+        "from kernels.launch.config import resolve, check_environment\n"
+        "from kernels.base.errors import ConfigError\n"
+        "from kernels.launch.launchers import thread_env\n"
+        "import os; os.environ.pop('OMP_NUM_THREADS', None)\n"
+        "print(thread_env(1)['OMP_NUM_THREADS'])\n"
+        "try: check_environment(resolve({'gpus': 2, 'dataset': 'digits'}))\n"
+        "except ConfigError as e: print(e)\n"
+    )
+    p = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     threads, error = p.stdout.splitlines()[:2]
     assert threads == "1" and "2 CPU ranks on this node but only 1 core(s)" in error and "oversubscribe" in error
@@ -83,20 +88,25 @@ def test_defaults_resolve_per_device_type():
     assert resolve({"dataset": "digits", "batch": 64, "eval_batch": 100}).per_rank_eval_batch == 100
 
 
-@pytest.mark.parametrize("visible,local_ranks,want", [
-    (4, [0, 1, 2, 3], [0, 1, 2, 3]),          # 4 tasks, all GPUs visible (no binding)
-    (1, [0, 1, 2, 3], [0, 0, 0, 0]),          # --gpus-per-task=1 / --gpu-bind=single:1: each task sees its own
-    (2, [0, 1, 2, 3], [0, 1, 0, 1]),          # --gpu-bind=per_task:2 / a socket's pair: spread within the pair
-    (8, [0, 1], [0, 1]),                      # fewer tasks than GPUs
-])
+@pytest.mark.parametrize(
+    "visible,local_ranks,want",
+    [
+        (4, [0, 1, 2, 3], [0, 1, 2, 3]),  # 4 tasks, all GPUs visible (no binding)
+        (1, [0, 1, 2, 3], [0, 0, 0, 0]),  # --gpus-per-task=1 / --gpu-bind=single:1: each task sees its own
+        (2, [0, 1, 2, 3], [0, 1, 0, 1]),  # --gpu-bind=per_task:2 / a socket's pair: spread within the pair
+        (8, [0, 1], [0, 1]),  # fewer tasks than GPUs
+    ],
+)
 def test_gpu_index_under_slurm_bindings(visible, local_ranks, want):
     assert [gpu_index(r, visible) for r in local_ranks] == want
 
 
 def test_two_ranks_on_one_gpu_fail_naming_them():
-    ranks = [{"node": "n1", "global_rank": 0, "gpu_uuid": "GPU-a"},
-             {"node": "n1", "global_rank": 1, "gpu_uuid": "GPU-b"},
-             {"node": "n2", "global_rank": 2, "gpu_uuid": "GPU-a"}]  # another node's GPU may have any uuid
+    ranks = [
+        {"node": "n1", "global_rank": 0, "gpu_uuid": "GPU-a"},
+        {"node": "n1", "global_rank": 1, "gpu_uuid": "GPU-b"},
+        {"node": "n2", "global_rank": 2, "gpu_uuid": "GPU-a"},
+    ]  # another node's GPU may have any uuid
     check_distinct_gpus(ranks)
     ranks.append({"node": "n1", "global_rank": 3, "gpu_uuid": "GPU-b"})
     with pytest.raises(ConfigError, match="ranks 1 and 3 share GPU GPU-b on n1"):
@@ -116,18 +126,47 @@ def test_rendezvous_ports_are_outside_the_ephemeral_range():
 
 def test_device_peaks_match_whole_names():
     assert peak_tflops("NVIDIA L4", "bf16") == 121.0
-    assert peak_tflops("NVIDIA L40", "bf16") == 181.0      # not the L4's
+    assert peak_tflops("NVIDIA L40", "bf16") == 181.0  # not the L4's
     assert peak_tflops("NVIDIA L40S", "bf16") == 362.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
-    assert peak_tflops("NVIDIA A10G", "bf16") is None      # unknown, not the A10's
+    assert peak_tflops("NVIDIA A10G", "bf16") is None  # unknown, not the A10's
 
 
 @pytest.mark.integration
 def test_eval_every_and_checkpoint_costs_in_the_record(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "3",
-                        "--batch", "64", "--train_samples", "256", "--test_samples", "64", "--precision", "fp32",
-                        "--eval_every", "2", "--log_every", "0", "--results_dir", tmp_path, "--run_id", "e"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.train",
+            "--dataset",
+            "digits",
+            "--width",
+            "4",
+            "--epochs",
+            "3",
+            "--batch",
+            "64",
+            "--train_samples",
+            "256",
+            "--test_samples",
+            "64",
+            "--precision",
+            "fp32",
+            "--eval_every",
+            "2",
+            "--log_every",
+            "0",
+            "--results_dir",
+            tmp_path,
+            "--run_id",
+            "e",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     import csv
 
@@ -155,11 +194,13 @@ def test_cuda_graphs_default_on_with_cuda_and_compile_where_shapes_are_static():
 
 
 def test_backend_gloo_lets_ranks_share_a_gpu_and_nccl_needs_one():
-    check_distinct_gpus([{"node": "n", "gpu_uuid": "G", "global_rank": 0},
-                         {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "gloo")
+    check_distinct_gpus(
+        [{"node": "n", "gpu_uuid": "G", "global_rank": 0}, {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "gloo"
+    )
     with pytest.raises(ConfigError, match="ranks 0 and 1 share GPU G"):
-        check_distinct_gpus([{"node": "n", "gpu_uuid": "G", "global_rank": 0},
-                             {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "nccl")
+        check_distinct_gpus(
+            [{"node": "n", "gpu_uuid": "G", "global_rank": 0}, {"node": "n", "gpu_uuid": "G", "global_rank": 1}], "nccl"
+        )
     with pytest.raises(ConfigError, match=r"parameter 'backend': nccl needs GPUs"):
         resolve({"dataset": "digits", "device": "cpu", "backend": "nccl"})
 
@@ -184,7 +225,10 @@ def test_the_sync_counter_counts_synchronising_calls_not_the_modes_notice():
     not yet detect all synchronizing operations'; a match on 'synchroniz' counted it as a sync in every window."""
     from kernels.run.observe import is_sync_warning
 
-    assert is_sync_warning("called a synchronizing CUDA operation (Triggered internally at "
-                           "/pytorch/c10/cuda/CUDAFunctions.cpp:162.)")
-    assert not is_sync_warning("Synchronization debug mode is a prototype feature and does not yet detect all "
-                               "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp)")
+    assert is_sync_warning(
+        "called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:162.)"
+    )
+    assert not is_sync_warning(
+        "Synchronization debug mode is a prototype feature and does not yet detect all "
+        "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp)"
+    )

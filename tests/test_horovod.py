@@ -1,6 +1,7 @@
 """engine=horovod through the lab's loop: horovodrun with the Gloo controller, real processes.
 
 Needs Horovod built into the environment (`make horovod`; `make test` builds it first)."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,20 @@ def _run(tmp_path, name, *args):
 
 
 def test_two_process_horovod_run_leaves_a_complete_record_and_the_seed_lines(tmp_path):
-    out, p = _run(tmp_path, "hvd", "--gpus", "2", "--engine", "horovod", "--epochs", "2", "--hvd_fusion_mb", "4",
-                  "--hvd_cycle_ms", "2")
+    out, p = _run(
+        tmp_path,
+        "hvd",
+        "--gpus",
+        "2",
+        "--engine",
+        "horovod",
+        "--epochs",
+        "2",
+        "--hvd_fusion_mb",
+        "4",
+        "--hvd_cycle_ms",
+        "2",
+    )
     run = only_run(out)
     summary = json.loads((run / "summary.json").read_text())
     config = json.loads((run / "config.json").read_text())
@@ -68,8 +81,20 @@ def test_horovod_and_ddp_reach_the_same_weights_on_the_same_global_batch(tmp_pat
     init, _ = _run(tmp_path, "init", "--gpus", "1", "--lr", "1e-30", "--stop_after_steps", "4")
     ddp, _ = _run(tmp_path, "ddp", *common)
     hvd, _ = _run(tmp_path, "hvd", *common, "--engine", "horovod")
-    one, _ = _run(tmp_path, "one", "--gpus", "1", "--batch", "16", "--lr", "0.01", "--lr_warmup_epochs", "0",
-                  "--stop_after_steps", "4")
+    one, _ = _run(
+        tmp_path,
+        "one",
+        "--gpus",
+        "1",
+        "--batch",
+        "16",
+        "--lr",
+        "0.01",
+        "--lr_warmup_epochs",
+        "0",
+        "--stop_after_steps",
+        "4",
+    )
     (w0, _), (wa, sa), (wb, sb), (wc, _) = (params_of(only_run(d)) for d in (init, ddp, hvd, one))
     assert sa["global_step"] == sb["global_step"] == 4
     i, a, b, c = flat(w0), flat(wa), flat(wb), flat(wc)
@@ -88,8 +113,9 @@ def test_bf16_and_an_unbuilt_horovod_are_refused_before_any_record(tmp_path):
     fake = tmp_path / "fake"
     (fake / "horovod").mkdir(parents=True)
     (fake / "horovod" / "__init__.py").write_text("raise ImportError(\"No module named 'horovod.torch'\")\n")
-    p = run_cli(*merge_args(*BASE, "--gpus", "2", "--engine", "horovod", "--results_dir", out),
-                env={"PYTHONPATH": str(fake)})
+    p = run_cli(
+        *merge_args(*BASE, "--gpus", "2", "--engine", "horovod", "--results_dir", out), env={"PYTHONPATH": str(fake)}
+    )
     assert p.returncode == 2 and "make horovod" in p.stderr and "engine=ddp" in p.stderr, p.stderr
     assert not out.exists() or not any(out.iterdir())
 
@@ -100,10 +126,38 @@ def test_horovod_notebook_under_slurm_uses_srun_and_the_mpi_controller(slurm, tm
     cannot span them here (a real cluster's nodes do not)."""
     from test_slurm import sbatch
 
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0"],
-                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", "-p", "engine", "horovod", "-p", "precision",
-                           "fp32", "-p", "dataset", "digits", "-p", "width", "8", "-p", "epochs", "2", "-p", "batch",
-                           "64", "-p", "log_every", "0"])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0"],
+        [
+            "notebooks/01_train.ipynb",
+            "-p",
+            "gpus",
+            "2",
+            "-p",
+            "engine",
+            "horovod",
+            "-p",
+            "precision",
+            "fp32",
+            "-p",
+            "dataset",
+            "digits",
+            "-p",
+            "width",
+            "8",
+            "-p",
+            "epochs",
+            "2",
+            "-p",
+            "batch",
+            "64",
+            "-p",
+            "log_every",
+            "0",
+        ],
+    )
     assert rc == 0, log
     assert "--mpi=pmix" in log and "Total img/sec on 2 CPU(s)" in log
     run = next((tmp_path / "runs").glob(f"*-j{job}"))

@@ -1,4 +1,5 @@
 """JupyterLab serves the repository and opens the py:percent sources as notebooks (jupytext)."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,23 @@ def test_lab_jupyter_opens_01_train_py_as_a_notebook(tmp_path):
 
     port, token = free_port(), secrets.token_hex(8)
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
-    p = subprocess.Popen([sys.executable, "-m", "kernels.cli", "jupyter", "--ip=127.0.0.1", f"--port={port}",
-                          f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernels.cli",
+            "jupyter",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            "--ServerApp.open_browser=False",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 90

@@ -1,4 +1,5 @@
 """The CUDA lock (constraints-cuda.txt, tools/lock.py): what a GPU cluster's `make setup CUDA=1` installs."""
+
 from __future__ import annotations
 
 import gzip
@@ -55,9 +56,10 @@ def test_a_lock_that_disagrees_or_a_cpu_resolution_is_refused(tmp_path):
 def test_verify_refuses_a_cpu_torch_under_the_cuda_lock():
     """`make setup CUDA=1` ends with `tools/lock.py verify`: this CPU environment passes the base lock and fails
     the CUDA lock, saying what to do."""
+
     def run(f):
-        return subprocess.run([sys.executable, "tools/lock.py", "verify", f], cwd=ROOT, capture_output=True,
-                              text=True)
+        return subprocess.run([sys.executable, "tools/lock.py", "verify", f], cwd=ROOT, capture_output=True, text=True)
+
     import torch
 
     p = run("constraints-cuda.txt")

@@ -3,6 +3,7 @@
 The real Fashion-MNIST comes from Debian's dataset-fashion-mnist package (.ci/run installs
 it). IDX files with chosen contents are written here, independently of kernels/.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -20,7 +21,6 @@ from kernels.base.params import ConfigError
 from conftest import cli_in_process, run_cli
 
 pytestmark = pytest.mark.unit
-
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None, extra: bytes = b"") -> Path:
@@ -46,13 +46,16 @@ def test_idx_reader_on_files_written_here(tmp_path, suffix):
     np.testing.assert_array_equal(idx.read_labels(write_idx(tmp_path / f"l{suffix}", labels)), labels)
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("magic", "magic number 2049, expected 2051"),
-    ("short", "payload of 780 bytes, but the header says 1 x 28 x 28 = 784"),
-    ("long", "payload of 788 bytes"),
-    ("header", "too short for an IDX images header"),
-    ("gzip", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("magic", "magic number 2049, expected 2051"),
+        ("short", "payload of 780 bytes, but the header says 1 x 28 x 28 = 784"),
+        ("long", "payload of 788 bytes"),
+        ("header", "too short for an IDX images header"),
+        ("gzip", "cannot be read"),
+    ],
+)
 def test_corrupt_idx_files_are_clear_errors_naming_the_file(tmp_path, case, needle):
     img = np.zeros((1, 28, 28), dtype=np.uint8)
     path = tmp_path / "train-images-idx3-ubyte"
@@ -122,24 +125,58 @@ def test_mnist_files_that_are_not_mnist_are_refused(tmp_path):
 
 def test_training_on_missing_or_corrupt_data_fails_before_any_record(tmp_path, fashion_root, capsys, monkeypatch):
     res = tmp_path / "runs"
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "cnn", "--dataset", "mnist", "--data_dir",
-                                tmp_path / "empty", "--results_dir", res)
+    rc, _, err = cli_in_process(
+        capsys,
+        monkeypatch,
+        "--workload",
+        "cnn",
+        "--dataset",
+        "mnist",
+        "--data_dir",
+        tmp_path / "empty",
+        "--results_dir",
+        res,
+    )
     assert rc == 2 and "lab fetch mnist" in err and not res.exists()
     bad = tmp_path / "bad"
     shutil.copytree(fashion_root / "fashion-mnist", bad / "fashion-mnist")
     f = bad / "fashion-mnist" / "train-labels-idx1-ubyte.gz"
     f.write_bytes(f.read_bytes()[:-100])
-    rc, _, err = cli_in_process(capsys, monkeypatch, "--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir",
-                                bad, "--results_dir", res)
+    rc, _, err = cli_in_process(
+        capsys, monkeypatch, "--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir", bad, "--results_dir", res
+    )
     assert rc == 2 and "train-labels-idx1-ubyte.gz" in err and not res.exists()
 
 
 @pytest.mark.integration
 def test_cnn_learns_fashion_mnist_with_two_ranks(tmp_path, fashion_root):
     """A subset of the real Fashion-MNIST, 2 gloo ranks, the workload's own recipe: well above chance."""
-    p = run_cli("--workload", "cnn", "--dataset", "fashion-mnist", "--data_dir", fashion_root, "--gpus", "2",
-                "--train_samples", "4096", "--test_samples", "2000", "--epochs", "2", "--log_every", "0",
-                "--timing_warmup_steps", "2", "--comm_probe_steps", "2", "--results_dir", tmp_path, "--run_id", "f")
+    p = run_cli(
+        "--workload",
+        "cnn",
+        "--dataset",
+        "fashion-mnist",
+        "--data_dir",
+        fashion_root,
+        "--gpus",
+        "2",
+        "--train_samples",
+        "4096",
+        "--test_samples",
+        "2000",
+        "--epochs",
+        "2",
+        "--log_every",
+        "0",
+        "--timing_warmup_steps",
+        "2",
+        "--comm_probe_steps",
+        "2",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "f",
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((tmp_path / "f" / "summary.json").read_text())
     cfg = json.loads((tmp_path / "f" / "config.json").read_text())

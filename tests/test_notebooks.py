@@ -1,4 +1,5 @@
 """The 01_train notebook: its twin, its parameters cell, and real Papermill runs (no Slurm)."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,50 @@ from conftest import ROOT, merge_p
 pytestmark = pytest.mark.unit
 
 NB = ROOT / "notebooks" / "01_train.ipynb"
-TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "32",
-          "-p", "precision", "fp32", "-p", "train_samples", "128", "-p", "test_samples", "64",
-          "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "2", "-p", "log_every", "0"]
+TINY_P = [
+    "-p",
+    "dataset",
+    "digits",
+    "-p",
+    "width",
+    "4",
+    "-p",
+    "epochs",
+    "1",
+    "-p",
+    "batch",
+    "32",
+    "-p",
+    "precision",
+    "fp32",
+    "-p",
+    "train_samples",
+    "128",
+    "-p",
+    "test_samples",
+    "64",
+    "-p",
+    "timing_warmup_steps",
+    "1",
+    "-p",
+    "comm_probe_steps",
+    "2",
+    "-p",
+    "log_every",
+    "0",
+]
 
 
 def run_notebook(tmp_path, *args, notebook=NB):
     env = {**os.environ, "LAB_RESULTS": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def interrupted_run(tmp_path, notebook, args, when: str, limit_s: float):
@@ -36,9 +72,14 @@ def interrupted_run(tmp_path, notebook, args, when: str, limit_s: float):
 
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
-                             cwd=ROOT, env={**os.environ, "LAB_RESULTS": str(tmp_path)}, stdout=f,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "kernels.notebook.runner", "run", str(notebook), *map(str, args)],
+            cwd=ROOT,
+            env={**os.environ, "LAB_RESULTS": str(tmp_path)},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     t0 = time.monotonic()
     while when not in log.read_text():
         assert p.poll() is None and time.monotonic() - t0 < limit_s, log.read_text()[-3000:]
@@ -51,10 +92,12 @@ def write_notebook(path, cells: list[str]) -> None:
     """A Python notebook of these code cells, the first tagged 'parameters'."""
     import nbformat
 
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}})
-    nb.cells = [nbformat.v4.new_code_cell(c, metadata={"tags": ["parameters"]} if i == 0 else {})
-                for i, c in enumerate(cells)]
+    nb = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
+    nb.cells = [
+        nbformat.v4.new_code_cell(c, metadata={"tags": ["parameters"]} if i == 0 else {}) for i, c in enumerate(cells)
+    ]
     nbformat.write(nb, path)
 
 
@@ -68,9 +111,9 @@ def test_ipynb_twins_are_up_to_date_without_outputs():
         have = json.loads(twin.read_text())
         want = notebooks.twin_ipynb(py)
         assert have["metadata"]["kernelspec"]["name"] == "python3"
-        assert [(c["cell_type"], "".join(c["source"]), c["metadata"].get("tags", [])) for c in have["cells"]] == \
-               [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in want.cells], \
-               f"{twin} is out of date with {py.name}: run `make notebooks`"
+        assert [(c["cell_type"], "".join(c["source"]), c["metadata"].get("tags", [])) for c in have["cells"]] == [
+            (c.cell_type, c.source, c.metadata.get("tags", [])) for c in want.cells
+        ], f"{twin} is out of date with {py.name}: run `make notebooks`"
         for c in have["cells"]:
             assert not c.get("outputs") and not c.get("execution_count"), f"{twin} has outputs committed"
 
@@ -106,10 +149,12 @@ def test_parameters_cell_is_generated_from_the_one_definition():
     assert all("=" not in p.doc for p in table())
     # a section per registered workload, after the common parameters
     sections = [line for line in notebooks.parameters_cell().splitlines() if line.startswith("# ---")]
-    assert sections == ["# --- common parameters",
-                        "# --- workload resnet18: its own parameters, used only when workload is 'resnet18'",
-                        "# --- workload cnn: its own parameters, used only when workload is 'cnn'",
-                        "# --- workload dcrnn: its own parameters, used only when workload is 'dcrnn'"]
+    assert sections == [
+        "# --- common parameters",
+        "# --- workload resnet18: its own parameters, used only when workload is 'resnet18'",
+        "# --- workload cnn: its own parameters, used only when workload is 'cnn'",
+        "# --- workload dcrnn: its own parameters, used only when workload is 'dcrnn'",
+    ]
 
 
 @pytest.mark.integration
@@ -123,8 +168,8 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     assert json.loads((run / "summary.json").read_text())["status"] == "complete"
     nb = json.loads(executed[0].read_text())
     text = json.dumps(nb)
-    assert "epoch 1/1 done" in text          # progress streamed into the notebook
-    assert "image/png" in text               # the plots were drawn
+    assert "epoch 1/1 done" in text  # progress streamed into the notebook
+    assert "image/png" in text  # the plots were drawn
     # and the HTML says what they show (a screen reader reads the alt text, not the chart)
     html = executed[0].with_suffix(".html").read_text()
     assert html.count('<img alt="Figure (') == 1 and "No description has been provided" not in html
@@ -132,7 +177,7 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     # results first: the resolved configuration is folded under one line, and wide tables scroll in the page
     assert "<details><summary>the resolved configuration:" in html and 'style="overflow-x: auto;' in html
     assert not nb["metadata"]["papermill"]["exception"]
-    assert "epoch 1/1 done" in p.stdout + p.stderr   # and into the log (--log-output)
+    assert "epoch 1/1 done" in p.stdout + p.stderr  # and into the log (--log-output)
     # where the log prints a figure, it says what the figure shows
     assert "IPython.core.display" not in p.stdout + p.stderr and "loss: loss against epoch" in p.stdout + p.stderr
     assert "started ahead differs" not in p.stdout + p.stderr  # the kernel started ahead ran it
@@ -176,15 +221,23 @@ def test_the_page_gets_htmlexporters_alt_text_and_tabindex_without_its_second_pa
 
     v4 = nbformat.v4
     jpeg = "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAP" + "A" * 40
-    html_out = ('<div class="jp-OutputArea-output x" data-a="1 > 0">a</div><div tabindex="-1" '
-                'class="jp-Cell-inputWrapper">b</div><img src="y.png"/><IMG SRC="z.png" ALT="kept">')
-    nb = v4.new_notebook(cells=[
-        v4.new_markdown_cell('text <img src="x.png"> and ![described](d.png)'),
-        v4.new_code_cell("print(1)", outputs=[v4.new_output("stream", name="stdout", text="1\n")]),
-        v4.new_code_cell("jpeg()", outputs=[v4.new_output("display_data", data={"image/jpeg": jpeg})]),
-        v4.new_code_cell("html()", outputs=[v4.new_output("execute_result", execution_count=3,
-                                                         data={"text/html": html_out, "text/plain": "h"})]),
-    ])
+    html_out = (
+        '<div class="jp-OutputArea-output x" data-a="1 > 0">a</div><div tabindex="-1" '
+        'class="jp-Cell-inputWrapper">b</div><img src="y.png"/><IMG SRC="z.png" ALT="kept">'
+    )
+    nb = v4.new_notebook(
+        cells=[
+            v4.new_markdown_cell('text <img src="x.png"> and ![described](d.png)'),
+            v4.new_code_cell("print(1)", outputs=[v4.new_output("stream", name="stdout", text="1\n")]),
+            v4.new_code_cell("jpeg()", outputs=[v4.new_output("display_data", data={"image/jpeg": jpeg})]),
+            v4.new_code_cell(
+                "html()",
+                outputs=[
+                    v4.new_output("execute_result", execution_count=3, data={"text/html": html_out, "text/plain": "h"})
+                ],
+            ),
+        ]
+    )
     warnings = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
@@ -203,15 +256,17 @@ def test_the_runners_checks_do_not_import_torch():
     """The runner checks the parameters and the launcher picks the run id and port before any rank starts;
     none of it imports torch (seconds on a small machine, paid by every notebook run's runner and kernel), nor
     does `lab train`'s driver around the ranks (its start and its exit: 2-4 s of every CLI run here)."""
-    code = ("import sys, tempfile; from pathlib import Path; from kernels import train; "
-            "from kernels.launch import ranks as launch; from kernels.notebook import runner as notebooks; "
-            "from kernels.launch.config import resolve; train.start = lambda *a, **k: 0; "
-            "assert train.main(['--gpus', '2', '--dataset', 'digits', '--results_dir', tempfile.mkdtemp()]) == 0; "
-            "notebooks.precheck(Path('notebooks/01_train.ipynb'), ['-p', 'gpus', '2', '-p', 'dataset', 'digits']); "
-            "[resolve({'workload': w}) for w in ('resnet18', 'cnn', 'dcrnn')]; "
-            "launch.prepare(resolve({'gpus': 2, 'dataset': 'digits', 'results_dir': tempfile.mkdtemp()}), 'local'); "
-            "from kernels.base.ports import free_port; free_port(); "
-            "print(sorted(m for m in sys.modules if m == 'torch'))")
+    code = (
+        "import sys, tempfile; from pathlib import Path; from kernels import train; "
+        "from kernels.launch import ranks as launch; from kernels.notebook import runner as notebooks; "
+        "from kernels.launch.config import resolve; train.start = lambda *a, **k: 0; "
+        "assert train.main(['--gpus', '2', '--dataset', 'digits', '--results_dir', tempfile.mkdtemp()]) == 0; "
+        "notebooks.precheck(Path('notebooks/01_train.ipynb'), ['-p', 'gpus', '2', '-p', 'dataset', 'digits']); "
+        "[resolve({'workload': w}) for w in ('resnet18', 'cnn', 'dcrnn')]; "
+        "launch.prepare(resolve({'gpus': 2, 'dataset': 'digits', 'results_dir': tempfile.mkdtemp()}), 'local'); "
+        "from kernels.base.ports import free_port; free_port(); "
+        "print(sorted(m for m in sys.modules if m == 'torch'))"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.splitlines()[-1] == "[]", p.stdout + p.stderr
 
@@ -224,8 +279,9 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     kernel started ahead in the runner's is not used)."""
     out = tmp_path / "left-open.txt"
     mine = tmp_path / "mine.ipynb"
-    write_notebook(mine, ["x = 1", f"f = open({out.name!r}, 'w'); f.write('kept')",
-                          "raise ValueError(f'boom at x={x}')"])
+    write_notebook(
+        mine, ["x = 1", f"f = open({out.name!r}, 'w'); f.write('kept')", "raise ValueError(f'boom at x={x}')"]
+    )
     p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, notebook=mine)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "differs from the one asked for (working directory); Papermill starts its own" in p.stderr
@@ -242,11 +298,16 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
     cell never starts. Exit status 130, no traceback but the cell's own."""
     done, never = tmp_path / "cleaned-up.txt", tmp_path / "next-cell.txt"
     mine = tmp_path / "mine.ipynb"
-    write_notebook(mine, ["x = 1",
-                          "import time\ntry:\n    print('waiting', flush=True); time.sleep(600)\n"
-                          "except KeyboardInterrupt:\n    time.sleep(3)\n"
-                          f"    open({str(done)!r}, 'w').write('kept')\n    raise",
-                          f"open({str(never)!r}, 'w')"])
+    write_notebook(
+        mine,
+        [
+            "x = 1",
+            "import time\ntry:\n    print('waiting', flush=True); time.sleep(600)\n"
+            "except KeyboardInterrupt:\n    time.sleep(3)\n"
+            f"    open({str(done)!r}, 'w').write('kept')\n    raise",
+            f"open({str(never)!r}, 'w')",
+        ],
+    )
     p, log = interrupted_run(tmp_path, mine, [], when="waiting", limit_s=120)
     assert p.wait(timeout=60) == 130, log.read_text()[-3000:]
     assert done.read_text() == "kept" and not never.exists(), log.read_text()[-3000:]
@@ -258,8 +319,13 @@ def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""
     res = tmp_path / "runs"
-    p, log = interrupted_run(tmp_path, NB, merge_p(*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res),
-                             when="epoch 1/200 done", limit_s=300)
+    p, log = interrupted_run(
+        tmp_path,
+        NB,
+        merge_p(*TINY_P, "-p", "epochs", "200", "-p", "results_dir", res),
+        when="epoch 1/200 done",
+        limit_s=300,
+    )
     assert p.wait(timeout=120) == 75, log.read_text()[-3000:]
     (run,) = [d for d in res.iterdir() if d.is_dir()]
     summary = json.loads((run / "summary.json").read_text())
@@ -285,22 +351,24 @@ def test_the_kernel_started_ahead_runs_without_the_debugger_and_preloads_what_it
     assert kernel is not None
     client, printed = kernel.km.client(), []
     client.start_channels()
-    code = ("import sys, threading\n"
-            "print(sorted(m for m in ('debugpy', 'pandas') if m in sys.modules))\n"  # as the first cell finds it
-            "[t.join() for t in threading.enumerate() if t.name == 'preload']\n"
-            "import ipykernel.debugger, debugpy\n"
-            "print('pandas' in sys.modules, ipykernel.debugger._is_debugpy_available, debugpy.__name__)")
+    code = (
+        "import sys, threading\n"
+        "print(sorted(m for m in ('debugpy', 'pandas') if m in sys.modules))\n"  # as the first cell finds it
+        "[t.join() for t in threading.enumerate() if t.name == 'preload']\n"
+        "import ipykernel.debugger, debugpy\n"
+        "print('pandas' in sys.modules, ipykernel.debugger._is_debugpy_available, debugpy.__name__)"
+    )
     try:
         run_sync(client._async_wait_for_ready)(timeout=60)
         reply = run_sync(client._async_execute_interactive)(
-            code, timeout=120, output_hook=lambda m: printed.append(m["content"].get("text", "")))
+            code, timeout=120, output_hook=lambda m: printed.append(m["content"].get("text", ""))
+        )
     finally:
         client.stop_channels()
         kernel.stop()
     assert reply["content"]["status"] == "ok", reply["content"]
     first, then = "".join(printed).splitlines()
     assert "debugpy" not in first and then == "True False debugpy"
-
 
 
 @pytest.mark.integration
@@ -312,8 +380,13 @@ def test_an_interrupt_while_the_kernel_imports_prints_nothing(tmp_path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "kernels.notebook.kernel", "-f", str(tmp_path / "kernel.json")],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kernels.notebook.kernel", "-f", str(tmp_path / "kernel.json")],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(0.3)  # in its imports: they take about 0.8 s
         p.send_signal(signal.SIGINT)
@@ -323,12 +396,17 @@ def test_an_interrupt_while_the_kernel_imports_prints_nothing(tmp_path):
         p.kill()
     assert "KeyboardInterrupt" not in p.communicate()[1]
 
+
 def test_what_the_kernel_preloads_is_what_each_of_the_labs_notebooks_imports():
     import ast
 
     for py in sorted((ROOT / "notebooks").glob("*.py")):
-        imported = {a.name.split(".")[0] for node in ast.walk(ast.parse(py.read_text()))
-                    if isinstance(node, ast.Import) for a in node.names}
+        imported = {
+            a.name.split(".")[0]
+            for node in ast.walk(ast.parse(py.read_text()))
+            if isinstance(node, ast.Import)
+            for a in node.names
+        }
         assert set(notebooks.KERNEL_PRELOAD) <= imported, py.name
 
 
@@ -345,11 +423,14 @@ def test_the_html_helper_leaves_when_the_runner_has_no_notebook():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("args,needle", [
-    (["-p", "gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
-    (["-p", "epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
-    (["-p", "gpus", "3"], "parameter 'batch': the global batch 32 is not divisible by gpus=3"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["-p", "gpu", "2"], "unknown parameter 'gpu'.*did you mean 'gpus'"),
+        (["-p", "epochs", "two"], "parameter 'epochs': 'two' is not a valid int"),
+        (["-p", "gpus", "3"], "parameter 'batch': the global batch 32 is not divisible by gpus=3"),
+    ],
+)
 def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, needle):
     """Refused by the runner before Papermill starts a kernel: exit 2, one line, no record, no executed copy."""
     res = tmp_path / "runs"
@@ -363,9 +444,28 @@ def test_bad_parameters_fail_the_notebook_before_any_record(tmp_path, args, need
 def test_the_notebook_itself_refuses_what_the_runner_would(tmp_path):
     """Papermill run directly (no runner): the notebook's resolve cell gives the same error before any record."""
     res = tmp_path / "runs"
-    p = subprocess.run([sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "01_train.ipynb"),
-                        str(tmp_path / "out.ipynb"), "--kernel", "python3", *map(str, TINY_P), "-p", "results_dir",
-                        str(res), "-p", "gpu", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(ROOT / "notebooks" / "01_train.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            "--kernel",
+            "python3",
+            *map(str, TINY_P),
+            "-p",
+            "results_dir",
+            str(res),
+            "-p",
+            "gpu",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode != 0 and "did you mean 'gpus'" in p.stdout + p.stderr
     assert not res.exists()
 
@@ -400,8 +500,9 @@ def test_a_log_axis_is_labelled_in_plain_numbers():
         ax.set_yscale("log")
         plain_log_labels(ax.yaxis)
     fig.canvas.draw()
-    labels = {ax: [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
-              for ax in (wide, narrow)}
+    labels = {
+        ax: [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()] for ax in (wide, narrow)
+    }
     plt.close(fig)
     assert {"0.1", "1", "10"} <= set(labels[wide]), labels[wide]
     assert {"0.2", "0.3", "0.4"} <= set(labels[narrow]), labels[narrow]

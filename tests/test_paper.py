@@ -1,4 +1,5 @@
 """From records to documents: formulas, odd data, and `make paper` with real LaTeX."""
+
 from __future__ import annotations
 
 import math
@@ -27,38 +28,97 @@ SYSTEMS = yaml.safe_load((ROOT / "paper" / "systems.yaml").read_text())
 PLAN = yaml.safe_load((ROOT / "paper" / "plan.yaml").read_text())
 
 
-def write_record(runs: Path, run_id: str, *, gpus: int, batch: int, x: float, acc: float = 0.9,
-                 status: str = "complete", torch_version: str = "2.13.0", device: str = "NVIDIA H100 80GB HBM3",
-                 steps_per_epoch: int = 100, label: str = "t", hosts: int | None = None, lab_ids: dict | None = None,
-                 contended: bool | None = False, **params):
+def write_record(
+    runs: Path,
+    run_id: str,
+    *,
+    gpus: int,
+    batch: int,
+    x: float,
+    acc: float = 0.9,
+    status: str = "complete",
+    torch_version: str = "2.13.0",
+    device: str = "NVIDIA H100 80GB HBM3",
+    steps_per_epoch: int = 100,
+    label: str = "t",
+    hosts: int | None = None,
+    lab_ids: dict | None = None,
+    contended: bool | None = False,
+    **params,
+):
     """A run record in the real schema (as kernels/ddp_core.py writes it), with chosen numbers."""
-    cfg = resolve({"gpus": gpus, "batch": batch, "dataset": "synthetic", "label": label, "precision": "fp32",
-                   "channels_last": False, **params})  # every optimisation off unless a test turns it on
+    cfg = resolve(
+        {
+            "gpus": gpus,
+            "batch": batch,
+            "dataset": "synthetic",
+            "label": label,
+            "precision": "fp32",
+            "channels_last": False,
+            **params,
+        }
+    )  # every optimisation off unless a test turns it on
     d = runs / run_id
     cols = records.metric_columns((Metric("acc"),))
     nodes = max(1, gpus // 4)
     host_names = [f"h{i}" for i in range(hosts or nodes)]
-    records.write_json(d / "config.json", {
-        "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "params": cfg.to_dict(),
-        "derived": {"world_size": gpus, "per_rank_batch": batch // gpus, "steps_per_epoch": steps_per_epoch,
-                    "nodes": nodes, "backend": "nccl", "model_variant": "resnet18-cifar-stem-width64",
-                    "device_type": "cuda"},
-        "git": {"commit": "abc1234def", "dirty": False},
-        "versions": {"torch": torch_version, "cuda": "12.8", "nccl": "2.27.3", "python": "3.11.7"},
-        "hosts": host_names, "nodes": host_names, "devices": [device], "ranks": [], "slurm": {}, "lab": lab_ids or {}})
-    rows = [{c: None for c in cols} | {"epoch": e + 1, "eval_acc": acc * (e + 1) / 2, "samples_per_s": x}
-            for e in range(2)]
+    records.write_json(
+        d / "config.json",
+        {
+            "schema_version": records.SCHEMA_VERSION,
+            "run_id": run_id,
+            "params": cfg.to_dict(),
+            "derived": {
+                "world_size": gpus,
+                "per_rank_batch": batch // gpus,
+                "steps_per_epoch": steps_per_epoch,
+                "nodes": nodes,
+                "backend": "nccl",
+                "model_variant": "resnet18-cifar-stem-width64",
+                "device_type": "cuda",
+            },
+            "git": {"commit": "abc1234def", "dirty": False},
+            "versions": {"torch": torch_version, "cuda": "12.8", "nccl": "2.27.3", "python": "3.11.7"},
+            "hosts": host_names,
+            "nodes": host_names,
+            "devices": [device],
+            "ranks": [],
+            "slurm": {},
+            "lab": lab_ids or {},
+        },
+    )
+    rows = [
+        {c: None for c in cols} | {"epoch": e + 1, "eval_acc": acc * (e + 1) / 2, "samples_per_s": x} for e in range(2)
+    ]
     records.write_metrics(d / "metrics.csv", rows, cols)
-    records.write_json(d / "summary.json", {
-        "schema_version": records.SCHEMA_VERSION, "run_id": run_id, "status": status,
-        "error": None if status == "complete" else "RuntimeError: boom",
-        "device_name": device, "samples_per_s": x, "samples_per_s_per_device": x / gpus,
-        "samples_per_s_p10": 0.9 * x, "samples_per_s_p90": 1.1 * x, "samples_per_s_mean": 0.97 * x,
-        "step_ms_p50": 1e3 * batch / x, "epoch_s_median": steps_per_epoch * batch / x, "data_wait_frac": 0.05,
-        "final_eval_acc": acc, "mfu": 0.4, "exposed_comm_ms": 1.5 if gpus > 1 else None, "peak_mem_gib": 3.0,
-        "train_flops_per_sample": 3.33e9, "started_utc": "2026-01-01T00:00:00+00:00",
-        "contention": {"contended": contended, "evidence": ["foreign processes used 0.90 of the 2 cores"] if contended
-                       else []}})
+    records.write_json(
+        d / "summary.json",
+        {
+            "schema_version": records.SCHEMA_VERSION,
+            "run_id": run_id,
+            "status": status,
+            "error": None if status == "complete" else "RuntimeError: boom",
+            "device_name": device,
+            "samples_per_s": x,
+            "samples_per_s_per_device": x / gpus,
+            "samples_per_s_p10": 0.9 * x,
+            "samples_per_s_p90": 1.1 * x,
+            "samples_per_s_mean": 0.97 * x,
+            "step_ms_p50": 1e3 * batch / x,
+            "epoch_s_median": steps_per_epoch * batch / x,
+            "data_wait_frac": 0.05,
+            "final_eval_acc": acc,
+            "mfu": 0.4,
+            "exposed_comm_ms": 1.5 if gpus > 1 else None,
+            "peak_mem_gib": 3.0,
+            "train_flops_per_sample": 3.33e9,
+            "started_utc": "2026-01-01T00:00:00+00:00",
+            "contention": {
+                "contended": contended,
+                "evidence": ["foreign processes used 0.90 of the 2 cores"] if contended else [],
+            },
+        },
+    )
 
 
 SELECT_T = {"labels": ["t"]}
@@ -89,8 +149,12 @@ def test_efficiencies_and_speedups_equal_the_formulas(study, tmp_path):
     t1 = spe * 512 / strong[1]
     for n, x in strong.items():
         tn = spe * 512 / x
-        row = scal[(scal["mode"] == "strong") & (scal["gpus"] == n) & (scal["batch"] == 512)
-                   & (scal["series"].str.contains("fp32"))].iloc[0]
+        row = scal[
+            (scal["mode"] == "strong")
+            & (scal["gpus"] == n)
+            & (scal["batch"] == 512)
+            & (scal["series"].str.contains("fp32"))
+        ].iloc[0]
         assert math.isclose(row["efficiency"], t1 / (n * tn), rel_tol=1e-12)
         assert math.isclose(row["speedup"], t1 / tn, rel_tol=1e-12)
         assert row["repeats"] == (3 if n == 2 else 1)
@@ -128,8 +192,12 @@ def test_epoch_times_are_the_records_measured_ones_and_a_projection_says_so(tmp_
     from kernels.analysis import runs as analysis
 
     runs = tmp_path / "runs"
-    for run_id, n, x, epoch_s in (("a", 1, 1000.0, 60.0), ("b", 1, 1000.0, 70.0), ("c", 1, 1000.0, 65.0),
-                                  ("d", 2, 1900.0, None)):
+    for run_id, n, x, epoch_s in (
+        ("a", 1, 1000.0, 60.0),
+        ("b", 1, 1000.0, 70.0),
+        ("c", 1, 1000.0, 65.0),
+        ("d", 2, 1900.0, None),
+    ):
         write_record(runs, run_id, gpus=n, batch=512, x=x)
         summary = runs / run_id / "summary.json"
         records.write_json(summary, {**records.read_json(summary), "epoch_s_median": epoch_s})
@@ -142,7 +210,6 @@ def test_epoch_times_are_the_records_measured_ones_and_a_projection_says_so(tmp_
     text = (tmp_path / "out" / "tables" / "results_text.tex").read_text()
     assert "an epoch takes 65\\,s" in text and "projected from the median step time" in text, text
     assert res["node_hours"]["epoch_s"].iloc[0] == 65.0  # the request is costed from the measured epoch
-
 
 
 def test_node_hours_equal_the_computation(study, tmp_path):
@@ -176,10 +243,13 @@ def test_node_hours_equal_the_computation(study, tmp_path):
     assert "the target system's GPU model" in request
 
 
-@pytest.mark.parametrize("change,why", [
-    ({"system": "leonardo-booster"}, "ran on NVIDIA H100 80GB HBM3, not on the NVIDIA A100"),
-    ({"workloads": ["ResNet-18 on CIFAR-10"]}, "ran resnet18 on synthetic, not the proposed ResNet-18 on CIFAR-10"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"system": "leonardo-booster"}, "ran on NVIDIA H100 80GB HBM3, not on the NVIDIA A100"),
+        ({"workloads": ["ResNet-18 on CIFAR-10"]}, "ran resnet18 on synthetic, not the proposed ResNet-18 on CIFAR-10"),
+    ],
+)
 def test_no_node_hours_from_records_of_another_gpu_or_workload(study, tmp_path, change, why):
     """H100 records do not price an A100 system, nor synthetic-data records a CIFAR-10 study: the request says
     'to be measured' with the pilot that measures it, and no total exists to print."""
@@ -208,8 +278,14 @@ def test_no_records_at_all_gives_marked_gaps_not_tracebacks(tmp_path):
     res = report.build(tmp_path / "nothing", tmp_path / "out", PLAN, SYSTEMS)
     assert res["runs"].empty and res["node_hours_total"] is None
     tables = tmp_path / "out" / "tables"
-    for name in ("scaling_table.tex", "fig_throughput.tex", "setup.tex", "results_text.tex",
-                 "optim_section.tex", "profiling_text.tex"):
+    for name in (
+        "scaling_table.tex",
+        "fig_throughput.tex",
+        "setup.tex",
+        "results_text.tex",
+        "optim_section.tex",
+        "profiling_text.tex",
+    ):
         assert "\\gap{" in (tables / name).read_text(), name
     listed = (tables / "not_measured.tex").read_text()  # the paper's one list: each section once, with the command
     assert listed.count("\\item") == 6 and "run the I/O study (studies/io\\_mnist.yaml" in listed
@@ -250,14 +326,17 @@ def test_claims_come_from_the_registry_and_the_records(study, tmp_path):
     contents = (out / "tables" / "lab_contents.tex").read_text()
     for name in WORKLOADS:
         wl = get_workload(name)
-        assert wl.title in contents and all(DATASETS[d].title.replace("_", "\\_") in contents
-                                            for d in wl.datasets if d != "synthetic")
+        assert wl.title in contents and all(
+            DATASETS[d].title.replace("_", "\\_") in contents for d in wl.datasets if d != "synthetic"
+        )
     # the synthetic generator says what each workload gets from it
     assert "ResNet-18 (CIFAR form) (data: CIFAR-10, " in contents and "images or traffic" not in contents
     assert contents.count("synthetic images") == 2 and contents.count("synthetic traffic series") == 1
     # the study reaches 8 H100s on two hosts: a GPU cluster
-    assert "TRL~5: the pipeline is validated on a GPU cluster, up to 8 GPUs" in \
-        (out / "tables" / "validation_text.tex").read_text()
+    assert (
+        "TRL~5: the pipeline is validated on a GPU cluster, up to 8 GPUs"
+        in (out / "tables" / "validation_text.tex").read_text()
+    )
     one = tmp_path / "one"
     write_record(one, "a", gpus=4, batch=512, x=5000.0, hosts=1)
     report.build(one, tmp_path / "o2", PLAN, SYSTEMS, select=SELECT_T)
@@ -280,16 +359,22 @@ def _need_tex():
 
 
 def make_paper(res: Path, *extra, study: str = "t") -> subprocess.CompletedProcess:
-    p = subprocess.run(["make", "paper", f"RESULTS={res}", f"PAPER_OUT={res}/pdf", f"SLIDES_OUT={res}/pdf",
-                        f"STUDY={study}", *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        ["make", "paper", f"RESULTS={res}", f"PAPER_OUT={res}/pdf", f"SLIDES_OUT={res}/pdf", f"STUDY={study}", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return p
 
 
 def pdf_text(path: Path, layout: bool = True) -> str:
     """The PDF's text; layout=False keeps the reading order of side-by-side columns (slides)."""
-    return subprocess.run(["pdftotext", *(["-layout"] if layout else []), str(path), "-"], capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        ["pdftotext", *(["-layout"] if layout else []), str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def pages(path: Path) -> int:
@@ -307,7 +392,7 @@ def page_fill(pdf: Path, tmp: Path) -> list[tuple[float, float]]:
         raw = f.read_bytes()
         magic, dims, maxval, data = raw.split(b"\n", 3)  # binary PGM: P5, "w h", 255, pixels
         w, h = map(int, dims.split())
-        rows = (np.frombuffer(data[:w * h], dtype=np.uint8).reshape(h, w) < 160).any(axis=1)
+        rows = (np.frombuffer(data[: w * h], dtype=np.uint8).reshape(h, w) < 160).any(axis=1)
         ys = np.nonzero(rows)[0]
         fills.append((float(rows.mean()), float((ys[-1] - ys[0] + 1) / h) if len(ys) else 0.0))
     return fills
@@ -320,21 +405,30 @@ def assert_documents_look_finished(pdfs: dict, tmp: Path):
     assert pages(pdfs["pitch"]) == 7  # title + six slides
     for name, pdf in pdfs.items():
         for i, (ink, span) in enumerate(page_fill(pdf, tmp), 1):
-            assert ink > 0.1 and span > 0.3, \
+            assert ink > 0.1 and span > 0.3, (
                 f"{name}.pdf page {i} is mostly blank (ink rows {ink:.2f}, span {span:.2f})"
+            )
         text = pdf_text(pdf)
-        assert "??" not in text, \
-            f"{name}.pdf has an unresolved reference: " + text[max(0, text.find("??") - 200):][:250]
-        assert "n/a" not in text, \
-            f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200):text.find("n/a") + 50]
+        assert "??" not in text, (
+            f"{name}.pdf has an unresolved reference: " + text[max(0, text.find("??") - 200) :][:250]
+        )
+        assert "n/a" not in text, (
+            f"{name}.pdf prints n/a: " + text[max(0, text.find("n/a") - 200) : text.find("n/a") + 50]
+        )
 
 
 def test_who_writes_the_documents_comes_from_the_plan_and_placeholders_are_named():
     from kernels.analysis.tex import tex_escape
 
     assert report.placeholders(PLAN) == list(report.IDENTITY)  # the shipped plan: every one a placeholder
-    mine = {**PLAN, "author": "A. Researcher", "affiliation": "", "pi": "A. Researcher <ar@example.org>",
-            "institution": "Example University", "repository": "https://example.org/lab"}
+    mine = {
+        **PLAN,
+        "author": "A. Researcher",
+        "affiliation": "",
+        "pi": "A. Researcher <ar@example.org>",
+        "institution": "Example University",
+        "repository": "https://example.org/lab",
+    }
     assert report.placeholders(mine) == []  # an e-mail in <...> after a name is not a placeholder
     assert report.placeholders({**mine, "repository": " <repository address> "}) == ["repository"]
     assert tex_escape("<your names>") == r"\textless{}your names\textgreater{}"  # not the OT1 font's inverted marks
@@ -370,8 +464,14 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     paper = " ".join(pdf_text(pdfs["paper"], layout=False).split())
     assert "judges the targets set before the study" in paper and "The tables and figures behind Sections" in paper
     short = res / "short"
-    subprocess.run(["make", "paper", f"RESULTS={res}", f"PAPER_OUT={short}", f"SLIDES_OUT={short}", "STUDY=t",
-                    "APPENDIX=no"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    subprocess.run(
+        ["make", "paper", f"RESULTS={res}", f"PAPER_OUT={short}", f"SLIDES_OUT={short}", "STUDY=t", "APPENDIX=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     assert pages(short / "paper.pdf") <= min(6, pages(pdfs["paper"]))
     text = " ".join(pdf_text(short / "paper.pdf", layout=False).split())
     assert "The tables and figures behind" not in text and "the appendix of the full version" in text
@@ -395,8 +495,21 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     other = tmp_path / "other res"  # a space in the path
     write_record(other / "runs", "o1", gpus=1, batch=64, x=321.0, device="CPU (x86)")
     write_record(other / "runs", "o2", gpus=2, batch=64, x=600.0, device="CPU (x86)")
-    p = subprocess.run(["make", "paper", f"RESULTS={other}", f"PAPER_OUT={res}/pdf", f"SLIDES_OUT={res}/pdf",
-                        "STUDY=t", "SYSTEM=leonardo-booster"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            "make",
+            "paper",
+            f"RESULTS={other}",
+            f"PAPER_OUT={res}/pdf",
+            f"SLIDES_OUT={res}/pdf",
+            "STUDY=t",
+            "SYSTEM=leonardo-booster",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     proposal = pdf_text(pdfs["proposal"])
     assert "Leonardo Booster" in proposal and "CPU (x86)" in proposal and "H100 80GB" not in proposal
@@ -421,8 +534,14 @@ def test_make_paper_with_no_records_still_builds_and_says_so(tmp_path):
 @pytest.mark.integration
 def test_lab_paper_without_tex_names_the_packages(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # the venv only: no latexmk on it
-    p = subprocess.run([sys.executable, "-m", "kernels.cli", "paper", "--results", str(tmp_path)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.cli", "paper", "--results", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert "latexmk" in p.stderr and "texlive-publishers" in p.stderr and "apt-get install" in p.stderr
 
@@ -437,8 +556,9 @@ def test_bad_plan_is_one_clear_error(tmp_path):
     late = [{**PLAN["work_plan"][0], "months": [3, 2]}]
     with pytest.raises(ConfigError, match=r"work_plan entry 1 \(Port\): months must be \[first, last\]"):
         report.check_plan({**PLAN, "work_plan": late}, SYSTEMS)
-    with pytest.raises(ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got "
-                                          "months, package"):
+    with pytest.raises(
+        ConfigError, match="work_plan entry 1 needs exactly milestone, months, package, work; got months, package"
+    ):
         report.check_plan({**PLAN, "work_plan": [{"package": "Port", "months": [1, 1]}]}, SYSTEMS)
     # the plan costs study files: one that is not there, or an old-style plan without them, is named
     with pytest.raises(ConfigError, match="key 'studies': study file .*studies/nowhere.yaml not found"):
@@ -457,14 +577,27 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
 
     (tmp_path / "runs").mkdir()
     study_file = tmp_path / "wp.yaml"  # the planned study: 1, 8 and 40 GPUs
-    study_file.write_text(yaml.safe_dump({"name": "wp", "cluster": "marenostrum5-acc", "mode": "strong",
-                                          "gpus": [1, 8, 40], "repeats": 1,
-                                          "fixed": {"workload": "resnet18", "dataset": "synthetic", "batch": 480,
-                                                    "epochs": 1}}))
-    plan = {**PLAN, "studies": [str(study_file)], "io_study": {**PLAN["io_study"], "samples": 3_000_000},
-            "work_plan": [{"package": "Port", "work": "validation on {system}", "months": [1, 2], "milestone": "first"},
-                          {"package": "Scale", "work": "bucket x batch to {max_gpus} GPUs", "months": [2, 7],
-                           "milestone": "figures"}]}
+    study_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "wp",
+                "cluster": "marenostrum5-acc",
+                "mode": "strong",
+                "gpus": [1, 8, 40],
+                "repeats": 1,
+                "fixed": {"workload": "resnet18", "dataset": "synthetic", "batch": 480, "epochs": 1},
+            }
+        )
+    )
+    plan = {
+        **PLAN,
+        "studies": [str(study_file)],
+        "io_study": {**PLAN["io_study"], "samples": 3_000_000},
+        "work_plan": [
+            {"package": "Port", "work": "validation on {system}", "months": [1, 2], "milestone": "first"},
+            {"package": "Scale", "work": "bucket x batch to {max_gpus} GPUs", "months": [2, 7], "milestone": "figures"},
+        ],
+    }
     report.build(tmp_path / "runs", tmp_path / "out", plan, SYSTEMS, select=None)
     tables = tmp_path / "out" / "tables"
     gantt = (tables / "workplan_gantt.tex").read_text()
@@ -476,8 +609,10 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
     assert f"1--2 & Port & validation on {tex_escape(system['name'])} & M1 first" in table
     assert "2--7 & Scale & bucket $\\times$ batch to 40 GPUs & M2 figures" in table
     # the pitch's milestones are the plan's, at their package's last month (the Gantt chart's diamonds)
-    assert "\\toprule\nM1 & month 2 & first\\\\\nM2 & month 7 & figures\\\\\n\\bottomrule" in (
-        tables / "milestones_slide.tex").read_text()
+    assert (
+        "\\toprule\nM1 & month 2 & first\\\\\nM2 & month 7 & figures\\\\\n\\bottomrule"
+        in (tables / "milestones_slide.tex").read_text()
+    )
     numbers = (tables / "numbers.tex").read_text()
     assert "\\newcommand{\\labLastMilestone}{M2}" in numbers and "\\newcommand{\\labPlanMonths}{7}" in numbers
     support = " ".join((tables / "support_text.tex").read_text().split())
@@ -489,38 +624,77 @@ def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch
     assert slide.count("\\item ") == len(plan["support"])
     assert f"jobs of up to {math.ceil(40 / system['gpus_per_node'])} nodes" in slide
     # without an I/O study, the storage item (it names {storage}) is left out rather than printed empty
-    report.build(tmp_path / "runs", tmp_path / "out2", {k: v for k, v in plan.items() if k != "io_study"}, SYSTEMS,
-                 select=None)
+    report.build(
+        tmp_path / "runs", tmp_path / "out2", {k: v for k, v in plan.items() if k != "io_study"}, SYSTEMS, select=None
+    )
     support = (tmp_path / "out2" / "tables" / "support_text.tex").read_text()
     assert "Support needed" in support and "project storage" not in support
 
 
-def _io(ranks: list[tuple[str, float, float | None]], source: str, cache: str | None, data_bytes: int | None,
-        train_s: float) -> dict:
+def _io(
+    ranks: list[tuple[str, float, float | None]], source: str, cache: str | None, data_bytes: int | None, train_s: float
+) -> dict:
     """summary.json's io section: ranks = [(device, data wait fraction, bytes read or None)]."""
-    per = [{"rank": i, "host": f"h{i // 4}", "device_name": dev, "samples": 1000, "bytes_read": b,
-            "read_s": 1.0 if b else None, "read_calls": 4 if b else None, "read_mb_s": b / 1e6 if b else None,
-            "data_wait_frac": w, "bytes_by_epoch": {"0": b} if b else None} for i, (dev, w, b) in enumerate(ranks)]
+    per = [
+        {
+            "rank": i,
+            "host": f"h{i // 4}",
+            "device_name": dev,
+            "samples": 1000,
+            "bytes_read": b,
+            "read_s": 1.0 if b else None,
+            "read_calls": 4 if b else None,
+            "read_mb_s": b / 1e6 if b else None,
+            "data_wait_frac": w,
+            "bytes_by_epoch": {"0": b} if b else None,
+        }
+        for i, (dev, w, b) in enumerate(ranks)
+    ]
     total = sum(b for _, _, b in ranks) if all(b for _, _, b in ranks) else None
     waits = [w for _, w, _ in ranks]
-    return {"source": source, "cache": cache, "data_bytes": data_bytes, "train_s": train_s, "bytes_read": total,
-            "read_ratio_max_epoch": total / data_bytes if total else None,
-            "read_mb_s": total / train_s / 1e6 if total else None,
-            "storage_mb_s": sum(p["read_mb_s"] for p in per) if total else None, "samples_per_s": None,
-            "data_wait_frac_max": max(waits), "data_wait_frac_min": min(waits), "ranks": per}
+    return {
+        "source": source,
+        "cache": cache,
+        "data_bytes": data_bytes,
+        "train_s": train_s,
+        "bytes_read": total,
+        "read_ratio_max_epoch": total / data_bytes if total else None,
+        "read_mb_s": total / train_s / 1e6 if total else None,
+        "storage_mb_s": sum(p["read_mb_s"] for p in per) if total else None,
+        "samples_per_s": None,
+        "data_wait_frac_max": max(waits),
+        "data_wait_frac_min": min(waits),
+        "ranks": per,
+    }
 
 
 def test_io_analysis_reproduces_hand_computed_numbers(tmp_path):
     runs = tmp_path / "runs"
     a100, v100 = "NVIDIA A40", "Tesla V100-SXM2-32GB"
     # bigMNIST streamed: 1 rank (two repeats) and 4 ranks on mixed node types; MNIST resident at 1 rank
-    cases = [("b1a", 1, 900.0, [(a100, 0.10, 8_000_000)], 10.0),
-             ("b1b", 1, 1100.0, [(a100, 0.30, 8_000_000)], 20.0),
-             ("b4", 4, 3000.0, [(a100, 0.05, 2_000_000), (a100, 0.07, 2_000_000), (v100, 0.20, 2_000_000),
-                                (v100, 0.25, 2_000_000)], 4.0)]
+    cases = [
+        ("b1a", 1, 900.0, [(a100, 0.10, 8_000_000)], 10.0),
+        ("b1b", 1, 1100.0, [(a100, 0.30, 8_000_000)], 20.0),
+        (
+            "b4",
+            4,
+            3000.0,
+            [(a100, 0.05, 2_000_000), (a100, 0.07, 2_000_000), (v100, 0.20, 2_000_000), (v100, 0.25, 2_000_000)],
+            4.0,
+        ),
+    ]
     for run_id, n, x, ranks, train_s in cases:
-        write_record(runs, run_id, gpus=n, batch=128 * n, x=x, workload="cnn", dataset="bigmnist",
-                     pipeline="stream", cache="cold")
+        write_record(
+            runs,
+            run_id,
+            gpus=n,
+            batch=128 * n,
+            x=x,
+            workload="cnn",
+            dataset="bigmnist",
+            pipeline="stream",
+            cache="cold",
+        )
         s = records.read_json(runs / run_id / "summary.json")
         s["io"] = _io(ranks, "streamed-shards", "cold", 8_000_000, train_s)
         records.write_json(runs / run_id / "summary.json", s)
@@ -569,14 +743,15 @@ def test_suspicious_points_are_set_aside_named_with_their_rerun_and_never_quoted
     re-run table names why and the command; a profiled run is no repeat; a study point short of its repeats and
     one whose repeats disagree are set aside too."""
     runs = tmp_path / "runs"
-    write_record(runs, "one", gpus=1, batch=64, x=20.0, contended=True, lab_ids={"lab_notebook": "01_train"},
-                 width=16)
+    write_record(runs, "one", gpus=1, batch=64, x=20.0, contended=True, lab_ids={"lab_notebook": "01_train"}, width=16)
     write_record(runs, "two", gpus=2, batch=64, x=316.0, width=16)
-    write_record(runs, "two-prof", gpus=2, batch=64, x=483.0, profile_steps=5, width=16,
-                 lab_ids={"lab_notebook": "02_profile"})
+    write_record(
+        runs, "two-prof", gpus=2, batch=64, x=483.0, profile_steps=5, width=16, lab_ids={"lab_notebook": "02_profile"}
+    )
     study = {"lab_study_id": "demo_strong", "lab_study_repeats": "3"}
-    for i, (n, x) in enumerate([(1, 100.0), (1, 101.0), (1, 99.0), (2, 180.0), (2, 185.0), (2, 182.0), (4, 300.0),
-                                (4, 390.0), (4, 310.0)]):
+    for i, (n, x) in enumerate(
+        [(1, 100.0), (1, 101.0), (1, 99.0), (2, 180.0), (2, 185.0), (2, 182.0), (4, 300.0), (4, 390.0), (4, 310.0)]
+    ):
         if i != 4:  # point 4 (2 ranks, second repeat) is missing
             write_record(runs, f"demo_strong-p{i:03d}", gpus=n, batch=128, x=x, lab_ids=study)
     res = report.build(runs, tmp_path / "out", PLAN, SYSTEMS, {})
@@ -658,9 +833,19 @@ def test_a_profile_tables_shares_add_up_to_the_whole_step():
 
     shares = dict(zip(CATEGORIES, [0.40, 0.12, 0.08, 0.05, 0.01, 0.03, 0.09, 0.025, 0.015, 0.02, 0.16]))
     assert sum(shares.values()) == pytest.approx(1.0)
-    prof = pd.DataFrame([{"workload": "resnet18", "dataset": "digits", "precision": "fp32", "gpus": 2,
-                          "started_utc": "2026-01-01", "bottleneck": "compute",
-                          "profile": {"timeline": "host", "profiled_ms_per_step": 130.0, "share": shares}}])
+    prof = pd.DataFrame(
+        [
+            {
+                "workload": "resnet18",
+                "dataset": "digits",
+                "precision": "fp32",
+                "gpus": 2,
+                "started_utc": "2026-01-01",
+                "bottleneck": "compute",
+                "profile": {"timeline": "host", "profiled_ms_per_step": 130.0, "share": shares},
+            }
+        ]
+    )
     table = profiling.profile_table(profiling.profile_rows(prof))
     cells = [float(x) for x in re.findall(r"([\d.]+)\\,\\%", table)]
     assert len(cells) == len(CATEGORIES) and sum(cells) == pytest.approx(100.0, abs=0.5)
@@ -670,9 +855,20 @@ def test_a_profile_tables_shares_add_up_to_the_whole_step():
 # the width each figure is printed at in paper/paper.tex (inches): a column figure at \linewidth of the
 # 3.5 in column, the accuracy figure* at the 7.16 in text width, the I/O panels at 0.48 and the DCRNN panel at
 # 0.75 of it
-PRINTED_IN = {"throughput": 3.5, "efficiency": 3.5, "epoch_time": 3.5, "gains": 3.5, "predictor": 3.5,
-              "profile_breakdown": 3.5, "accuracy": 7.16, "io_samples": 3.5, "io_bandwidth": 3.5, "io_wait": 3.5,
-              "io_ranks": 3.5, "dcrnn_scaling": 5.37}
+PRINTED_IN = {
+    "throughput": 3.5,
+    "efficiency": 3.5,
+    "epoch_time": 3.5,
+    "gains": 3.5,
+    "predictor": 3.5,
+    "profile_breakdown": 3.5,
+    "accuracy": 7.16,
+    "io_samples": 3.5,
+    "io_bandwidth": 3.5,
+    "io_wait": 3.5,
+    "io_ranks": 3.5,
+    "dcrnn_scaling": 5.37,
+}
 # the pitch's figures: the width slides/pitch.tex shows them at (0.74 of the 398 pt text width of a 160 mm 16:9
 # Beamer slide), and how much larger a projected slide is than that page: a 13.33 in wide 16:9 slide
 SLIDE_PRINTED_IN = {"slide_scaling": 0.74 * 398.34 / 72.27}
@@ -702,8 +898,15 @@ def assert_printed_at_7_pt(saved: dict) -> None:
         assert printed >= 6.95, f"{name}: smallest text {pt} pt in a {width:.2f} in figure prints at {printed:.1f} pt"
 
 
-@pytest.mark.parametrize("lo, hi, ticks", [(356.5, 609.5, [400, 500, 600]), (2.35, 3.91, [2.5, 3.0, 3.5]),
-                                           (1.0, 1.2, [1.0, 1.1, 1.2]), (90, 1100, [100, 200, 500, 1000])])
+@pytest.mark.parametrize(
+    "lo, hi, ticks",
+    [
+        (356.5, 609.5, [400, 500, 600]),
+        (2.35, 3.91, [2.5, 3.0, 3.5]),
+        (1.0, 1.2, [1.0, 1.1, 1.2]),
+        (90, 1100, [100, 200, 500, 1000]),
+    ],
+)
 def test_axis_ticks_are_round_numbers(lo, hi, ticks):
     """A narrow log axis got ticks such as 410/470/530 or 510/550/600: ticks are multiples of one 1-2-5 step."""
     from kernels.analysis.figures import nice_log_ticks
@@ -737,9 +940,11 @@ def test_a_benchmark_is_quoted_only_on_the_hardware_of_the_records(study, tmp_pa
 
 
 # arguments that name files, labels and presence flags, where an underscore is part of a name, not text
-_NAMES = re.compile(r"\\(?:label|ref|input|includegraphics(?:\[[^\]]*\])?|ifhas|inappendix\{[^}]*\}|csname)"
-                    r"\s*\{?[^}\\]*\}?"
-                    r"|\\csname [^\\]*\\endcsname|\$[^$]*\$")
+_NAMES = re.compile(
+    r"\\(?:label|ref|input|includegraphics(?:\[[^\]]*\])?|ifhas|inappendix\{[^}]*\}|csname)"
+    r"\s*\{?[^}\\]*\}?"
+    r"|\\csname [^\\]*\\endcsname|\$[^$]*\$"
+)
 
 
 def test_text_taken_from_records_keeps_its_underscores(tmp_path):
@@ -751,8 +956,11 @@ def test_text_taken_from_records_keeps_its_underscores(tmp_path):
     report.build(runs, tmp_path / "out", PLAN, SYSTEMS, select={"labels": ["predictor_local"]})
     tables = tmp_path / "out" / "tables"
     assert "predictor\\_local" in (tables / "selection_text.tex").read_text()
-    bare = {f.name: m for f in sorted(tables.glob("*.tex"))
-            for m in re.findall(r".{0,30}(?<!\\)_.{0,30}", _NAMES.sub("", f.read_text()))}
+    bare = {
+        f.name: m
+        for f in sorted(tables.glob("*.tex"))
+        for m in re.findall(r".{0,30}(?<!\\)_.{0,30}", _NAMES.sub("", f.read_text()))
+    }
     assert not bare, bare
 
 
@@ -785,13 +993,26 @@ def test_the_texts_claim_only_the_records_there_are(tmp_path):
     missing is a gap; the CPU sentence is the run's own cores, not the host's load."""
     runs = tmp_path / "runs"
     for run_id, n in (("one", 1), ("two", 2)):
-        write_record(runs, run_id, gpus=n, batch=64, x=200.0 * n ** 0.5, label="demo", device="CPU (x86)")
+        write_record(runs, run_id, gpus=n, batch=64, x=200.0 * n**0.5, label="demo", device="CPU (x86)")
         summary = runs / run_id / "summary.json"
         s = records.read_json(summary)
-        records.write_json(summary, {**s, "io": {"source": "device", "data_wait_frac_max": 0.011,
-                                                 "data_wait_frac_min": 0.01, "devices": ["CPU (x86)"]},
-                                     "monitor": {"cpu_util_mean_pct": 92.4, "own_cpu_cores_mean": 1.81 * n / 2,
-                                                 "foreign_cpu_cores_mean": 0.02}})
+        records.write_json(
+            summary,
+            {
+                **s,
+                "io": {
+                    "source": "device",
+                    "data_wait_frac_max": 0.011,
+                    "data_wait_frac_min": 0.01,
+                    "devices": ["CPU (x86)"],
+                },
+                "monitor": {
+                    "cpu_util_mean_pct": 92.4,
+                    "own_cpu_cores_mean": 1.81 * n / 2,
+                    "foreign_cpu_cores_mean": 0.02,
+                },
+            },
+        )
     plan = {**SYNTH_PLAN, "select": {"labels": ["demo", "predictor_local"]}}
     report.build(runs, tmp_path / "out", plan, SYSTEMS)
     tables = tmp_path / "out" / "tables"
@@ -846,14 +1067,23 @@ def test_the_data_wait_the_documents_quote_is_the_records_median(tmp_path):
     for (run_id, n), wait in waits.items():
         write_record(runs, run_id, gpus=n, batch=512, x=1000.0 * n)
         summary = runs / run_id / "summary.json"
-        records.write_json(summary, {**records.read_json(summary), "data_wait_frac": wait,
-                                     "bottleneck": {"verdict": "compute", "reason": "r", "evidence": {}}})
+        records.write_json(
+            summary,
+            {
+                **records.read_json(summary),
+                "data_wait_frac": wait,
+                "bottleneck": {"verdict": "compute", "reason": "r", "evidence": {}},
+            },
+        )
     report.build(runs, tmp_path / "out", SYNTH_PLAN, SYSTEMS, select=SELECT_T)
     tables = tmp_path / "out" / "tables"
     text = (tables / "profiling_text.tex").read_text()
     assert f"data wait is {100 * float(np.median(list(waits.values()))):.1f}\\,\\% of the step (median over 5 " in text
-    rows = [line.split("&") for line in (tables / "bottleneck_table.tex").read_text().splitlines()
-            if line.count("&") >= 5 and "Verdict" not in line]
+    rows = [
+        line.split("&")
+        for line in (tables / "bottleneck_table.tex").read_text().splitlines()
+        if line.count("&") >= 5 and "Verdict" not in line
+    ]
     got = {int(r[1]): (int(r[2]), float(r[4])) for r in rows}
     assert got == {1: (3, 3.0), 2: (2, 5.5)}, rows  # medians 3.0 % and 5.5 % of each point's records
 
@@ -887,13 +1117,17 @@ def test_dcrnn_time_is_judged_against_one_full_node():
     from kernels.workloads.dcrnn import reporting
 
     def run(gpus, nodes, epoch_s, maes):
-        return {"workload": "dcrnn", "gpus": gpus, "nodes": nodes,
-                "metrics": [{"epoch_s": epoch_s, "eval_mae_15min": m, "eval_mae_60min": m} for m in maes]}
+        return {
+            "workload": "dcrnn",
+            "gpus": gpus,
+            "nodes": nodes,
+            "metrics": [{"epoch_s": epoch_s, "eval_mae_15min": m, "eval_mae_60min": m} for m in maes],
+        }
 
     crit = next(c for c in reporting.CRITERIA if c.key == "dcrnn_time")
-    one_gpu = run(1, 1, 100.0, [3.0, 2.9, 2.8])   # not the baseline: one GPU of a 4-GPU node
-    node = run(4, 1, 30.0, [3.0, 2.9, 2.8])      # 90 s to MAE 2.8
-    two = run(8, 2, 12.0, [2.95, 2.8, 2.7])      # 24 s to 2.8: 73 % less
+    one_gpu = run(1, 1, 100.0, [3.0, 2.9, 2.8])  # not the baseline: one GPU of a 4-GPU node
+    node = run(4, 1, 30.0, [3.0, 2.9, 2.8])  # 90 s to MAE 2.8
+    two = run(8, 2, 12.0, [2.95, 2.8, 2.7])  # 24 s to 2.8: 73 % less
     res = crit.judge(crit, {"runs": pd.DataFrame([one_gpu, node, two])})
     assert res["status"] == "met" and res["value"] == "73 % less", res
     assert "2 nodes (8 GPUs) against 1 node (4 GPUs)" in res["evidence"] and res["brief"].endswith(".txt:9")

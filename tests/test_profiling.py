@@ -1,4 +1,5 @@
 """Profiling: 02_profile under Papermill (2 real ranks), traces, breakdown, monitor, verdict, comm probe, wrappers."""
+
 from __future__ import annotations
 
 import gzip
@@ -25,11 +26,56 @@ pytestmark = pytest.mark.unit
 
 NB = ROOT / "notebooks" / "02_profile.ipynb"
 HZ = 5.0
-PROFILE_P = ["-p", "gpus", "2", "-p", "dataset", "digits", "-p", "width", "8", "-p", "epochs", "2", "-p", "batch", "64",
-             "-p", "precision", "fp32", "-p", "train_samples", "512", "-p", "test_samples", "64",
-             "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "6", "-p", "log_every", "0",
-             "-p", "profile_wait", "2", "-p", "profile_warmup", "1", "-p", "profile_steps", "3",
-             "-p", "monitor_hz", str(HZ), "-p", "checkpoint_every", "0"]
+PROFILE_P = [
+    "-p",
+    "gpus",
+    "2",
+    "-p",
+    "dataset",
+    "digits",
+    "-p",
+    "width",
+    "8",
+    "-p",
+    "epochs",
+    "2",
+    "-p",
+    "batch",
+    "64",
+    "-p",
+    "precision",
+    "fp32",
+    "-p",
+    "train_samples",
+    "512",
+    "-p",
+    "test_samples",
+    "64",
+    "-p",
+    "timing_warmup_steps",
+    "1",
+    "-p",
+    "comm_probe_steps",
+    "6",
+    "-p",
+    "log_every",
+    "0",
+    "-p",
+    "profile_wait",
+    "2",
+    "-p",
+    "profile_warmup",
+    "1",
+    "-p",
+    "profile_steps",
+    "3",
+    "-p",
+    "monitor_hz",
+    str(HZ),
+    "-p",
+    "checkpoint_every",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +83,24 @@ def profiled(tmp_path_factory):
     """One 2-rank profiled run of notebooks/02_profile.ipynb through the runner (Papermill), as make demo does."""
     tmp = tmp_path_factory.mktemp("profile")
     env = {**os.environ, "LAB_RESULTS": str(tmp)}
-    p = subprocess.run([sys.executable, "-m", "kernels.notebook.runner", "run", str(NB), *PROFILE_P,
-                        "-p", "results_dir", str(tmp / "runs")], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.notebook.runner",
+            "run",
+            str(NB),
+            *PROFILE_P,
+            "-p",
+            "results_dir",
+            str(tmp / "runs"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
     return run, json.loads((run / "summary.json").read_text()), p.stdout + p.stderr
@@ -142,9 +203,11 @@ def test_the_launcher_leaves_the_profiler_librarys_marks_out_of_the_log():
 
     from kernels.launch.launchers import pump
 
-    rank = io.StringIO("epoch 1/2\nUSDT:2026-11-28 03:09:45 13802:13802 SyncActivityProfilerHandler.cpp:52] "
-                       "profiler_start\nSTAGE:2026-11-28 13:03:20 30496:30496 SyncActivityProfilerHandler.cpp:60] "
-                       "Completed Stage: Collection\nUSDT: a line of the run's own\n")
+    rank = io.StringIO(
+        "epoch 1/2\nUSDT:2026-11-28 03:09:45 13802:13802 SyncActivityProfilerHandler.cpp:52] "
+        "profiler_start\nSTAGE:2026-11-28 13:03:20 30496:30496 SyncActivityProfilerHandler.cpp:60] "
+        "Completed Stage: Collection\nUSDT: a line of the run's own\n"
+    )
     log = io.StringIO()
     pump(rank, "[rank 1] ", log)
     assert log.getvalue() == "[rank 1] epoch 1/2\n[rank 1] USDT: a line of the run's own\n"
@@ -173,9 +236,9 @@ def test_median_ci_has_the_sign_test_coverage():
         c = median_ci(values, level=0.90)
         return c["ci_lo"], c["ci_hi"]
 
-    assert ci(list(range(10))) == (1, 8)       # x(2), x(9): 97.9 % >= 90 %
-    assert ci(list(range(20))) == (5, 14)      # x(6), x(15): 95.9 %
-    assert ci([3.0, 1.0, 2.0]) == (1.0, 3.0)   # too few pairs: the full range
+    assert ci(list(range(10))) == (1, 8)  # x(2), x(9): 97.9 % >= 90 %
+    assert ci(list(range(20))) == (5, 14)  # x(6), x(15): 95.9 %
+    assert ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few pairs: the full range
 
 
 # ------------------------------------------------------------- breakdown on device traces
@@ -184,19 +247,63 @@ def _gpu_trace(tmp_path):
     a GEMM, an NCCL all-reduce half overlapped by the GEMM, a copy, and idle gaps."""
     ev = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1, "ts": 0, "dur": 1200},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "pid": 1, "tid": 1, "ts": 10, "dur": 50,
-         "args": {"External id": 11}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::convolution",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10,
+            "dur": 50,
+            "args": {"External id": 11},
+        },
         {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#7", "pid": 0, "tid": 7, "ts": 100, "dur": 1000},
-        {"ph": "X", "cat": "kernel", "name": "sm90_xmma_fprop_implicit_gemm_bf16", "pid": 0, "tid": 7, "ts": 100,
-         "dur": 300, "args": {"External id": 11}},
-        {"ph": "X", "cat": "kernel", "name": "ampere_bf16_s16816gemm_128x128", "pid": 0, "tid": 7, "ts": 400,
-         "dur": 200},
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
-         "ts": 500, "dur": 200},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 8, "ts": 750,
-         "dur": 50},
-        {"ph": "X", "cat": "kernel", "name": "void at::native::batch_norm_collect_statistics_kernel", "pid": 0,
-         "tid": 7, "ts": 900, "dur": 100},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "sm90_xmma_fprop_implicit_gemm_bf16",
+            "pid": 0,
+            "tid": 7,
+            "ts": 100,
+            "dur": 300,
+            "args": {"External id": 11},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ampere_bf16_s16816gemm_128x128",
+            "pid": 0,
+            "tid": 7,
+            "ts": 400,
+            "dur": 200,
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "pid": 0,
+            "tid": 20,
+            "ts": 500,
+            "dur": 200,
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pinned -> Device)",
+            "pid": 0,
+            "tid": 8,
+            "ts": 750,
+            "dur": 50,
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "void at::native::batch_norm_collect_statistics_kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": 900,
+            "dur": 100,
+        },
     ]
     path = tmp_path / "rank0-j1.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:
@@ -210,13 +317,13 @@ def test_device_breakdown_splits_hidden_and_exposed_communication(tmp_path):
     ms = a["ms_per_step"]
     assert a["profiled_ms_per_step"] == pytest.approx(1.0)
     assert sum(ms.values()) == pytest.approx(1.0)
-    assert ms["convolution"] == pytest.approx(0.3)       # named by its kernel
+    assert ms["convolution"] == pytest.approx(0.3)  # named by its kernel
     assert ms["gemm/linear"] == pytest.approx(0.2)
-    assert ms["communication"] == pytest.approx(0.1)     # 500-600 under the GEMM is hidden, 600-700 exposed
+    assert ms["communication"] == pytest.approx(0.1)  # 500-600 under the GEMM is hidden, 600-700 exposed
     assert a["hidden_comm_ms_per_step"] == pytest.approx(0.1)
     assert ms["memory copy"] == pytest.approx(0.05)
     assert ms["normalisation"] == pytest.approx(0.1)
-    assert ms["idle"] == pytest.approx(0.25)             # 700-750, 800-900, 1000-1100
+    assert ms["idle"] == pytest.approx(0.25)  # 700-750, 800-900, 1000-1100
     assert a["top_ops"][0]["name"].startswith("sm90_xmma_fprop")
 
 
@@ -228,8 +335,11 @@ def test_an_h200_trace_of_a_compiled_step_is_measured_on_its_whole_device_step()
     path = ROOT / "tests" / "data" / "h200-resnet18-bf16-compiled.pt.trace.json.gz"
     trace = json.loads(gzip.open(path).read())
     kernels = [e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    host = sorted(e["dur"] for e in trace["traceEvents"]
-                  if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
+    host = sorted(
+        e["dur"]
+        for e in trace["traceEvents"]
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    )
     a = breakdown.analyse(path)
     assert a["timeline"] == "device" and a["steps"] == 5
     assert host[0] / 1e3 <= a["profiled_ms_per_step"] <= 1.1 * host[-1] / 1e3
@@ -240,8 +350,11 @@ def test_an_h200_trace_of_a_compiled_step_is_measured_on_its_whole_device_step()
     assert max(ms, key=lambda c: ms[c] if c != "idle" else 0) == "convolution"
     assert a["top_ops"][0]["name"].startswith("sm90_xmma_")
     # that run's data wait was 6.4 % of the step (results/bench/nvidia-h200.md at 137c954): the trace shows the bound
-    v = verdict.decide({"timed_steps": 100, "world_size": 1, "data_wait_frac": 0.064, "device_type": "cuda"},
-                       None, {**a, "gpu_kernels": True})
+    v = verdict.decide(
+        {"timed_steps": 100, "world_size": 1, "data_wait_frac": 0.064, "device_type": "cuda"},
+        None,
+        {**a, "gpu_kernels": True},
+    )
     assert v["verdict"] == verdict.LAUNCH, v
 
 
@@ -264,37 +377,60 @@ def test_category_rules(tmp_path):
 
 # ------------------------------------------------------------- the verdict
 def _summary(**kw):
-    base = {"timed_steps": 50, "world_size": 4, "step_ms_p50": 100.0, "data_wait_frac": 0.01, "mfu": None,
-            "exposed_comm_status": "measured", "exposed_comm_ms": 5.0, "device_type": "cuda"}
+    base = {
+        "timed_steps": 50,
+        "world_size": 4,
+        "step_ms_p50": 100.0,
+        "data_wait_frac": 0.01,
+        "mfu": None,
+        "exposed_comm_status": "measured",
+        "exposed_comm_ms": 5.0,
+        "device_type": "cuda",
+    }
     return {**base, **kw}
 
 
 GPU_BUSY = {"gpus": 4, "gpu_util_mean_pct": 95.0}
 
 
-@pytest.mark.parametrize("summary,monitor,profile,want", [
-    (_summary(data_wait_frac=0.12), GPU_BUSY, None, "data"),
-    (_summary(exposed_comm_ms=35.0), GPU_BUSY, None, "communication"),
-    (_summary(), GPU_BUSY, None, "compute"),
-    (_summary(), {"gpus": 4, "gpu_util_mean_pct": 55.0}, None, "host-bound (launch)"),
-    (_summary(timed_steps=0), GPU_BUSY, None, "unknown"),
-    (_summary(data_wait_frac=None, exposed_comm_status=None, exposed_comm_ms=None), None, None, "unknown"),
-    # both over: the larger relative to its limit wins (comm 60 % is 3x its limit, data 8 % is 1.6x)
-    (_summary(data_wait_frac=0.08, exposed_comm_ms=60.0), GPU_BUSY, None, "communication"),
-    # no probe value: the trace's communication share decides
-    (_summary(exposed_comm_status=None, exposed_comm_ms=None), None,
-     {"share": {"communication": 0.3, "idle": 0.05}, "gpu_kernels": True, "timeline": "device"}, "communication"),
-    # a probe below noise is zero communication, not the trace's
-    (_summary(exposed_comm_status="below noise", exposed_comm_ms=None, device_type="cpu"), None, None, "compute"),
-    # GPU without NVML: the device trace's busy share decides launch overhead
-    (_summary(), None, {"share": {"communication": 0.05, "idle": 0.4}, "gpu_kernels": True, "timeline": "device"},
-     "host-bound (launch)"),
-    # the H200's ResNet-18 step: data wait 6.4 % is over its limit, but the device idles 77.5 %: launch-bound
-    (_summary(world_size=1, data_wait_frac=0.064), None,
-     {"share": {"idle": 0.775}, "gpu_kernels": True, "timeline": "device"}, "host-bound (launch)"),
-    # idle mostly explained by waiting for data: data, not launch
-    (_summary(world_size=1, data_wait_frac=0.30), {"gpus": 1, "gpu_util_mean_pct": 60.0}, None, "data"),
-])
+@pytest.mark.parametrize(
+    "summary,monitor,profile,want",
+    [
+        (_summary(data_wait_frac=0.12), GPU_BUSY, None, "data"),
+        (_summary(exposed_comm_ms=35.0), GPU_BUSY, None, "communication"),
+        (_summary(), GPU_BUSY, None, "compute"),
+        (_summary(), {"gpus": 4, "gpu_util_mean_pct": 55.0}, None, "host-bound (launch)"),
+        (_summary(timed_steps=0), GPU_BUSY, None, "unknown"),
+        (_summary(data_wait_frac=None, exposed_comm_status=None, exposed_comm_ms=None), None, None, "unknown"),
+        # both over: the larger relative to its limit wins (comm 60 % is 3x its limit, data 8 % is 1.6x)
+        (_summary(data_wait_frac=0.08, exposed_comm_ms=60.0), GPU_BUSY, None, "communication"),
+        # no probe value: the trace's communication share decides
+        (
+            _summary(exposed_comm_status=None, exposed_comm_ms=None),
+            None,
+            {"share": {"communication": 0.3, "idle": 0.05}, "gpu_kernels": True, "timeline": "device"},
+            "communication",
+        ),
+        # a probe below noise is zero communication, not the trace's
+        (_summary(exposed_comm_status="below noise", exposed_comm_ms=None, device_type="cpu"), None, None, "compute"),
+        # GPU without NVML: the device trace's busy share decides launch overhead
+        (
+            _summary(),
+            None,
+            {"share": {"communication": 0.05, "idle": 0.4}, "gpu_kernels": True, "timeline": "device"},
+            "host-bound (launch)",
+        ),
+        # the H200's ResNet-18 step: data wait 6.4 % is over its limit, but the device idles 77.5 %: launch-bound
+        (
+            _summary(world_size=1, data_wait_frac=0.064),
+            None,
+            {"share": {"idle": 0.775}, "gpu_kernels": True, "timeline": "device"},
+            "host-bound (launch)",
+        ),
+        # idle mostly explained by waiting for data: data, not launch
+        (_summary(world_size=1, data_wait_frac=0.30), {"gpus": 1, "gpu_util_mean_pct": 60.0}, None, "data"),
+    ],
+)
 def test_verdict_reaches_every_class(summary, monitor, profile, want):
     v = verdict.decide(summary, monitor, profile)
     assert v["verdict"] == want, v
@@ -305,16 +441,37 @@ def test_verdict_reaches_every_class(summary, monitor, profile, want):
 @pytest.mark.integration
 def test_nsys_wrapper_command():
     pre = tools.nsys_prefix({})
-    assert pre == ["nsys", "profile", "--trace=cuda,nvtx,osrt,cudnn,cublas", "--capture-range=cudaProfilerApi",
-                   "--capture-range-end=stop", "--cuda-memory-usage=false", "--sample=none",
-                   "--force-overwrite=true", "--output=%q{LAB_RUN_DIR}/nsys/rank%q{SLURM_PROCID}-j%q{SLURM_JOB_ID}"]
-    p = subprocess.run(["bash", "slurm/profile_nsys.sbatch", "--print", "notebooks/02_profile.ipynb", "-p", "gpus",
-                        "4"], cwd=ROOT, capture_output=True, text=True)
+    assert pre == [
+        "nsys",
+        "profile",
+        "--trace=cuda,nvtx,osrt,cudnn,cublas",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--cuda-memory-usage=false",
+        "--sample=none",
+        "--force-overwrite=true",
+        "--output=%q{LAB_RUN_DIR}/nsys/rank%q{SLURM_PROCID}-j%q{SLURM_JOB_ID}",
+    ]
+    p = subprocess.run(
+        ["bash", "slurm/profile_nsys.sbatch", "--print", "notebooks/02_profile.ipynb", "-p", "gpus", "4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     wrapper, cmd = p.stdout.strip().splitlines()
     assert shlex.split(wrapper.removeprefix("LAB_RANK_WRAPPER=")) == pre
-    assert shlex.split(cmd) == ["bash", str(ROOT / "slurm" / "papermill_run.sbatch"), "notebooks/02_profile.ipynb",
-                                "-p", "gpus", "4", "-p", "profile_with", "external"]
+    assert shlex.split(cmd) == [
+        "bash",
+        str(ROOT / "slurm" / "papermill_run.sbatch"),
+        "notebooks/02_profile.ipynb",
+        "-p",
+        "gpus",
+        "4",
+        "-p",
+        "profile_with",
+        "external",
+    ]
 
 
 @pytest.mark.integration
@@ -323,15 +480,32 @@ def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path)
     pre = tools.ncu_prefix(env)
     assert pre[:2] == ["bash", "-c"] and pre[3] == "lab-ncu"
     ncu = shlex.split(pre[2].split("then exec ", 1)[1].split(' "$@"', 1)[0])
-    assert ncu == ["ncu", "--target-processes", "all", "--profile-from-start", "off", "--kernel-name",
-                   "regex:conv|gemm", "--launch-skip", "5", "--launch-count", "3", "--set", "full",
-                   "--force-overwrite", "--export", "%q{LAB_RUN_DIR}/ncu/rank1-j%q{SLURM_JOB_ID}"]
+    assert ncu == [
+        "ncu",
+        "--target-processes",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--kernel-name",
+        "regex:conv|gemm",
+        "--launch-skip",
+        "5",
+        "--launch-count",
+        "3",
+        "--set",
+        "full",
+        "--force-overwrite",
+        "--export",
+        "%q{LAB_RUN_DIR}/ncu/rank1-j%q{SLURM_JOB_ID}",
+    ]
     # another rank runs its command unwrapped; the profiled rank needs ncu (absent here)
-    other = subprocess.run([*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0"},
-                           capture_output=True, text=True)
+    other = subprocess.run(
+        [*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0"}, capture_output=True, text=True
+    )
     assert other.returncode == 0 and other.stdout == "rank ran\n"
-    mine = subprocess.run([*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1"},
-                          capture_output=True, text=True)
+    mine = subprocess.run(
+        [*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1"}, capture_output=True, text=True
+    )
     assert mine.returncode == 127 and "ncu" in mine.stderr
     with pytest.raises(ValueError, match="LAB_NCU_RANK"):
         tools.ncu_prefix({"LAB_NCU_RANK": "all"})
@@ -340,8 +514,13 @@ def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path)
 @pytest.mark.integration
 @pytest.mark.parametrize("tool", ["nsys", "ncu"])
 def test_wrapper_refuses_to_start_without_the_tool(tool):
-    p = subprocess.run(["bash", f"slurm/profile_{tool}.sbatch", "notebooks/02_profile.ipynb", "-p", "gpus", "2"],
-                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        ["bash", f"slurm/profile_{tool}.sbatch", "notebooks/02_profile.ipynb", "-p", "gpus", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 127
     assert f"{tool} (Nsight" in p.stderr and "not on PATH" in p.stderr and "module load" in p.stderr
     assert "papermill" not in p.stdout + p.stderr  # nothing ran
@@ -352,31 +531,41 @@ def test_srun_line_puts_the_rank_wrapper_before_each_rank():
     from kernels.launch.ranks import rank_job
 
     cfg = resolve({"gpus": 4, "dataset": "digits", "profile_steps": 3, "profile_with": "external"})
-    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
-           "LAB_RANK_WRAPPER": shlex.join(tools.nsys_prefix({}))}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "LAB_RANK_WRAPPER": shlex.join(tools.nsys_prefix({})),
+    }
     cmd = srun_command(rank_job(cfg), env)
     i = cmd.index("nsys")
-    assert cmd[:i][0] == "srun" and cmd[i:i + len(tools.nsys_prefix({}))] == tools.nsys_prefix({})
-    assert cmd[i + len(tools.nsys_prefix({})):][1:3] == ["-m", "kernels.train"]
+    assert cmd[:i][0] == "srun" and cmd[i : i + len(tools.nsys_prefix({}))] == tools.nsys_prefix({})
+    assert cmd[i + len(tools.nsys_prefix({})) :][1:3] == ["-m", "kernels.train"]
 
 
 # ------------------------------------------------------------- bad input, before any work
-@pytest.mark.parametrize("raw,needle", [
-    ({"profile_steps": 5, "profile_wait": 10, "stop_after_steps": 12}, "parameter 'profile_steps': the "
-                                                                       "profiled window"),
-    ({"profile_with": "external"}, "parameter 'profile_with': external .* set profile_steps > 0"),
-    ({"monitor_hz": 10}, "parameter 'monitor_hz'"),
-    ({"profile_steps": -1}, "parameter 'profile_steps': must be >= 0"),
-    ({"profile_hta": "maybe"}, "parameter 'profile_hta': unknown value"),
-])
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        (
+            {"profile_steps": 5, "profile_wait": 10, "stop_after_steps": 12},
+            "parameter 'profile_steps': the profiled window",
+        ),
+        ({"profile_with": "external"}, "parameter 'profile_with': external .* set profile_steps > 0"),
+        ({"monitor_hz": 10}, "parameter 'monitor_hz'"),
+        ({"profile_steps": -1}, "parameter 'profile_steps': must be >= 0"),
+        ({"profile_hta": "maybe"}, "parameter 'profile_hta': unknown value"),
+    ],
+)
 def test_bad_profiling_parameters(raw, needle):
     with pytest.raises(ConfigError, match=needle):
         resolve({"dataset": "digits", **raw})
 
 
 def test_unwritable_trace_dir_and_missing_hta_fail_before_any_work(tmp_path):
-    cfg = resolve({"dataset": "digits", "profile_steps": 2, "profile_dir": "/etc/hostname/traces",
-                   "results_dir": str(tmp_path)})
+    cfg = resolve(
+        {"dataset": "digits", "profile_steps": 2, "profile_dir": "/etc/hostname/traces", "results_dir": str(tmp_path)}
+    )
     with pytest.raises(ConfigError, match="parameter 'profile_dir': /etc/hostname/traces is not writable"):
         check_environment(cfg)
     from kernels.profiling import hta
@@ -390,10 +579,35 @@ def test_unwritable_trace_dir_and_missing_hta_fail_before_any_work(tmp_path):
 
 @pytest.mark.integration
 def test_a_window_longer_than_the_run_fails_before_the_record(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "kernels.train", "--dataset", "digits", "--width", "4", "--epochs", "1",
-                        "--batch", "64", "--train_samples", "256", "--precision", "fp32", "--profile_steps", "5",
-                        "--results_dir", str(tmp_path), "--run_id", "w"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.train",
+            "--dataset",
+            "digits",
+            "--width",
+            "4",
+            "--epochs",
+            "1",
+            "--batch",
+            "64",
+            "--train_samples",
+            "256",
+            "--precision",
+            "fp32",
+            "--profile_steps",
+            "5",
+            "--results_dir",
+            str(tmp_path),
+            "--run_id",
+            "w",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2
     assert "parameter 'profile_steps': the profiled window ends at step 17" in p.stderr
     assert "the run has 4 steps" in p.stderr
@@ -404,10 +618,25 @@ def test_monitor_summary_integrates_power_per_gpu(tmp_path):
     rows = []
     for t in range(5):  # two GPUs at 100 W and 300 W for 4 s: 400 J + 1200 J
         for gpu, w in ((0, 100.0), (1, 300.0)):
-            rows.append({"unix_s": 1000.0 + t, "t_s": float(t), "node": "a", "gpu": gpu, "gpu_util_pct": 90 + gpu,
-                         "gpu_mem_used_mib": 1000.0 * (gpu + 1), "gpu_power_w": w, "gpu_temp_c": 60,
-                         "sm_clock_mhz": 1980, "cpu_util_pct": 50.0, "host_mem_used_gib": 10.0,
-                         "net_rx_bytes": 100 * t, "net_tx_bytes": 0, "disk_read_bytes": 0, "disk_write_bytes": 0})
+            rows.append(
+                {
+                    "unix_s": 1000.0 + t,
+                    "t_s": float(t),
+                    "node": "a",
+                    "gpu": gpu,
+                    "gpu_util_pct": 90 + gpu,
+                    "gpu_mem_used_mib": 1000.0 * (gpu + 1),
+                    "gpu_power_w": w,
+                    "gpu_temp_c": 60,
+                    "sm_clock_mhz": 1980,
+                    "cpu_util_pct": 50.0,
+                    "host_mem_used_gib": 10.0,
+                    "net_rx_bytes": 100 * t,
+                    "net_tx_bytes": 0,
+                    "disk_read_bytes": 0,
+                    "disk_write_bytes": 0,
+                }
+            )
     path = tmp_path / "monitor.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     m = summarise(path)
@@ -420,15 +649,20 @@ def test_monitor_summary_integrates_power_per_gpu(tmp_path):
 @pytest.mark.integration
 def test_breakdown_cli_reads_a_run_directory_again(profiled):
     run, summary, _ = profiled
-    p = subprocess.run([sys.executable, "-m", "kernels.profiling", "breakdown", str(run)], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.profiling", "breakdown", str(run)], cwd=ROOT, capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stderr
     assert "2 rank(s), 3 profiled steps" in p.stdout and "convolution" in p.stdout
     # the summary keeps 4 decimals, the command prints 2 of the unrounded value: 400.8449 is 400.845 there
     printed = re.search(r"([\d.]+) ms per step", p.stdout)
     assert printed and abs(float(printed[1]) - summary["profile"]["profiled_ms_per_step"]) <= 0.0051, p.stdout
-    p = subprocess.run([sys.executable, "-m", "kernels.profiling", "breakdown", str(run.parent / "nothing-here")],
-                       cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.profiling", "breakdown", str(run.parent / "nothing-here")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "has no traces" in p.stderr
 
 

@@ -1,4 +1,5 @@
 """The record schema is documented from its one definition and written atomically."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ pytestmark = pytest.mark.unit
 def test_results_readme_is_generated_from_the_schema():
     from kernels.workloads import record_fields
 
-    assert (ROOT / "results" / "README.md").read_text() == records.schema_markdown(record_fields()), \
+    assert (ROOT / "results" / "README.md").read_text() == records.schema_markdown(record_fields()), (
         "results/README.md is stale: run `make records-doc`"
+    )
 
 
 def test_atomic_writes_leave_no_temp_files_and_roundtrip(tmp_path):
@@ -36,8 +38,10 @@ def test_records_honour_the_umask(tmp_path):
     import subprocess
     import sys
 
-    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from kernels.records import schema as records; "
-            "records.write_json(__import__('pathlib').Path(sys.argv[1]), {'status': 'complete'})")
+    code = (
+        "import os, sys; os.umask(int(sys.argv[2], 8)); from kernels.records import schema as records; "
+        "records.write_json(__import__('pathlib').Path(sys.argv[1]), {'status': 'complete'})"
+    )
     for mask, mode in (("022", 0o644), ("002", 0o664), ("077", 0o600)):
         path = tmp_path / f"summary-{mask}.json"
         subprocess.run([sys.executable, "-c", code, str(path), mask], cwd=ROOT, check=True)

@@ -4,6 +4,7 @@ Each round forks 2 or 8 processes that wait at a barrier, try RunLock.acquire at
 they got until every one has tried. Half the rounds start with a stale lock in place (its pid is dead),
 so the racers also race to take it over. Exactly one must win each round.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,16 @@ def _round(run_dir, n: int, stale: bool) -> list[str]:
     if stale:
         import socket
 
-        (run_dir / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(),
-                                                   "slurm_job": None, "started_utc": "2026-01-01T00:00:00+00:00"}))
+        (run_dir / ".lock").write_text(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": _dead_pid(),
+                    "slurm_job": None,
+                    "started_utc": "2026-01-01T00:00:00+00:00",
+                }
+            )
+        )
     start, tried, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_racer, args=(run_dir, start, tried, results)) for _ in range(n)]
     for p in procs:
@@ -69,8 +78,13 @@ def test_racing_processes_never_both_hold_the_lock(tmp_path, monkeypatch, n, rou
         got = _round(tmp_path / "run", n, stale=i % 2 == 1)
         assert not [g for g in got if g.startswith("error")], got
         outcomes.append(got.count("held"))
-    record_fault(f"{n} processes racing for one run's lock, {rounds} rounds (half over a stale lock)", 60,
-                 time.monotonic() - t0, 0, f"one holder in {outcomes.count(1)} of {rounds} rounds")
+    record_fault(
+        f"{n} processes racing for one run's lock, {rounds} rounds (half over a stale lock)",
+        60,
+        time.monotonic() - t0,
+        0,
+        f"one holder in {outcomes.count(1)} of {rounds} rounds",
+    )
     assert outcomes == [1] * rounds, outcomes
 
 

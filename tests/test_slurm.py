@@ -1,4 +1,5 @@
 """sbatch slurm/papermill_run.sbatch against a real Slurm: two emulated nodes on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,38 @@ from kernels.records import schema as records
 
 pytestmark = pytest.mark.system
 
-TINY_P = ["-p", "dataset", "digits", "-p", "width", "4", "-p", "epochs", "1", "-p", "batch", "64",
-          "-p", "precision", "fp32", "-p", "train_samples", "256", "-p", "test_samples", "64",
-          "-p", "timing_warmup_steps", "1", "-p", "comm_probe_steps", "2", "-p", "log_every", "0"]
+TINY_P = [
+    "-p",
+    "dataset",
+    "digits",
+    "-p",
+    "width",
+    "4",
+    "-p",
+    "epochs",
+    "1",
+    "-p",
+    "batch",
+    "64",
+    "-p",
+    "precision",
+    "fp32",
+    "-p",
+    "train_samples",
+    "256",
+    "-p",
+    "test_samples",
+    "64",
+    "-p",
+    "timing_warmup_steps",
+    "1",
+    "-p",
+    "comm_probe_steps",
+    "2",
+    "-p",
+    "log_every",
+    "0",
+]
 
 
 def sbatch(slurm, tmp_path, opts, script_args, cmd=None, timeout=300):
@@ -29,11 +59,21 @@ def sbatch(slurm, tmp_path, opts, script_args, cmd=None, timeout=300):
     second (sbatch --wait backs off to tens of seconds). A job still there after `timeout`
     is cancelled and fails the test.
     """
-    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "MASTER_ADDR": "127.0.0.1",  # n1/n2 don't resolve
-           "LAB_RESULTS": str(tmp_path)}
+    env = {
+        **os.environ,
+        "SLURM_CONF": slurm["SLURM_CONF"],
+        "MASTER_ADDR": "127.0.0.1",  # n1/n2 don't resolve
+        "LAB_RESULTS": str(tmp_path),
+    }
     out = tmp_path / "job-%j.out"
-    full = cmd or ["sbatch", "--time=00:10:00", f"--output={out}", "--cpus-per-task=1", *opts,
-                   "slurm/papermill_run.sbatch"]
+    full = cmd or [
+        "sbatch",
+        "--time=00:10:00",
+        f"--output={out}",
+        "--cpus-per-task=1",
+        *opts,
+        "slurm/papermill_run.sbatch",
+    ]
     p = subprocess.run([*full, *map(str, script_args)], cwd=ROOT, env=env, capture_output=True, text=True)
     m = re.search(r"Submitted batch job (\d+)", p.stdout)
     assert m, p.stdout + p.stderr
@@ -51,15 +91,23 @@ def sbatch(slurm, tmp_path, opts, script_args, cmd=None, timeout=300):
 
 
 def job_state(slurm, job) -> str:
-    p = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        ["scontrol", "show", "job", job],
+        env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
+        capture_output=True,
+        text=True,
+    )
     return re.search(r"JobState=(\S+)", p.stdout).group(1)
 
 
 def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     res = tmp_path / "runs"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
-                          ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
+        ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res],
+    )
     assert rc == 0, log
     assert job_state(slurm, job) == "COMPLETED"
     run = res / f"resnet18-digits-g4-j{job}"
@@ -84,9 +132,14 @@ def test_four_ranks_across_two_nodes_end_to_end(slurm, tmp_path):
     assert entry["available"] is False and "accounting storage is disabled" in entry["note"], entry
     assert "sacct: not available (accounting database: sacct exited 1" in log
     # after the job, its completion log has it: the record then holds Slurm's own final view
-    p = subprocess.run([sys.executable, "-m", "kernels.slurm.accounting", "store", job, str(run)], cwd=ROOT,
-                       env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]}, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.slurm.accounting", "store", job, str(run)],
+        cwd=ROOT,
+        env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and f"sacct: job {job} COMPLETED" in p.stdout, p.stdout + p.stderr
     (row,) = records.read_json(run / "sacct.json")["jobs"][job]["rows"]
     assert row["state"] == "COMPLETED" and row["nodes"] == 2 and row["elapsed_s"] >= 1, row
@@ -100,8 +153,9 @@ def test_the_readme_four_gpu_node_form_runs_as_written(slurm, tmp_path, monkeypa
     import shlex
 
     readme = (ROOT / "docs" / "cluster.md").read_text()
-    export, line = re.search(r"\n {4}(export SBATCH_ACCOUNT=.*?)\s+#.*\n {4}(sbatch --nodes=2 .*-p gpus 8)\n",
-                             readme).groups()
+    export, line = re.search(
+        r"\n {4}(export SBATCH_ACCOUNT=.*?)\s+#.*\n {4}(sbatch --nodes=2 .*-p gpus 8)\n", readme
+    ).groups()
     env = dict(kv.split("=", 1) for kv in shlex.split(export)[1:])
     assert set(env) == {"SBATCH_ACCOUNT", "SBATCH_PARTITION", "SBATCH_QOS"}
     env["SBATCH_PARTITION"] = "quad"
@@ -110,11 +164,20 @@ def test_the_readme_four_gpu_node_form_runs_as_written(slurm, tmp_path, monkeypa
     res = tmp_path / "runs"
     words = shlex.split(line)
     at = words.index("slurm/papermill_run.sbatch")  # the job log goes to tmp_path: an option before the script
-    job, rc, log = sbatch(slurm, tmp_path, [], TINY_P + ["-p", "results_dir", res],
-                          cmd=words[:at] + [f"--output={tmp_path}/job-%j.out"] + words[at:])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        [],
+        TINY_P + ["-p", "results_dir", res],
+        cmd=words[:at] + [f"--output={tmp_path}/job-%j.out"] + words[at:],
+    )
     assert rc == 0, log
-    info = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
-                          capture_output=True, text=True).stdout
+    info = subprocess.run(
+        ["scontrol", "show", "job", job],
+        env={**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]},
+        capture_output=True,
+        text=True,
+    ).stdout
     # the QoS cannot be seen here: a Slurm without an accounting database drops it (QOS=(null))
     assert "Partition=quad" in info and "Account=ehpc123" in info, info
     cfg = json.loads((res / f"resnet18-digits-g8-j{job}" / "config.json").read_text())
@@ -134,8 +197,13 @@ def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks
     import urllib.request
 
     env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"], "SBATCH_PARTITION": "quad"}
-    p = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/jl-%j.out", "slurm/jupyter.sbatch"], cwd=ROOT,
-                       env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/jl-%j.out", "slurm/jupyter.sbatch"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     job, log = p.stdout.strip(), tmp_path / f"jl-{p.stdout.strip()}.out"
     try:
@@ -176,13 +244,39 @@ def test_jupyterlab_on_a_compute_node_prints_the_tunnel_and_serves_the_notebooks
 def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_verdict(slurm, tmp_path):
     """The issue's acceptance run: 02_profile through the batch script, 4 ranks on the two emulated nodes."""
     res = tmp_path / "runs"
-    p = merge_p(*TINY_P, "-p", "epochs", "2", "-p", "profile_wait", "1", "-p", "profile_warmup", "1", "-p",
-                "profile_steps", "2", "-p", "checkpoint_every", "0", "-p", "results_dir", res, "-p", "monitor_hz", "5")
+    p = merge_p(
+        *TINY_P,
+        "-p",
+        "epochs",
+        "2",
+        "-p",
+        "profile_wait",
+        "1",
+        "-p",
+        "profile_warmup",
+        "1",
+        "-p",
+        "profile_steps",
+        "2",
+        "-p",
+        "checkpoint_every",
+        "0",
+        "-p",
+        "results_dir",
+        res,
+        "-p",
+        "monitor_hz",
+        "5",
+    )
     # the training loop must span several sampling intervals for the summary's monitor to have samples in it:
     # 8 steps of this tiny model took 0.43 s once, under one 2 Hz interval
     p[p.index("train_samples") + 1] = "1024"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
-                          ["notebooks/02_profile.ipynb", "-p", "gpus", "4", *p])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2"],
+        ["notebooks/02_profile.ipynb", "-p", "gpus", "4", *p],
+    )
     assert rc == 0, log
     run = res / f"resnet18-digits-g4-j{job}"
     traces = sorted(t.name for t in (run / "traces").iterdir())
@@ -199,9 +293,12 @@ def test_profile_notebook_across_two_nodes_leaves_traces_breakdown_monitor_and_v
 
 def test_bad_parameter_fails_the_job_with_the_reason_and_no_record(slurm, tmp_path):
     res = tmp_path / "runs"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
-                          ["notebooks/01_train.ipynb", "-p", "gpus", "2", *TINY_P, "-p", "results_dir", res,
-                           "-p", "precison", "bf16"])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
+        ["notebooks/01_train.ipynb", "-p", "gpus", "2", *TINY_P, "-p", "results_dir", res, "-p", "precison", "bf16"],
+    )
     assert rc != 0
     assert job_state(slurm, job) == "FAILED"
     assert "unknown parameter 'precison'" in log and "did you mean 'precision'" in log
@@ -210,8 +307,12 @@ def test_bad_parameter_fails_the_job_with_the_reason_and_no_record(slurm, tmp_pa
 
 def test_allocation_too_small_names_the_sbatch_options(slurm, tmp_path):
     res = tmp_path / "runs"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
-                          ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"],
+        ["notebooks/01_train.ipynb", "-p", "gpus", "4", *TINY_P, "-p", "results_dir", res],
+    )
     assert rc != 0 and job_state(slurm, job) == "FAILED"
     assert "gpus=4 but the allocation" in log
     assert "sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2" in log
@@ -219,17 +320,32 @@ def test_allocation_too_small_names_the_sbatch_options(slurm, tmp_path):
 
 
 def test_unknown_notebook_fails_the_job(slurm, tmp_path):
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=1"],
-                          ["notebooks/missing.ipynb", "-p", "gpus", "1"])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=1"],
+        ["notebooks/missing.ipynb", "-p", "gpus", "1"],
+    )
     assert rc == 2 and job_state(slurm, job) == "FAILED"
     assert "notebooks/missing.ipynb not found" in log
 
 
 def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
     res = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", "--gpus", "4", "--gpus-per-node",
-           "2", "--time", "00:10:00", f"--sbatch-arg=--output={tmp_path}/job-%j.out",
-           "--sbatch-arg=--cpus-per-task=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernels.slurm.submit",
+        "notebooks/01_train.ipynb",
+        "--gpus",
+        "4",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:10:00",
+        f"--sbatch-arg=--output={tmp_path}/job-%j.out",
+        "--sbatch-arg=--cpus-per-task=1",
+    ]
     job, rc, log = sbatch(slurm, tmp_path, [], [*TINY_P, "-p", "results_dir", res, "-p", "label", "helper"], cmd=cmd)
     assert rc == 0, log
     assert "job %s on n[1-2]: 2 node(s), 4 task(s), 2 GPU(s)/node" % job in log
@@ -238,12 +354,19 @@ def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
 
 def test_submit_helper_dry_run_and_bad_geometry():
     def run(*a):
-        return subprocess.run([sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", *a,
-                               "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", *a, "--dry-run"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+
     p = run("--gpus", "8", "--gpus-per-node", "4", "-p", "epochs", "5")
     assert p.returncode == 0
-    assert p.stdout.strip() == ("sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
-                                "notebooks/01_train.ipynb -p gpus 8 -p epochs 5")
+    assert p.stdout.strip() == (
+        "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
+        "notebooks/01_train.ipynb -p gpus 8 -p epochs 5"
+    )
     p = run("--gpus", "2", "--gpus-per-node", "8")
     assert "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2 " in p.stdout
     p = run("--gpus", "6", "--gpus-per-node", "4")
@@ -254,7 +377,8 @@ def test_submit_helper_dry_run_and_bad_geometry():
     p = run("--gpus", "8", "--cluster", "marenostrum5-acc", "--account", "ehpc123", "--time", "00:30:00")
     assert p.returncode == 0 and p.stdout.startswith(
         "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --partition=acc --account=ehpc123 --qos=acc_ehpc "
-        "--time=00:30:00 --cpus-per-task=20 slurm/papermill_run.sbatch"), p.stdout + p.stderr
+        "--time=00:30:00 --cpus-per-task=20 slurm/papermill_run.sbatch"
+    ), p.stdout + p.stderr
     p = run("--gpus", "8", "--cluster", "leonardo-booster")
     assert "--partition=boost_usr_prod" in p.stdout and "has no account" in p.stderr
     p = run("--gpus", "8")
@@ -270,11 +394,53 @@ def test_dcrnn_graph_split_across_two_nodes_through_01_train(slurm, tmp_path):
     data = tmp_path / "data"
     traffic.write_synthetic(traffic.directory("synthetic", data), 300, 40, progress=lambda m: None)
     res = tmp_path / "runs"
-    job, rc, log = sbatch(slurm, tmp_path, ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1"],
-                          ["notebooks/01_train.ipynb", "-p", "workload", "dcrnn", "-p", "gpus", "2", "-p", "gp", "2",
-                           "-p", "dataset", "synthetic", "-p", "data_dir", data, "-p", "rnn_units", "8",
-                           "-p", "batch", "8", "-p", "epochs", "1", "-p", "train_samples", "32", "-p", "test_samples",
-                           "16", "-p", "log_every", "0", "-p", "comm_probe_steps", "0", "-p", "results_dir", res])
+    job, rc, log = sbatch(
+        slurm,
+        tmp_path,
+        ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1"],
+        [
+            "notebooks/01_train.ipynb",
+            "-p",
+            "workload",
+            "dcrnn",
+            "-p",
+            "gpus",
+            "2",
+            "-p",
+            "gp",
+            "2",
+            "-p",
+            "dataset",
+            "synthetic",
+            "-p",
+            "data_dir",
+            data,
+            "-p",
+            "rnn_units",
+            "8",
+            "-p",
+            "batch",
+            "8",
+            "-p",
+            "epochs",
+            "1",
+            "-p",
+            "train_samples",
+            "32",
+            "-p",
+            "test_samples",
+            "16",
+            "-p",
+            "log_every",
+            "0",
+            "-p",
+            "comm_probe_steps",
+            "0",
+            "-p",
+            "results_dir",
+            res,
+        ],
+    )
     assert rc == 0, log
     run = res / f"dcrnn-synthetic-g2-j{job}"
     cfg = json.loads((run / "config.json").read_text())

@@ -1,4 +1,5 @@
 """Headline figures are medians with their spread; repeats get an honest interval."""
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ def test_headline_follows_the_steady_steps_not_one_slow_epoch():
     headline is the steady rate, the ratio of sums is dragged far below it.
     """
     batch = 64
-    slow = [batch * 1e3 / 70.0] * 17          # ~914 ms per step
+    slow = [batch * 1e3 / 70.0] * 17  # ~914 ms per step
     steady = [batch * 1e3 / 797.0 + (i % 5 - 2) * 0.5 for i in range(44)]  # ~80 ms, a little noise
     s = step_summary(slow + steady, batch)
     assert 780 < s["samples_per_s"] < 815

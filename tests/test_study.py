@@ -1,4 +1,5 @@
 """Studies, sweeps, cluster profiles, SYSTEM.md and the Apptainer wrapper."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,17 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
-TINY = {"dataset": "digits", "width": 4, "epochs": 1, "precision": "fp32", "train_samples": 256,
-        "test_samples": 64, "timing_warmup_steps": 1, "comm_probe_steps": 2, "log_every": 0}
+TINY = {
+    "dataset": "digits",
+    "width": 4,
+    "epochs": 1,
+    "precision": "fp32",
+    "train_samples": 256,
+    "test_samples": 64,
+    "timing_warmup_steps": 1,
+    "comm_probe_steps": 2,
+    "log_every": 0,
+}
 
 
 def write_study(tmp_path: Path, name: str, **spec) -> Path:
@@ -33,27 +43,46 @@ def write_study(tmp_path: Path, name: str, **spec) -> Path:
 
 
 def cli(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "repeat": 2}, "unknown key 'repeat'; "
-                                                                           "did you mean 'repeats'?"),
-    ({"mode": "strong", "gpus": [3], "fixed": {"batch": 60}}, "key 'gpus': parameter "
-                                                              "'gpus': 3 ranks do not fill nodes of 2"),
-    ({"mode": "strong", "gpus": [8], "fixed": {"batch": 64}}, "key 'gpus': 8 needs 4 nodes but cluster 'local' has 2"),
-    ({"mode": "sweep", "gpus": [1], "fixed": {"batch": 64}, "sweep": {"bucket_cap_mb": []}}, "key "
-                                                                                             "'sweep.bucket_cap_mb': "
-                                                                                             "an empty grid"),
-    ({"mode": "strong", "gpus": [1, 2, 1], "fixed": {"batch": 64}}, "key 'gpus' lists a GPU count twice"),
-    ({"mode": "sweep", "gpus": [1], "sweep": {"batch": [32, 32]}}, "key 'sweep.batch' lists a value twice"),
-    ({"mode": "strong", "gpus": [1], "fixed": {"bach": 64}}, "key 'fixed/sweep.bach': not a parameter"),
-    ({"mode": "weak", "gpus": [1, 2], "fixed": {"batch": 64}}, "key 'fixed.batch_per_gpu'"),
-    ({"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "cluster": "nowhere"}, "key 'cluster': no "
-                                                                                    "cluster profile"),
-    ({"mode": "strongest", "gpus": [1]}, "key 'mode'"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        (
+            {"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "repeat": 2},
+            "unknown key 'repeat'; did you mean 'repeats'?",
+        ),
+        (
+            {"mode": "strong", "gpus": [3], "fixed": {"batch": 60}},
+            "key 'gpus': parameter 'gpus': 3 ranks do not fill nodes of 2",
+        ),
+        (
+            {"mode": "strong", "gpus": [8], "fixed": {"batch": 64}},
+            "key 'gpus': 8 needs 4 nodes but cluster 'local' has 2",
+        ),
+        (
+            {"mode": "sweep", "gpus": [1], "fixed": {"batch": 64}, "sweep": {"bucket_cap_mb": []}},
+            "key 'sweep.bucket_cap_mb': an empty grid",
+        ),
+        ({"mode": "strong", "gpus": [1, 2, 1], "fixed": {"batch": 64}}, "key 'gpus' lists a GPU count twice"),
+        ({"mode": "sweep", "gpus": [1], "sweep": {"batch": [32, 32]}}, "key 'sweep.batch' lists a value twice"),
+        ({"mode": "strong", "gpus": [1], "fixed": {"bach": 64}}, "key 'fixed/sweep.bach': not a parameter"),
+        ({"mode": "weak", "gpus": [1, 2], "fixed": {"batch": 64}}, "key 'fixed.batch_per_gpu'"),
+        (
+            {"mode": "strong", "gpus": [1], "fixed": {"batch": 64}, "cluster": "nowhere"},
+            "key 'cluster': no cluster profile",
+        ),
+        ({"mode": "strongest", "gpus": [1]}, "key 'mode'"),
+    ],
+)
 def test_bad_study_files_are_rejected_before_submission(tmp_path, spec, needle):
     spec = {"cluster": "local", **spec}
     path = write_study(tmp_path, "bad", **spec)
@@ -100,8 +129,9 @@ def test_cluster_qos_and_missing_account(tmp_path):
 @pytest.mark.unit
 def test_points_strong_weak_and_sweep():
     s = study.load(ROOT / "studies" / "weak_resnet18.yaml")
-    assert [(p.gpus, p.params["batch"]) for p in s.points if p.repeat == 0] == \
-        [(n, 128 * n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert [(p.gpus, p.params["batch"]) for p in s.points if p.repeat == 0] == [
+        (n, 128 * n) for n in (1, 2, 4, 8, 16, 32, 64)
+    ]
     assert {p.params["seed"] for p in s.points} == {0, 1, 2}  # repeats are independent samples
     assert [(p.nodes, p.tasks_per_node) for p in s.points if p.repeat == 0][-1] == (16, 4)
     sens = study.load(ROOT / "studies" / "sensitivity_resnet18.yaml")
@@ -111,13 +141,19 @@ def test_points_strong_weak_and_sweep():
 
 
 def test_dry_run_prints_one_array_per_geometry(tmp_path):
-    p = cli("kernels.slurm.study", "submit", ROOT / "studies" / "strong_resnet18.yaml", "--dry-run",
-            env={"LAB_RESULTS": str(tmp_path)})
+    p = cli(
+        "kernels.slurm.study",
+        "submit",
+        ROOT / "studies" / "strong_resnet18.yaml",
+        "--dry-run",
+        env={"LAB_RESULTS": str(tmp_path)},
+    )
     assert p.returncode == 0
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("sbatch")]
     assert len(lines) == 7  # 1,2,4 GPUs on one node; 8..64 on 2..16 nodes of 4
-    assert "--array=0-2 --job-name=strong_resnet18 --nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in lines[-1] \
-        or any("--nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in ln for ln in lines)
+    assert "--array=0-2 --job-name=strong_resnet18 --nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in lines[
+        -1
+    ] or any("--nodes=16 --ntasks-per-node=4 --gpus-per-node=4" in ln for ln in lines)
     assert all("LAB_STUDY_ID=strong_resnet18" in ln and "--partition=acc" in ln for ln in lines)
     # a printed line runs when copied: the parameter list it names, and each point file in it, exist
     lists = [re.search(r"LAB_ARRAY_PARAMS=([^,\s]+)", ln).group(1) for ln in lines]
@@ -202,20 +238,36 @@ def test_apptainer_definition_and_wrapper():
     assert "torch.compile" in test and "NET/IB" in test and "NCCL_SHM_DISABLE=1" in test
     run = str(ROOT / "apptainer" / "run.sh")
     env = {**os.environ, "LAB_NV": "1", "LAB_DATA": "/scratch/data", "LAB_CONTAINER": "/img/lab.sif"}
-    p = subprocess.run([run, "--print", "exec", "python", "-m", "kernels.train"], capture_output=True, text=True,
-                       env=env)
+    p = subprocess.run(
+        [run, "--print", "exec", "python", "-m", "kernels.train"], capture_output=True, text=True, env=env
+    )
     assert p.returncode == 0
-    assert p.stdout.split() == ["apptainer", "exec", "--nv", "--bind", f"{ROOT}:{ROOT}", "--bind",
-                                f"/scratch/data:{ROOT}/data", "--bind", f"{ROOT}/results:{ROOT}/results",
-                                "--pwd", str(ROOT), "/img/lab.sif", "python", "-m", "kernels.train"]
+    assert p.stdout.split() == [
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        f"{ROOT}:{ROOT}",
+        "--bind",
+        f"/scratch/data:{ROOT}/data",
+        "--bind",
+        f"{ROOT}/results:{ROOT}/results",
+        "--pwd",
+        str(ROOT),
+        "/img/lab.sif",
+        "python",
+        "-m",
+        "kernels.train",
+    ]
     p = subprocess.run([run, "--print", "build"], capture_output=True, text=True, env={**env, "LAB_NV": "0"})
     assert p.stdout.split() == ["apptainer", "build", "/img/lab.sif", f"{ROOT}/apptainer/lab.def"]
     p = subprocess.run([run, "--print", "shell"], capture_output=True, text=True, env={**env, "LAB_NV": "0"})
     assert "--nv" not in p.stdout.split()
     assert subprocess.run([run, "nonsense"], capture_output=True).returncode == 2
     # without apptainer on PATH: a clear message, not "exec: apptainer: cannot execute: Is a directory"
-    p = subprocess.run([run, "exec", "python3", "-V"], capture_output=True, text=True, cwd=ROOT,
-                       env={**env, "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [run, "exec", "python3", "-V"], capture_output=True, text=True, cwd=ROOT, env={**env, "PATH": "/usr/bin:/bin"}
+    )
     assert p.returncode == 127 and "apptainer is not installed" in p.stderr and "LAB_CONTAINER" in p.stderr
 
 
@@ -223,8 +275,9 @@ def test_apptainer_definition_and_wrapper():
 def wait_for(jobs: list[str], env: dict, timeout: float = 480) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        p = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True, text=True,
-                           env=env)
+        p = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True, text=True, env=env
+        )
         if not p.stdout.strip():
             return
         time.sleep(0.5)
@@ -238,10 +291,18 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
     runs = tmp_path / "runs"
-    strong = write_study(tmp_path, "st", mode="strong", gpus=[1, 2, 4], repeats=2,
-                         fixed={**TINY, "batch": 64, "results_dir": str(runs)})
-    sens = write_study(tmp_path, "sens", mode="sweep", gpus=[2], repeats=1,
-                       fixed={**TINY, "results_dir": str(runs), "batch": 32}, sweep={"bucket_cap_mb": [1, 25]})
+    strong = write_study(
+        tmp_path, "st", mode="strong", gpus=[1, 2, 4], repeats=2, fixed={**TINY, "batch": 64, "results_dir": str(runs)}
+    )
+    sens = write_study(
+        tmp_path,
+        "sens",
+        mode="sweep",
+        gpus=[2],
+        repeats=1,
+        fixed={**TINY, "results_dir": str(runs), "batch": 32},
+        sweep={"bucket_cap_mb": [1, 25]},
+    )
     # one point fails on purpose: a file where its run directory must go (like a full or broken file system)
     runs.mkdir()
     (runs / "st-p001").write_text("in the way")
@@ -264,8 +325,11 @@ def test_study_submit_status_fail_resubmit_analyse(slurm, tmp_path, monkeypatch)
     assert all(r["state"] == "done" for r in study.status(study.load(sens)))
 
     # resubmission runs the failed point only
-    finished = {r["run_id"]: json.loads((runs / r["run_id"] / "summary.json").read_text())["finished_utc"]
-                for r in rows if r["state"] == "done"}
+    finished = {
+        r["run_id"]: json.loads((runs / r["run_id"] / "summary.json").read_text())["finished_utc"]
+        for r in rows
+        if r["state"] == "done"
+    }
     (runs / "st-p001").unlink()
     p = cli("kernels.slurm.study", "resubmit", strong, env=env)
     assert p.returncode == 0 and "resubmitting 1 point(s): 1" in p.stdout, p.stdout + p.stderr
@@ -311,8 +375,12 @@ def test_generic_sweep_runs_one_command_per_index(slurm, tmp_path, monkeypatch):
     assert p.returncode == 0, p.stdout + p.stderr
     wait_for(re.findall(r"submitted job array (\d+)", p.stdout), env)
     rows = sweep.collect(sweep.load(spec))
-    assert sorted((r["n"], r["m"], r["exit_code"], Path(r["stdout"]).read_text().strip()) for r in rows) == \
-        [(1, 10, 0, "10"), (1, 100, 0, "100"), (2, 10, 0, "20"), (2, 100, 0, "200")]
+    assert sorted((r["n"], r["m"], r["exit_code"], Path(r["stdout"]).read_text().strip()) for r in rows) == [
+        (1, 10, 0, "10"),
+        (1, 100, 0, "100"),
+        (2, 10, 0, "20"),
+        (2, 100, 0, "200"),
+    ]
     for r in rows:  # each index keeps its own command line
         assert (Path(r["stdout"]).parent / "command.txt").read_text().strip().endswith(f"{r['n']} {r['m']}")
 
@@ -346,16 +414,29 @@ def test_mpi_allreduce_sweep_compiles_runs_and_collects_one_table(slurm, tmp_pat
 def test_sweep_setup_failure_submits_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"name": "bad", "cluster": "local", "setup": "exit 3", "command": "echo {n}",
-                                    "grid": {"n": [1]}, "parse": "(?P<n>\\d+)"}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bad",
+                "cluster": "local",
+                "setup": "exit 3",
+                "command": "echo {n}",
+                "grid": {"n": [1]},
+                "parse": "(?P<n>\\d+)",
+            }
+        )
+    )
     p = cli("kernels.slurm.sweep", "submit", path)
     assert p.returncode == 2 and "setup failed (exit 3), nothing submitted" in p.stderr, p.stderr
     assert not (tmp_path / "sweeps" / "bad" / "commands.txt").exists()
     path.write_text(yaml.safe_dump({"name": "bad", "command": "echo {n}", "grid": {"n": [1]}, "parse": "\\d+"}))
     p = cli("kernels.slurm.sweep", "submit", path, "--dry-run")
     assert p.returncode == 2 and "key 'parse' needs named groups" in p.stderr, p.stderr
-    path.write_text(yaml.safe_dump({"name": "dry", "cluster": "local", "setup": "make prog", "command": "./prog {n}",
-                                    "grid": {"n": [1, 2]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "dry", "cluster": "local", "setup": "make prog", "command": "./prog {n}", "grid": {"n": [1, 2]}}
+        )
+    )
     p = cli("kernels.slurm.sweep", "submit", path, "--dry-run")  # the printed line names files that then exist
     listed = re.search(r"slurm/sweep_task.sbatch (\S+)", p.stdout).group(1)
     assert p.returncode == 0 and Path(listed).read_text().split("\n")[:2] == ["./prog 1", "./prog 2"], p.stdout

@@ -1,4 +1,5 @@
 """The tiers' guard (tests/tiers.py) refuses what a tier does not allow, and lets through what it does."""
+
 from __future__ import annotations
 
 import os

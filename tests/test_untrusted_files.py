@@ -5,6 +5,7 @@ metr-la.h5, the CIFAR-10 python folder, the lab's own checkpoint) and plants, wh
 an object whose unpickling would call os.mkdir. The case passes when the lab refuses the file with a one-line
 message naming it and what it asked for, and the directory was never made.
 """
+
 from __future__ import annotations
 
 import io
@@ -54,8 +55,14 @@ def test_a_pickle_naming_a_function_is_refused_before_the_call(tmp_path):
         safe_pickle.loads(data)
     assert not marker.exists()
     # what the formats hold is still read: lists, dicts, bytes, numpy arrays, numpy scalars, sets
-    ok = [["773869", b"767541"], {"x": (1, 2.5, None)}, np.arange(6, dtype=np.float32).reshape(2, 3),
-          np.float64(1.5), {1, 2}, b"\x00\xff"]
+    ok = [
+        ["773869", b"767541"],
+        {"x": (1, 2.5, None)},
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.float64(1.5),
+        {1, 2},
+        b"\x00\xff",
+    ]
     for proto in (2, 4, 5):
         back = safe_pickle.loads(pickle.dumps(ok, protocol=proto))
         assert back[0] == ok[0] and back[1] == ok[1] and np.array_equal(back[2], ok[2]) and back[3:] == ok[3:]
@@ -122,10 +129,19 @@ def test_cifar_checksum_file_in_the_folder_vouches_for_nothing(tmp_path):
     (d / "data_batch_1").write_bytes(pickle.dumps({b"data": Planted(marker), b"labels": [1]}, protocol=2))
     sums = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in d.iterdir() if p.is_file()}
     (d / "MD5SUMS").write_text("".join(f"{v}  {k}\n" for k, v in sums.items()))
-    refused(lambda: cifar10.read(tmp_path / "data"), "data_batch_1", "checksum mismatch",
-            cifar10.OFFICIAL_MD5["data_batch_1"])
-    record_fault("CIFAR-10 batch with a planted call, vouched for by an MD5SUMS in its folder", 5, refused.took, 2,
-                 "refused (official md5s only), nothing ran")
+    refused(
+        lambda: cifar10.read(tmp_path / "data"),
+        "data_batch_1",
+        "checksum mismatch",
+        cifar10.OFFICIAL_MD5["data_batch_1"],
+    )
+    record_fault(
+        "CIFAR-10 batch with a planted call, vouched for by an MD5SUMS in its folder",
+        5,
+        refused.took,
+        2,
+        "refused (official md5s only), nothing ran",
+    )
     refused(lambda: cifar10.read(tmp_path / "data", check=False), "data_batch_1", "refused", "posix.mkdir")
     assert not marker.exists()
 
@@ -159,8 +175,9 @@ def test_a_checkpoint_is_checked_before_it_is_unpickled_and_read_as_data(tmp_pat
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as e:
         ckpt.load(run)
-    record_fault("checkpoint.pt with a planted call and a correct checksum", 5, time.monotonic() - t0, 2,
-                 "refused, nothing ran")
+    record_fault(
+        "checkpoint.pt with a planted call and a correct checksum", 5, time.monotonic() - t0, 2, "refused, nothing ran"
+    )
     assert "holds something other than data" in str(e.value) and "mkdir" in str(e.value), e.value
     assert not marker.exists()
 
@@ -193,8 +210,13 @@ def test_a_link_planted_at_the_next_checkpoint_is_replaced_not_written_through(t
     (run / ckpt.NEXT).symlink_to(victim)  # planted in a stopped run's folder
     t0 = time.monotonic()
     ckpt.write(run, ckpt.serialise([ckpt.rng_state()], **_state(2)))
-    record_fault("a link planted at checkpoint.next.pt", 5, time.monotonic() - t0, 0,
-                 "link removed, the file it pointed to untouched")
+    record_fault(
+        "a link planted at checkpoint.next.pt",
+        5,
+        time.monotonic() - t0,
+        0,
+        "link removed, the file it pointed to untouched",
+    )
     assert victim.read_bytes() == b"precious"
     assert not any(p.is_symlink() for p in run.iterdir())
     assert ckpt.load(run)[0]["global_step"] == 2
@@ -206,8 +228,24 @@ def test_a_link_planted_at_the_next_checkpoint_is_replaced_not_written_through(t
 
 
 # ------------------------------------------------------------------ run directories
-TINY_RUN = ["--dataset", "digits", "--width", "4", "--batch", "32", "--epochs", "1", "--train_samples", "64",
-            "--test_samples", "32", "--log_every", "0", "--precision", "fp32"]
+TINY_RUN = [
+    "--dataset",
+    "digits",
+    "--width",
+    "4",
+    "--batch",
+    "32",
+    "--epochs",
+    "1",
+    "--train_samples",
+    "64",
+    "--test_samples",
+    "32",
+    "--log_every",
+    "0",
+    "--precision",
+    "fp32",
+]
 
 
 def test_a_run_directory_that_is_a_link_or_another_users_is_refused(tmp_path, capsys, monkeypatch):
@@ -270,8 +308,9 @@ def test_a_squatted_rendezvous_port_is_one_line_naming_it(tmp_path):
         t0 = time.monotonic()
         with pytest.raises(ConfigError) as e:
             rendezvous_store(RankEnv(0, 2, 0, "127.0.0.1", port, "torchrun"), 0.1)
-        record_fault("the rendezvous port is taken by another process", 10, time.monotonic() - t0, 2,
-                     "refused, naming the port")
+        record_fault(
+            "the rendezvous port is taken by another process", 10, time.monotonic() - t0, 2, "refused, naming the port"
+        )
     msg = str(e.value)
     assert "\n" not in msg and f"MASTER_PORT={port}" in msg and "taken by another process" in msg, msg
     # the launchers' ports: drawn at random from the system's source, not derived from anything others see
@@ -280,12 +319,16 @@ def test_a_squatted_rendezvous_port_is_one_line_naming_it(tmp_path):
 
 
 # ------------------------------------------------------------------ sweeps
-@pytest.mark.parametrize("change,needle", [
-    ({"grid": {"n": [1, "2\nrm -rf ~"]}}, "key 'grid.n'"),                       # data that would become a command
-    ({"name": "../../x"}, "key 'name'"),                                       # a folder outside results/sweeps
-    ({"env": {"A": "1,LD_PRELOAD=/tmp/evil.so"}}, "key 'env.A'"),               # another --export entry
-    ({"command": "echo {n}\nrm -rf ~"}, "key 'command'"),
-], ids=["newline-in-a-grid-value", "name-with-dot-dot", "comma-in-an-env-value", "newline-in-the-command"])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"grid": {"n": [1, "2\nrm -rf ~"]}}, "key 'grid.n'"),  # data that would become a command
+        ({"name": "../../x"}, "key 'name'"),  # a folder outside results/sweeps
+        ({"env": {"A": "1,LD_PRELOAD=/tmp/evil.so"}}, "key 'env.A'"),  # another --export entry
+        ({"command": "echo {n}\nrm -rf ~"}, "key 'command'"),
+    ],
+    ids=["newline-in-a-grid-value", "name-with-dot-dot", "comma-in-an-env-value", "newline-in-the-command"],
+)
 def test_sweep_values_that_would_inject_are_refused(tmp_path, change, needle):
     import yaml
 
@@ -312,8 +355,11 @@ def test_unreadable_inputs_are_one_line_errors(tmp_path, capsys, monkeypatch):
     refused(lambda: papermill_args.defaults(binary), "binary.yaml", "not a Jupyter notebook")
     refused(lambda: papermill_args.defaults(truncated), "cut.ipynb", "not a Jupyter notebook")
     refused(lambda: papermill_args.injected(["-f", str(listed)]), "-f", "list.yaml", "not a mapping")
-    refused(lambda: papermill_args.injected(["-p", "batch", "64", "-p", "batch", "1e3"]),
-            "parameter 'batch' is given twice", "-p batch 1e3")
+    refused(
+        lambda: papermill_args.injected(["-p", "batch", "64", "-p", "batch", "1e3"]),
+        "parameter 'batch' is given twice",
+        "-p batch 1e3",
+    )
     refused(lambda: study.load(binary), "study file", "binary.yaml", "not a text file")
     refused(lambda: sweep.load(binary), "sweep file", "binary.yaml", "not a text file")
     rc, _, err = cli_in_process(capsys, monkeypatch, *TINY_RUN, "--seed", "-1", "--results_dir", tmp_path / "r")
@@ -330,8 +376,16 @@ def test_an_immutable_run_directory_is_one_line_and_the_record_keeps_its_status(
     from conftest import cli_in_process
 
     run = tmp_path / "runs" / "r"
-    args = [*TINY_RUN[:TINY_RUN.index("--epochs")], *TINY_RUN[TINY_RUN.index("--epochs") + 2:], "--epochs", "2",
-            "--results_dir", tmp_path / "runs", "--run_id", "r"]
+    args = [
+        *TINY_RUN[: TINY_RUN.index("--epochs")],
+        *TINY_RUN[TINY_RUN.index("--epochs") + 2 :],
+        "--epochs",
+        "2",
+        "--results_dir",
+        tmp_path / "runs",
+        "--run_id",
+        "r",
+    ]
     rc, _, err = cli_in_process(capsys, monkeypatch, *args, "--stop_after_steps", "1")
     assert rc == 0 and json.loads((run / "summary.json").read_text())["status"] == "stopped", err
     chattr = shutil.which("chattr")
@@ -361,8 +415,13 @@ def test_a_model_that_cannot_fit_is_refused_before_it_is_built(tmp_path, capsys,
     t0 = time.monotonic()
     wide = [a if a != "4" else "4096" for a in TINY_RUN]  # --width 4 -> --width 4096
     rc, _, err = cli_in_process(capsys, monkeypatch, *wide, "--results_dir", tmp_path / "r")
-    record_fault("--width 4096 (a model that cannot fit in memory)", 30, time.monotonic() - t0, rc,
-                 "refused before the model is built")
+    record_fault(
+        "--width 4096 (a model that cannot fit in memory)",
+        30,
+        time.monotonic() - t0,
+        rc,
+        "refused before the model is built",
+    )
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "parameter 'width'" in err and "GiB of memory per rank" in err and "available" in err, err
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: never near the model's size

@@ -1,4 +1,5 @@
 """The Horovod wheel cache (`make horovod`): a build is kept once and found again, never a wrong or altered one."""
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ shows): its own parameter, data source, model, recipe and a metric with one valu
 label. The 2-rank test runs it with `--workload test_workloads:TOY` through the lab's
 real loop, unchanged.
 """
+
 from __future__ import annotations
 
 import csv
@@ -41,8 +42,9 @@ def toy_data(cfg, rank, world, device):
 
 
 def toy_model(cfg, info):
-    return torch.nn.Sequential(torch.nn.Linear(8, cfg.hidden), torch.nn.ReLU(), torch.nn.Linear(cfg.hidden, 2)), \
-        f"toy-mlp-hidden{cfg.hidden}"
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, cfg.hidden), torch.nn.ReLU(), torch.nn.Linear(cfg.hidden, 2)
+    ), f"toy-mlp-hidden{cfg.hidden}"
 
 
 def toy_recipe(cfg, model, steps_per_epoch):
@@ -57,18 +59,42 @@ def toy_metrics(out, y):
     return {"acc": (hit.sum(), y.numel()), "recall": (per_class, counts)}
 
 
-TOY = Workload(name="toy", title="a two-layer perceptron on two blobs", datasets=("blobs",), params=TOY_PARAMS,
-               defaults={"precision": "fp32", "batch": 32, "epochs": 3, "lr": 0.1},
-               metrics=(Metric("acc"), Metric("recall", labels=("c0", "c1"))), make_data=toy_data,
-               build_model=toy_model, build_optimizer=toy_recipe, loss=F.cross_entropy, metric_sums=toy_metrics,
-               primary_metric="acc")
+TOY = Workload(
+    name="toy",
+    title="a two-layer perceptron on two blobs",
+    datasets=("blobs",),
+    params=TOY_PARAMS,
+    defaults={"precision": "fp32", "batch": 32, "epochs": 3, "lr": 0.1},
+    metrics=(Metric("acc"), Metric("recall", labels=("c0", "c1"))),
+    make_data=toy_data,
+    build_model=toy_model,
+    build_optimizer=toy_recipe,
+    loss=F.cross_entropy,
+    metric_sums=toy_metrics,
+    primary_metric="acc",
+)
 
 
 @pytest.mark.integration
 def test_a_workload_of_this_file_trains_through_the_real_two_rank_loop(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    p = run_cli("--workload", "test_workloads:TOY", "--gpus", "2", "--hidden", "8", "--log_every", "0",
-                "--comm_probe_steps", "0", "--results_dir", tmp_path, "--run_id", "toy", env=env)
+    p = run_cli(
+        "--workload",
+        "test_workloads:TOY",
+        "--gpus",
+        "2",
+        "--hidden",
+        "8",
+        "--log_every",
+        "0",
+        "--comm_probe_steps",
+        "0",
+        "--results_dir",
+        tmp_path,
+        "--run_id",
+        "toy",
+        env=env,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     cfg = json.loads((tmp_path / "toy" / "config.json").read_text())
     assert cfg["params"]["workload"] == "test_workloads:TOY" and cfg["params"]["hidden"] == 8
@@ -88,25 +114,46 @@ def test_a_workload_of_this_file_trains_through_the_real_two_rank_loop(tmp_path)
 # ------------------------------------------------------------------ the merged table
 def test_workload_defaults_and_explicit_values():
     cnn, res = resolve({"workload": "cnn"}), resolve({})
-    assert (cnn.dataset, cnn.precision, cnn.batch, cnn.epochs, cnn.lr, cnn.lr_gamma) == \
-        ("mnist", "fp32", 64, 5, 1.0, 0.7)
-    assert (res.dataset, res.precision, res.batch, res.epochs, res.lr, res.width) == \
-        ("cifar10", "bf16", 512, 10, 0.2, 64)
+    assert (cnn.dataset, cnn.precision, cnn.batch, cnn.epochs, cnn.lr, cnn.lr_gamma) == (
+        "mnist",
+        "fp32",
+        64,
+        5,
+        1.0,
+        0.7,
+    )
+    assert (res.dataset, res.precision, res.batch, res.epochs, res.lr, res.width) == (
+        "cifar10",
+        "bf16",
+        512,
+        10,
+        0.2,
+        64,
+    )
     assert resolve({"workload": "cnn", "lr": 0.5, "batch": None}).lr == 0.5  # None: the workload's default
     assert "width" not in resolve({"workload": "cnn"}).to_dict() and "lr_gamma" not in res.to_dict()
     assert resolve({"workload": "cnn", "dataset": "fashion-mnist"}).cli_args()[:4] == [
-        "--workload", "cnn", "--dataset", "fashion-mnist"]
+        "--workload",
+        "cnn",
+        "--dataset",
+        "fashion-mnist",
+    ]
 
 
-@pytest.mark.parametrize("raw,needle", [
-    ({"workload": "cnn", "width": 16}, "'width' is a parameter of workload resnet18, not cnn"),
-    ({"lr_gamma": 0.5}, "'lr_gamma' is a parameter of workload cnn, not resnet18"),
-    ({"workload": "cnn", "dataset": "cifar10"}, "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, "
-                                                "synthetic, not 'cifar10'"),
-    ({"workload": "cnn", "lr_gama": 0.5}, "unknown parameter 'lr_gama'.*did you mean 'lr_gamma'"),
-    ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, dcrnn, or give module:OBJECT"),
-    ({"workload": "no_such_module:X"}, "cannot import no_such_module"),
-])
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        ({"workload": "cnn", "width": 16}, "'width' is a parameter of workload resnet18, not cnn"),
+        ({"lr_gamma": 0.5}, "'lr_gamma' is a parameter of workload cnn, not resnet18"),
+        (
+            {"workload": "cnn", "dataset": "cifar10"},
+            "workload 'cnn' takes mnist, fashion-mnist, bigmnist, digits, synthetic, not 'cifar10'",
+        ),
+        ({"workload": "cnn", "lr_gama": 0.5}, "unknown parameter 'lr_gama'.*did you mean 'lr_gamma'"),
+        ({"workload": "nope"}, "unknown workload 'nope'; choose one of resnet18, cnn, dcrnn, or give module:OBJECT"),
+        ({"workload": "no_such_module:X"}, "cannot import no_such_module"),
+    ],
+)
 def test_cross_workload_and_unknown_parameters_are_errors(raw, needle):
     with pytest.raises(ConfigError, match=needle):
         resolve(raw)
@@ -125,8 +172,9 @@ def test_help_groups_common_then_each_workload(capsys, monkeypatch):
         cli_in_process(capsys, monkeypatch, "--help")
     out = capsys.readouterr().out
     assert stop.value.code == 0
-    i_common, i_res, i_cnn, i_dcrnn = (out.index(h) for h in ("common parameters:", "workload resnet18:",
-                                                              "workload cnn:", "workload dcrnn:"))
+    i_common, i_res, i_cnn, i_dcrnn = (
+        out.index(h) for h in ("common parameters:", "workload resnet18:", "workload cnn:", "workload dcrnn:")
+    )
     assert i_common < i_res < i_cnn < i_dcrnn
     assert out.index("\n  --width") > i_res and out.index("\n  --lr_gamma") > i_cnn and out.index("\n  --gpus") < i_res
     assert out.index("\n  --gp ") > i_dcrnn
@@ -145,14 +193,36 @@ def test_study_file_with_a_parameter_of_another_workload(tmp_path):
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\ncluster: local\nmode: strong\ngpus: [1]\nfixed: {workload: cnn, batch: 64, width: 8}\n")
-    p = subprocess.run([sys.executable, "-m", "kernels.slurm.study", "submit", str(path), "--dry-run"], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "LAB_RESULTS": str(tmp_path)})
+    p = subprocess.run(
+        [sys.executable, "-m", "kernels.slurm.study", "submit", str(path), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LAB_RESULTS": str(tmp_path)},
+    )
     assert p.returncode == 2 and "'width' is a parameter of workload resnet18, not cnn" in p.stderr
 
 
 # ------------------------------------------------------------------ the CNN
-CNN = [*TINY[2:], "--workload", "cnn", "--dataset", "digits", "--train_samples", "128", "--test_samples", "64",
-       "--batch", "32", "--seed", "5", "--dropout", "false", "--lr_gamma", "1.0"]
+CNN = [
+    *TINY[2:],
+    "--workload",
+    "cnn",
+    "--dataset",
+    "digits",
+    "--train_samples",
+    "128",
+    "--test_samples",
+    "64",
+    "--batch",
+    "32",
+    "--seed",
+    "5",
+    "--dropout",
+    "false",
+    "--lr_gamma",
+    "1.0",
+]
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ starts itself, not their children: `make paper` from an integration test is caug
 `paper`, not by latexmk. Session fixtures are set up before it: they start no process in the unit
 tier (fashion_root fetches in-process).
 """
+
 from __future__ import annotations
 
 import multiprocessing.util
@@ -30,8 +31,24 @@ import jupytext  # noqa: F401  (imported before any guard is set)
 
 TIERS = ("unit", "integration", "system")
 # programs (or `make` targets) that belong to the system tier
-SYSTEM_PROGRAMS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "slurmctld", "slurmd",
-                   "munged", "mpirun", "mpiexec", "mpicc", "latexmk", "pdflatex", "horovodrun"}
+SYSTEM_PROGRAMS = {
+    "sbatch",
+    "srun",
+    "salloc",
+    "squeue",
+    "scontrol",
+    "scancel",
+    "sacct",
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "mpirun",
+    "mpiexec",
+    "mpicc",
+    "latexmk",
+    "pdflatex",
+    "horovodrun",
+}
 SYSTEM_MAKE_TARGETS = {"paper", "horovod", "test", "reliability", "bench", "bench-gpu"}
 # what a unit test may still start: git, which the records' provenance asks for the commit (read-only, ~5 ms),
 # and ruff, the linter (reads the sources, ~0.1 s; it has no Python API)
@@ -55,8 +72,10 @@ def pytest_collection_modifyitems(config, items):
             bad.append(f"{item.nodeid}: asks for the Slurm cluster but is marked {tier_of(item)}; mark it system")
         resolved[item] = tier_of(item)
     if bad:
-        raise pytest.UsageError("every test needs one tier marker (unit, integration or system), and only the system "
-                                "tier may ask for the Slurm cluster (tests/tiers.py):\n  " + "\n  ".join(bad))
+        raise pytest.UsageError(
+            "every test needs one tier marker (unit, integration or system), and only the system "
+            "tier may ask for the Slurm cluster (tests/tiers.py):\n  " + "\n  ".join(bad)
+        )
     # `-m unit` matches any marker on the way up: leave each test its one resolved tier and no other
     for item, tier in resolved.items():
         for node in item.listchain():
@@ -94,9 +113,13 @@ def _tier_guard(request, monkeypatch):
     tier = tier_of(request.node)
     where = request.node.nodeid
     if tier == "unit":
+
         def refuse(*_a, **_k):
-            raise TierError(f"{where} is marked unit but starts a process: mark it integration (or system), or "
-                            f"call the code in-process")
+            raise TierError(
+                f"{where} is marked unit but starts a process: mark it integration (or system), or "
+                f"call the code in-process"
+            )
+
         real = subprocess.Popen._execute_child
 
         def only_allowed(self, args, *rest, **kw):
@@ -104,6 +127,7 @@ def _tier_guard(request, monkeypatch):
             if not argv or Path(argv[0]).name not in UNIT_ALLOWED:
                 refuse()
             return real(self, args, *rest, **kw)
+
         monkeypatch.setattr(subprocess.Popen, "_execute_child", only_allowed)
         monkeypatch.setattr(os, "fork", refuse)
         monkeypatch.setattr(os, "posix_spawn", refuse)
@@ -118,5 +142,6 @@ def _tier_guard(request, monkeypatch):
             if word:
                 raise TierError(f"{where} is marked integration but runs `{word}`: mark it system")
             return real(self, args, *rest, **kw)
+
         monkeypatch.setattr(subprocess.Popen, "_execute_child", checked)
     yield

@@ -15,6 +15,7 @@ installed) and writes that resolution here:
     python tools/lock.py cuda REPORT.json [--index URL] > constraints-cuda.txt
     python tools/lock.py verify constraints-cuda.txt   # the installed versions against the lock
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,24 +55,32 @@ def from_report(report: dict, index: str = "") -> str:
     items = sorted((canonical(i["metadata"]["name"]), i["metadata"]["version"]) for i in report["install"])
     torch = dict(items).get("torch")
     if torch is None:
-        raise SystemExit("error: the report installs no torch; make it with "
-                         "`pip install --dry-run --ignore-installed --report FILE torch==VERSION`")
+        raise SystemExit(
+            "error: the report installs no torch; make it with "
+            "`pip install --dry-run --ignore-installed --report FILE torch==VERSION`"
+        )
     cuda = cuda_version(report)
     if cuda is None:
-        raise SystemExit(f"error: pip resolved torch {torch}, a build without CUDA (a local wheel store or "
-                         f"find-links in pip's configuration found it first?). Run `make lock-cuda` where PyPI or "
-                         f"TORCH_INDEX answers, with PIP_CONFIG_FILE=/dev/null to ignore such a configuration")
-    head = [f"# CUDA lock for torch {torch}: what pip resolved for it from "
-            f"{index or 'PyPI'} (CUDA runtime {cuda}).",
-            "# Written by `make lock-cuda` (resolved under constraints.txt); used with it by `make setup CUDA=1`."]
+        raise SystemExit(
+            f"error: pip resolved torch {torch}, a build without CUDA (a local wheel store or "
+            f"find-links in pip's configuration found it first?). Run `make lock-cuda` where PyPI or "
+            f"TORCH_INDEX answers, with PIP_CONFIG_FILE=/dev/null to ignore such a configuration"
+        )
+    head = [
+        f"# CUDA lock for torch {torch}: what pip resolved for it from {index or 'PyPI'} (CUDA runtime {cuda}).",
+        "# Written by `make lock-cuda` (resolved under constraints.txt); used with it by `make setup CUDA=1`.",
+    ]
     return "\n".join(head + [f"{n}=={v}" for n, v in items]) + "\n"
 
 
 def problems(cuda_lock: Path, base_lock: Path) -> list[str]:
     """Where the CUDA lock disagrees with constraints.txt or leaves torch's CUDA runtime unpinned."""
     cuda, base = read_pins(cuda_lock), read_pins(base_lock)
-    out = [f"{n}: {cuda_lock.name} pins {v}, {base_lock.name} {base[n]}" for n, v in sorted(cuda.items())
-           if n in base and v.split("+")[0] != base[n].split("+")[0]]
+    out = [
+        f"{n}: {cuda_lock.name} pins {v}, {base_lock.name} {base[n]}"
+        for n, v in sorted(cuda.items())
+        if n in base and v.split("+")[0] != base[n].split("+")[0]
+    ]
     if "torch" not in cuda:
         out.append(f"{cuda_lock.name} pins no torch")
     for need in ("triton", "nvidia-nccl", "nvidia-cudnn", "nvidia-cuda-runtime"):
@@ -105,8 +114,10 @@ def installed_mismatches(lock: Path) -> list[str]:
 
         built = torch.version.cuda
         if not built or ".".join(built.split(".")[:2]) != cuda:
-            out.append(f"torch {torch.__version__} is built for CUDA {built or 'none (a CPU build)'}, {lock.name} "
-                       f"locks CUDA {cuda}: install with `make setup CUDA=1` and the lock's index")
+            out.append(
+                f"torch {torch.__version__} is built for CUDA {built or 'none (a CPU build)'}, {lock.name} "
+                f"locks CUDA {cuda}: install with `make setup CUDA=1` and the lock's index"
+            )
     return out
 
 

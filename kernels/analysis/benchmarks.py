@@ -2,6 +2,7 @@
 the device and host it ran on. A document quotes a benchmark only when its device is among the hardware of the
 records the build selected (Table I names that hardware); one measured elsewhere is not quoted, and the section
 says where it was measured and which command measures it here."""
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ A point set aside by kernels/analysis/trust.py (contended, superlinear, disagree
 judges a criterion: the criterion is then "not measured" and names the re-run. "not measured" always says which
 study or command would measure it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 @dataclass(frozen=True)
 class Brief:
     """One of the user's briefs: its file in ../shared/briefs and how the documents name it."""
+
     file: str
     title: str
 
@@ -27,13 +29,13 @@ class Brief:
 @dataclass(frozen=True)
 class Criterion:
     key: str
-    short: str         # the paper's column
+    short: str  # the paper's column
     brief: Brief
-    line: int          # the brief's line that states the target
+    line: int  # the brief's line that states the target
     definition: str
-    threshold: str     # the target, as the lab judges it
-    measure: str       # the study or command that measures it
-    judge: Callable    # (criterion, tables) -> row (see `row`); tables: see `judge` below
+    threshold: str  # the target, as the lab judges it
+    measure: str  # the study or command that measures it
+    judge: Callable  # (criterion, tables) -> row (see `row`); tables: see `judge` below
     lab_threshold: bool = False  # the brief names the target but no number: the threshold is the lab's reading
 
     @property
@@ -46,15 +48,26 @@ class Criterion:
 
 
 def row(c: Criterion, status: str, value: str = "", evidence: str = "") -> dict:
-    return {"key": c.key, "short": c.short, "source": c.source, "brief": c.cites, "definition": c.definition,
-            "threshold": c.threshold + (" (the lab's reading)" if c.lab_threshold else ""), "status": status,
-            "value": value,
-            "evidence": evidence or (c.measure if status == NOT_MEASURED else "")}
+    return {
+        "key": c.key,
+        "short": c.short,
+        "source": c.source,
+        "brief": c.cites,
+        "definition": c.definition,
+        "threshold": c.threshold + (" (the lab's reading)" if c.lab_threshold else ""),
+        "status": status,
+        "value": value,
+        "evidence": evidence or (c.measure if status == NOT_MEASURED else ""),
+    }
 
 
 def set_aside(c: Criterion, point: pd.Series) -> dict:
-    return row(c, NOT_MEASURED, evidence=f"the N={int(point['gpus'])} point is set aside ({point['flags']}); "
-                                         f"re-run it (Table of results to re-run)")
+    return row(
+        c,
+        NOT_MEASURED,
+        evidence=f"the N={int(point['gpus'])} point is set aside ({point['flags']}); "
+        f"re-run it (Table of results to re-run)",
+    )
 
 
 def judge(criteria, tables: dict) -> pd.DataFrame:

@@ -1,4 +1,5 @@
 """Figure plumbing shared by the report's sections: style, saving, axes."""
+
 from __future__ import annotations
 
 import io
@@ -13,8 +14,16 @@ from kernels.analysis.tex import write_if_changed
 # Every text of a figure at its size when drawn; figures are drawn at about the width they are printed
 # (a 3.5 in column, 3.4 in in a half-page panel), so 8 pt here prints at 7 pt or more (tests/test_paper.py
 # checks each saved figure against the width the paper prints it at).
-FONT_PT = {"font.size": 8.5, "axes.titlesize": 8.5, "axes.labelsize": 8.5, "xtick.labelsize": 8,
-           "ytick.labelsize": 8, "legend.fontsize": 8, "legend.title_fontsize": 8, "figure.titlesize": 8.5}
+FONT_PT = {
+    "font.size": 8.5,
+    "axes.titlesize": 8.5,
+    "axes.labelsize": 8.5,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.title_fontsize": 8,
+    "figure.titlesize": 8.5,
+}
 SAVED: dict[str, tuple[float, float]] = {}  # name -> (smallest font in pt, width in inches as saved)
 
 
@@ -45,8 +54,10 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
     box = fig.get_tightbbox(fig.canvas.get_renderer())  # the box savefig crops to (laid out, not drawn)
     SAVED[name] = (_smallest_font(fig), box.width + 2 * 0.1)  # savefig's tight crop pads 0.1 in a side
     paths = []
-    for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}),
-                    ("png", {"dpi": 160, "metadata": png_metadata(fig)})):
+    for ext, kw in (
+        ("pdf", {"metadata": {"CreationDate": None, "ModDate": None}}),
+        ("png", {"dpi": 160, "metadata": png_metadata(fig)}),
+    ):
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, bbox_inches="tight", **kw)
         p = out / "figures" / f"{name}.{ext}"
@@ -74,7 +85,7 @@ def nice_log_ticks(lo: float, hi: float) -> list[float]:
     ticks = []
     for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
         for m in (1, 2, 5):
-            t = m * 10.0 ** e
+            t = m * 10.0**e
             if lo <= t <= hi:
                 ticks.append(t)
     if len(ticks) < 2:  # a narrow range: round multiples of the coarsest 1-2-5 step that puts 3 or more inside
@@ -87,7 +98,7 @@ def round_ticks(lo: float, hi: float, least: int = 3) -> list[float]:
     least `least` of them; never odd values such as 510 or 550 next to 600."""
     for e in range(math.ceil(math.log10(hi - lo)), math.floor(math.log10(hi - lo)) - 3, -1):
         for m in (5, 2, 1):
-            step = m * 10.0 ** e
+            step = m * 10.0**e
             ticks = [round(k * step, 12) for k in range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)]
             if len(ticks) >= least:
                 return ticks

@@ -27,6 +27,7 @@ Definitions (one place; the documents quote them):
   of a point that also has a quiet one is left out of it (`superseded`): the re-run
   measured the point.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,13 +41,33 @@ from kernels.base.stats import median_ci
 from kernels.base.params import default
 
 # The configuration that defines "the same experiment" apart from gpus and batch.
-CONFIG_KEYS = ("workload", "dataset", "width", "model_source", "precision", "pipeline", "bucket_cap_mb",
-               "gradient_as_bucket_view", "channels_last", "compile", "micro_batches", "train_samples",
-               "synthetic_shape", "rnn_units", "gp", "engine", "kind")
+CONFIG_KEYS = (
+    "workload",
+    "dataset",
+    "width",
+    "model_source",
+    "precision",
+    "pipeline",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "channels_last",
+    "compile",
+    "micro_batches",
+    "train_samples",
+    "synthetic_shape",
+    "rnn_units",
+    "gp",
+    "engine",
+    "kind",
+)
 # Optimisations compared before/after, with the "before" value.
-FACTORS = {"precision": "fp32", "pipeline": "dataloader", "bucket_cap_mb": default("bucket_cap_mb"),
-           "channels_last": False,
-           "compile": False}
+FACTORS = {
+    "precision": "fp32",
+    "pipeline": "dataloader",
+    "bucket_cap_mb": default("bucket_cap_mb"),
+    "channels_last": False,
+    "compile": False,
+}
 VERSION_KEYS = ("torch", "cuda", "nccl", "device")
 
 
@@ -74,15 +95,24 @@ def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame,
         except (OSError, ValueError) as e:  # RecordError is an OSError; a damaged file names itself
             kind, item = "problem", {"run_id": d.name, "status": "unreadable", "reason": str(e)}
         except (KeyError, TypeError, AttributeError) as e:  # valid files lacking what a record holds
-            kind, item = "problem", {"run_id": d.name, "status": "unreadable",
-                                     "reason": f"config.json or summary.json lacks or mistypes {e}; the record is "
-                                               f"damaged or from another program: remove it and run again"}
+            kind, item = (
+                "problem",
+                {
+                    "run_id": d.name,
+                    "status": "unreadable",
+                    "reason": f"config.json or summary.json lacks or mistypes {e}; the record is "
+                    f"damaged or from another program: remove it and run again",
+                },
+            )
         {"row": rows, "problem": problems, "excluded": excluded}[kind].append(item)
     runs = pd.DataFrame(rows)
     if "epoch_s" in runs:  # a float column even where no record measured one (all None)
         runs["epoch_s"] = pd.to_numeric(runs["epoch_s"], errors="coerce")
-    return (runs, pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
-            pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]))
+    return (
+        runs,
+        pd.DataFrame(problems, columns=["run_id", "status", "reason"]),
+        pd.DataFrame(excluded, columns=["run_id", "label", "study", "status"]),
+    )
 
 
 def _load_one(d: Path, select: dict | None) -> tuple[str, dict]:
@@ -94,16 +124,26 @@ def _load_one(d: Path, select: dict | None) -> tuple[str, dict]:
         return "problem", {"run_id": d.name, "status": "incomplete", "reason": "config.json or summary.json missing"}
     params = cfg["params"]
     if not selected(params, cfg.get("lab") or {}, select):
-        return "excluded", {"run_id": d.name, "label": params.get("label", ""),
-                            "study": (cfg.get("lab") or {}).get("lab_study_id", ""), "status": summ.get("status")}
+        return "excluded", {
+            "run_id": d.name,
+            "label": params.get("label", ""),
+            "study": (cfg.get("lab") or {}).get("lab_study_id", ""),
+            "status": summ.get("status"),
+        }
     if summ.get("status") != "complete":
         return "problem", {"run_id": d.name, "status": summ.get("status"), "reason": summ.get("error") or ""}
     if not summ.get("samples_per_s"):
-        return "problem", {"run_id": d.name, "status": "no timed steps",
-                           "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer"}
+        return "problem", {
+            "run_id": d.name,
+            "status": "no timed steps",
+            "reason": "every step was a warm-up step; lower timing_warmup_steps or run longer",
+        }
     if cfg.get("schema_version", 1) < 2:
-        return "problem", {"run_id": d.name, "status": "old schema",
-                           "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point"}
+        return "problem", {
+            "run_id": d.name,
+            "status": "old schema",
+            "reason": "schema 1 headline is a ratio of sums, not a median; rerun the point",
+        }
     return "row", run_row(d, cfg, summ, rec["metrics"])
 
 
@@ -113,55 +153,88 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
     derived, versions = cfg["derived"], cfg["versions"]
     row = {k: params.get(k) for k in CONFIG_KEYS}
     contention = summ.get("contention") or {}
-    row.update({"kind": run_kind(params, lab), "contended": contention.get("contended"),
-                "contention": "; ".join(contention.get("evidence") or []), "params": params, "lab": lab,
-                "study_repeats": int(lab["lab_study_repeats"]) if lab.get("lab_study_repeats") else None,
-                "study_point_index": point_index(d.name, lab)})
-    row.update({
-        "run_id": d.name, "label": params.get("label", ""), "gpus": params["gpus"], "batch": params["batch"],
-        "per_rank_batch": derived["per_rank_batch"], "nodes": derived.get("nodes", 1),
-        "steps_per_epoch": derived["steps_per_epoch"], "epochs": params["epochs"],
-        "device": summ["device_name"], "torch": versions.get("torch"), "cuda": versions.get("cuda"),
-        "nccl": versions.get("nccl"), "python": versions.get("python"),
-        "git": (cfg.get("git") or {}).get("commit"), "dirty": (cfg.get("git") or {}).get("dirty"),
-        "model_variant": derived.get("model_variant"), "backend": derived.get("backend"),
-        "device_type": derived.get("device_type"),
-        "hosts": len(cfg.get("hosts") or []) or 1,
-        "samples_per_s": summ["samples_per_s"], "samples_per_s_per_device": summ["samples_per_s_per_device"],
-        "samples_per_s_p10": summ.get("samples_per_s_p10"), "samples_per_s_p90": summ.get("samples_per_s_p90"),
-        "step_ms": summ.get("step_ms_p50"), "step_ms_p90": summ.get("step_ms_p90"),
-        "epoch_s": summ.get("epoch_s_median"),
-        "data_wait_frac": summ.get("data_wait_frac"), "mfu": summ.get("mfu"),
-        "exposed_comm_ms": summ.get("exposed_comm_ms"), "peak_mem_gib": summ.get("peak_mem_gib"),
-        "train_flops_per_sample": summ.get("train_flops_per_sample"),
-        "final_eval_acc": summ.get("final_eval_acc"), "started_utc": summ.get("started_utc"),
-        "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"), "study": cfg.get("lab", {}).get("lab_study_id"),
-        "engine": params.get("engine", "ddp"), "grad_param_bytes": summ.get("grad_param_bytes"),
-        "exposed_comm_status": summ.get("exposed_comm_status"),
-        "bottleneck": (summ.get("bottleneck") or {}).get("verdict"),
-        "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
-        "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
-        "comm_source": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_source"),
-        "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
-        "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
-        "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),
-        "own_cpu_cores": (summ.get("monitor") or {}).get("own_cpu_cores_mean"),
-        "foreign_cpu_cores": (summ.get("monitor") or {}).get("foreign_cpu_cores_mean"),
-        "energy_j": (summ.get("monitor") or {}).get("energy_j"),
-        "profile": summ.get("profile") if (summ.get("profile") or {}).get("status") == "complete" else None,
-        "run_path": str(d),
-        **placement(cfg),
-    })
+    row.update(
+        {
+            "kind": run_kind(params, lab),
+            "contended": contention.get("contended"),
+            "contention": "; ".join(contention.get("evidence") or []),
+            "params": params,
+            "lab": lab,
+            "study_repeats": int(lab["lab_study_repeats"]) if lab.get("lab_study_repeats") else None,
+            "study_point_index": point_index(d.name, lab),
+        }
+    )
+    row.update(
+        {
+            "run_id": d.name,
+            "label": params.get("label", ""),
+            "gpus": params["gpus"],
+            "batch": params["batch"],
+            "per_rank_batch": derived["per_rank_batch"],
+            "nodes": derived.get("nodes", 1),
+            "steps_per_epoch": derived["steps_per_epoch"],
+            "epochs": params["epochs"],
+            "device": summ["device_name"],
+            "torch": versions.get("torch"),
+            "cuda": versions.get("cuda"),
+            "nccl": versions.get("nccl"),
+            "python": versions.get("python"),
+            "git": (cfg.get("git") or {}).get("commit"),
+            "dirty": (cfg.get("git") or {}).get("dirty"),
+            "model_variant": derived.get("model_variant"),
+            "backend": derived.get("backend"),
+            "device_type": derived.get("device_type"),
+            "hosts": len(cfg.get("hosts") or []) or 1,
+            "samples_per_s": summ["samples_per_s"],
+            "samples_per_s_per_device": summ["samples_per_s_per_device"],
+            "samples_per_s_p10": summ.get("samples_per_s_p10"),
+            "samples_per_s_p90": summ.get("samples_per_s_p90"),
+            "step_ms": summ.get("step_ms_p50"),
+            "step_ms_p90": summ.get("step_ms_p90"),
+            "epoch_s": summ.get("epoch_s_median"),
+            "data_wait_frac": summ.get("data_wait_frac"),
+            "mfu": summ.get("mfu"),
+            "exposed_comm_ms": summ.get("exposed_comm_ms"),
+            "peak_mem_gib": summ.get("peak_mem_gib"),
+            "train_flops_per_sample": summ.get("train_flops_per_sample"),
+            "final_eval_acc": summ.get("final_eval_acc"),
+            "started_utc": summ.get("started_utc"),
+            "slurm_job": cfg.get("slurm", {}).get("slurm_job_id"),
+            "study": cfg.get("lab", {}).get("lab_study_id"),
+            "engine": params.get("engine", "ddp"),
+            "grad_param_bytes": summ.get("grad_param_bytes"),
+            "exposed_comm_status": summ.get("exposed_comm_status"),
+            "bottleneck": (summ.get("bottleneck") or {}).get("verdict"),
+            "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
+            "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
+            "comm_source": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_source"),
+            "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
+            "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
+            "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),
+            "own_cpu_cores": (summ.get("monitor") or {}).get("own_cpu_cores_mean"),
+            "foreign_cpu_cores": (summ.get("monitor") or {}).get("foreign_cpu_cores_mean"),
+            "energy_j": (summ.get("monitor") or {}).get("energy_j"),
+            "profile": summ.get("profile") if (summ.get("profile") or {}).get("status") == "complete" else None,
+            "run_path": str(d),
+            **placement(cfg),
+        }
+    )
     io = summ.get("io") or {}
     ranks = io.get("ranks") or []
-    row.update({
-        "io_source": io.get("source"), "io_cache": io.get("cache"), "io_bytes_read": io.get("bytes_read"),
-        "io_read_mb_s": io.get("read_mb_s"), "io_storage_mb_s": io.get("storage_mb_s"),
-        "io_read_ratio": io.get("read_ratio_max_epoch"), "io_wait_max": io.get("data_wait_frac_max"),
-        "io_wait_min": io.get("data_wait_frac_min"),
-        "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
-        "io_ranks": ranks,
-    })
+    row.update(
+        {
+            "io_source": io.get("source"),
+            "io_cache": io.get("cache"),
+            "io_bytes_read": io.get("bytes_read"),
+            "io_read_mb_s": io.get("read_mb_s"),
+            "io_storage_mb_s": io.get("storage_mb_s"),
+            "io_read_ratio": io.get("read_ratio_max_epoch"),
+            "io_wait_max": io.get("data_wait_frac_max"),
+            "io_wait_min": io.get("data_wait_frac_min"),
+            "io_devices": ", ".join(sorted({r.get("device_name") or "" for r in ranks})) or None,
+            "io_ranks": ranks,
+        }
+    )
     row["final_eval"] = {k.removeprefix("final_eval_"): v for k, v in summ.items() if k.startswith("final_eval_")}
     row["workload_info"] = summ.get("workload") or {}
     row["rank_info"] = summ.get("ranks") or []
@@ -202,17 +275,23 @@ def placement(config: dict) -> dict:
     for r in ranks:
         per_host[r.get("host")] = per_host.get(r.get("host"), 0) + 1
     threads = [r["threads"] for r in ranks if r.get("threads")]
-    return {"system": system_of(config), "ranks_per_host": max(per_host.values()) if per_host else 1,
-            "threads": max(threads) if threads else None,
-            "host_cores": (config.get("system") or {}).get("cpu_cores")}
+    return {
+        "system": system_of(config),
+        "ranks_per_host": max(per_host.values()) if per_host else 1,
+        "threads": max(threads) if threads else None,
+        "host_cores": (config.get("system") or {}).get("cpu_cores"),
+    }
 
 
 def version_mix(runs: pd.DataFrame) -> dict[str, list]:
     """Fields whose values differ across the runs (software or hardware): the numbers are not comparable as-is."""
     if runs.empty:
         return {}
-    return {k: sorted(map(str, runs[k].dropna().unique())) for k in VERSION_KEYS
-            if k in runs and runs[k].dropna().nunique() > 1}
+    return {
+        k: sorted(map(str, runs[k].dropna().unique()))
+        for k in VERSION_KEYS
+        if k in runs and runs[k].dropna().nunique() > 1
+    }
 
 
 def _key(row) -> tuple:
@@ -221,11 +300,36 @@ def _key(row) -> tuple:
 
 def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (series, N): repeats aggregated, speedup and efficiency against the series baseline."""
-    cols = ["mode", "series", "dataset", "gpus", "nodes", "batch", "per_rank_batch", "repeats", "samples_per_s",
-            "samples_per_s_ci_lo", "samples_per_s_ci_hi", "ci_level", "samples_per_s_min", "samples_per_s_max",
-            "samples_per_s_per_device", "step_s", "epoch_s", "epoch_projected", "speedup", "efficiency",
-            "final_eval_acc", "acc_gap_points", "baseline_gpus", "reasons", "flags", "clean", "run_ids",
-            "superseded"]
+    cols = [
+        "mode",
+        "series",
+        "dataset",
+        "gpus",
+        "nodes",
+        "batch",
+        "per_rank_batch",
+        "repeats",
+        "samples_per_s",
+        "samples_per_s_ci_lo",
+        "samples_per_s_ci_hi",
+        "ci_level",
+        "samples_per_s_min",
+        "samples_per_s_max",
+        "samples_per_s_per_device",
+        "step_s",
+        "epoch_s",
+        "epoch_projected",
+        "speedup",
+        "efficiency",
+        "final_eval_acc",
+        "acc_gap_points",
+        "baseline_gpus",
+        "reasons",
+        "flags",
+        "clean",
+        "run_ids",
+        "superseded",
+    ]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     runs = runs.assign(_key=runs.apply(_key, axis=1), epoch_s=runs.get("epoch_s", float("nan")))
@@ -239,13 +343,22 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
             gone = trust.superseded(series)  # contended repeats of a point that a quiet re-run measured
             dropped = series[gone]
             series = series[~gone]
-            agg = series.groupby("gpus").agg(
-                nodes=("nodes", "max"), batch=("batch", "first"), per_rank_batch=("per_rank_batch", "first"),
-                repeats=("run_id", "count"), samples_per_s=("samples_per_s", "median"),
-                samples_per_s_min=("samples_per_s", "min"), samples_per_s_max=("samples_per_s", "max"),
-                final_eval_acc=("final_eval_acc", "median"), steps_per_epoch=("steps_per_epoch", "first"),
-                epoch_s=("epoch_s", "median"),
-            ).reset_index()
+            agg = (
+                series.groupby("gpus")
+                .agg(
+                    nodes=("nodes", "max"),
+                    batch=("batch", "first"),
+                    per_rank_batch=("per_rank_batch", "first"),
+                    repeats=("run_id", "count"),
+                    samples_per_s=("samples_per_s", "median"),
+                    samples_per_s_min=("samples_per_s", "min"),
+                    samples_per_s_max=("samples_per_s", "max"),
+                    final_eval_acc=("final_eval_acc", "median"),
+                    steps_per_epoch=("steps_per_epoch", "first"),
+                    epoch_s=("epoch_s", "median"),
+                )
+                .reset_index()
+            )
             ci = {n: median_ci(list(g["samples_per_s"])) for n, g in series.groupby("gpus")}
             agg["samples_per_s_ci_lo"] = [ci[n]["ci_lo"] for n in agg["gpus"]]
             agg["samples_per_s_ci_hi"] = [ci[n]["ci_hi"] for n in agg["gpus"]]
@@ -285,8 +398,10 @@ def main_series(scal: pd.DataFrame, mode: str = "strong", workload: str | None =
         s = s[s["series"].str.startswith(workload + " ")]
     if s.empty:
         return s
-    best = max(s["series"].unique(), key=lambda name: (s[s["series"] == name]["gpus"].nunique(),
-                                                       s[s["series"] == name]["gpus"].max()))
+    best = max(
+        s["series"].unique(),
+        key=lambda name: (s[s["series"] == name]["gpus"].nunique(), s[s["series"] == name]["gpus"].max()),
+    )
     return s[s["series"] == best].sort_values("gpus")
 
 
@@ -313,9 +428,18 @@ def optimisation_gains(runs: pd.DataFrame) -> pd.DataFrame:
             for after, x in med.items():
                 if after == before:
                     continue
-                rows.append({"factor": factor, "before": before, "after": after, "gpus": grp["gpus"].iloc[0],
-                             "batch": grp["batch"].iloc[0], "samples_per_s_before": med[before],
-                             "samples_per_s_after": x, "speedup": x / med[before]})
+                rows.append(
+                    {
+                        "factor": factor,
+                        "before": before,
+                        "after": after,
+                        "gpus": grp["gpus"].iloc[0],
+                        "batch": grp["batch"].iloc[0],
+                        "samples_per_s_before": med[before],
+                        "samples_per_s_after": x,
+                        "speedup": x / med[before],
+                    }
+                )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -337,14 +461,22 @@ def optimisations_together(runs: pd.DataFrame) -> pd.DataFrame:
         if best == off:
             best = med.drop(off).idxmax()
         changed = ", ".join(f"{k}={v}" for k, v, b in zip(factors, best, off) if v != b)
-        rows.append({"after": changed, "gpus": grp["gpus"].iloc[0], "batch": grp["batch"].iloc[0],
-                     "samples_per_s_before": med[off], "samples_per_s_after": med[best],
-                     "speedup": med[best] / med[off]})
+        rows.append(
+            {
+                "after": changed,
+                "gpus": grp["gpus"].iloc[0],
+                "batch": grp["batch"].iloc[0],
+                "samples_per_s_before": med[off],
+                "samples_per_s_after": med[best],
+                "speedup": med[best] / med[off],
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
-def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
-               predicted: dict[int, tuple[float, str]] | None = None) -> tuple[pd.DataFrame, float]:
+def node_hours(
+    plan: dict, epoch_s_by_gpus: dict[int, float], predicted: dict[int, tuple[float, str]] | None = None
+) -> tuple[pd.DataFrame, float]:
     """Node-hours of the planned runs (plan["points"]: gpus and epochs of every run of the study files) from
     the measured time per epoch.
 
@@ -374,8 +506,17 @@ def node_hours(plan: dict, epoch_s_by_gpus: dict[int, float],
             t, source = measured[n0] * n0 / n, f"from N={n0}, upper bound"
         nodes = math.ceil(n / gpn)
         hours = nodes * t / 3600 * int(runs["epochs"].sum())
-        rows.append({"gpus": n, "nodes": nodes, "runs": len(runs), "epochs": int(runs["epochs"].sum()),
-                     "epoch_s": t, "source": source, "node_hours": hours})
+        rows.append(
+            {
+                "gpus": n,
+                "nodes": nodes,
+                "runs": len(runs),
+                "epochs": int(runs["epochs"].sum()),
+                "epoch_s": t,
+                "source": source,
+                "node_hours": hours,
+            }
+        )
     table = pd.DataFrame(rows)
     total = table["node_hours"].sum() * (1 + float(plan["profiling_overhead"]))
     return table, total
@@ -396,8 +537,17 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
     the slowest rank's data-wait share (it bounds a DDP step); wait_spread: that minus the
     fastest rank's; devices: the device names of the ranks (mixed node types show here).
     """
-    cols = [*IO_GROUP, "repeats", "samples_per_s", "read_mb_s", "storage_mb_s", "read_ratio", "wait_max",
-            "wait_spread", "devices"]
+    cols = [
+        *IO_GROUP,
+        "repeats",
+        "samples_per_s",
+        "read_mb_s",
+        "storage_mb_s",
+        "read_ratio",
+        "wait_max",
+        "wait_spread",
+        "devices",
+    ]
     if runs.empty or "io_source" not in runs:
         return pd.DataFrame(columns=cols)
     r = runs[runs["io_source"].notna() & (runs["io_source"] != RESIDENT_SERIES)].copy()
@@ -409,9 +559,18 @@ def io_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, g in r.groupby(list(IO_GROUP), dropna=False, sort=True):
         med = lambda c: float(g[c].median()) if g[c].notna().any() else None  # noqa: E731
-        rows.append({**dict(zip(IO_GROUP, key)), "repeats": len(g), "samples_per_s": med("samples_per_s"),
-                     "read_mb_s": med("io_read_mb_s"), "storage_mb_s": med("io_storage_mb_s"),
-                     "read_ratio": med("io_read_ratio"), "wait_max": med("io_wait_max"),
-                     "wait_spread": med("wait_spread"), "devices": "; ".join(sorted(set(g["io_devices"].dropna())))})
+        rows.append(
+            {
+                **dict(zip(IO_GROUP, key)),
+                "repeats": len(g),
+                "samples_per_s": med("samples_per_s"),
+                "read_mb_s": med("io_read_mb_s"),
+                "storage_mb_s": med("io_storage_mb_s"),
+                "read_ratio": med("io_read_ratio"),
+                "wait_max": med("io_wait_max"),
+                "wait_spread": med("wait_spread"),
+                "devices": "; ".join(sorted(set(g["io_devices"].dropna()))),
+            }
+        )
     by = ["dataset", "pipeline", "io_cache", "gpus"]
     return pd.DataFrame(rows, columns=cols).sort_values(by).reset_index(drop=True)

@@ -1,4 +1,5 @@
 """LaTeX building blocks for generated tables, sentences and number macros."""
+
 from __future__ import annotations
 
 import math
@@ -21,9 +22,20 @@ def write_if_changed(path: Path, data: bytes | str) -> bool:
 
 def tex_escape(s) -> str:
     s = str(s)
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
-                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}"),
-                 ("<", r"\textless{}"), (">", r"\textgreater{}")):  # < and > print as such in any font encoding
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("$", r"\$"),
+        ("#", r"\#"),
+        ("_", r"\_"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("~", r"\textasciitilde{}"),
+        ("^", r"\^{}"),
+        ("<", r"\textless{}"),
+        (">", r"\textgreater{}"),
+    ):  # < and > print as such in any font encoding
         s = s.replace(a, b)
     return s
 
@@ -55,7 +67,7 @@ def gaps_in(text: str) -> list[str]:
                 continue
             depth += {"{": 1, "}": -1}.get(text[j], 0)
             j += 1
-        out.append(text[i + len(GAP):j - 1])
+        out.append(text[i + len(GAP) : j - 1])
         i = text.find(GAP, j)
     return out
 
@@ -64,8 +76,11 @@ def presence_file(files: dict[str, str]) -> str:
     """`\\has{stem}` is true in the documents for each generated file that holds something and no gap: a
     float or a paragraph around it is typeset only then (the paper's \\ifhas)."""
     lines = ["% generated: the generated files that hold measurements (\\ifhas{stem}{...} in the documents)"]
-    lines += [f"\\expandafter\\def\\csname has:{Path(name).stem}\\endcsname{{}}"
-              for name, text in sorted(files.items()) if text.strip() and GAP not in text]
+    lines += [
+        f"\\expandafter\\def\\csname has:{Path(name).stem}\\endcsname{{}}"
+        for name, text in sorted(files.items())
+        if text.strip() and GAP not in text
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -109,15 +124,25 @@ def listing(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def booktabs(df: pd.DataFrame, columns: dict[str, tuple[str, str]], caption: str = "", label: str = "",
-             size: str = "", spec: str = "") -> str:
+def booktabs(
+    df: pd.DataFrame,
+    columns: dict[str, tuple[str, str]],
+    caption: str = "",
+    label: str = "",
+    size: str = "",
+    spec: str = "",
+) -> str:
     """A booktabs tabular of `df`; columns: name -> (header, python format spec, or 's'/'raw').
 
     spec: the column specification (default: l for text, r for numbers).
     """
     align = spec or "@{}" + "".join("l" if fmt in ("s", "raw") else "r" for _, fmt in columns.values()) + "@{}"
-    lines = [f"\\begin{{tabular}}{{{align}}}", "\\toprule",
-             " & ".join(h for h, _ in columns.values()) + r" \\", "\\midrule"]
+    lines = [
+        f"\\begin{{tabular}}{{{align}}}",
+        "\\toprule",
+        " & ".join(h for h, _ in columns.values()) + r" \\",
+        "\\midrule",
+    ]
     for _, row in df.iterrows():
         cells = []
         for name, (_, fmt) in columns.items():
@@ -134,8 +159,12 @@ def booktabs(df: pd.DataFrame, columns: dict[str, tuple[str, str]], caption: str
     lines += ["\\bottomrule", "\\end{tabular}"]
     body = (f"{{{size}\n" if size else "") + "\n".join(lines) + "\n" + ("}\n" if size else "")
     if caption:
-        body = ("\\begin{table}[t]\\centering\\small\n" + f"\\caption{{{caption}}}\\label{{{label}}}\n" + body +
-                "\\end{table}\n")
+        body = (
+            "\\begin{table}[t]\\centering\\small\n"
+            + f"\\caption{{{caption}}}\\label{{{label}}}\n"
+            + body
+            + "\\end{table}\n"
+        )
     return body
 
 

@@ -11,6 +11,7 @@ but never quoted in the abstract, the request or the slides, when:
 - too few repeats: fewer complete repeats than its study asked for;
 - baseline set aside: the point its speedup and efficiency are taken against is.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -19,15 +20,20 @@ import pandas as pd
 
 from kernels.base.params import COMMON
 
-EFFICIENCY_TOL = 0.10   # efficiency above 110 % is not believed without a re-run
-SPREAD_TOL = 0.20       # repeats more than 20 % of their median apart disagree
+EFFICIENCY_TOL = 0.10  # efficiency above 110 % is not believed without a re-run
+SPREAD_TOL = 0.20  # repeats more than 20 % of their median apart disagree
 # never part of a re-run command: a new record gets a new id; the ranks record launcher=none (they are the ranks)
 RUN_ONLY = ("run_id", "results_dir", "launcher")
 
 
 # Why a point is set aside: a kind per reason (the documents count them by these words), its detail in `flags`.
-REASON_WORDS = {"contended": "contended", "superlinear": "superlinear efficiency", "spread": "disagreeing repeats",
-                "repeats": "too few repeats", "baseline": "measured against a set-aside baseline"}
+REASON_WORDS = {
+    "contended": "contended",
+    "superlinear": "superlinear efficiency",
+    "spread": "disagreeing repeats",
+    "repeats": "too few repeats",
+    "baseline": "measured against a set-aside baseline",
+}
 
 
 def contended(runs: pd.DataFrame) -> pd.Series:
@@ -82,12 +88,16 @@ def rerun_command(row: dict | pd.Series, defaults_of=common_defaults) -> str:
     from the defaults (defaults_of(params) -> {name: default}). Study runs are resubmitted instead (_commands)."""
     params, lab = row["params"], row.get("lab") or {}
     defaults = defaults_of(params)
-    args = [(k, v) for k, v in params.items()
-            if k not in RUN_ONLY and v is not None and (k not in defaults or v != defaults[k])]
+    args = [
+        (k, v)
+        for k, v in params.items()
+        if k not in RUN_ONLY and v is not None and (k not in defaults or v != defaults[k])
+    ]
     notebook = lab.get("lab_notebook")
     if notebook:
-        return shlex.join(["lab", "run", f"notebooks/{notebook}.ipynb",
-                           *[x for k, v in args for x in ("-p", k, _text(v))]])
+        return shlex.join(
+            ["lab", "run", f"notebooks/{notebook}.ipynb", *[x for k, v in args for x in ("-p", k, _text(v))]]
+        )
     return shlex.join(["lab", "train", *[x for k, v in args for x in (f"--{k}", _text(v))]])
 
 
@@ -113,8 +123,15 @@ def rerun_table(runs: pd.DataFrame, scal: pd.DataFrame, defaults_of=common_defau
             commands = [f"lab study resubmit studies/{sid}.yaml" for sid in studies]
         else:
             commands = _commands(pick[contended(pick)] if kinds == {"contended"} else pick, defaults_of)
-        rows.append({"series": p["series"], "gpus": int(p["gpus"]), "repeats": int(p["repeats"]), "reasons": own,
-                     "commands": commands})
+        rows.append(
+            {
+                "series": p["series"],
+                "gpus": int(p["gpus"]),
+                "repeats": int(p["repeats"]),
+                "reasons": own,
+                "commands": commands,
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 

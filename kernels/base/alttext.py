@@ -5,6 +5,7 @@ series in its legend), so it cannot drift from the chart. PNGs the lab saves car
 field; the notebooks show figures and PNGs through `show` and `show_png`, which hand it to the notebook as
 the output's `alt`; the lab's HTML template (kernels/notebook/templates/lab_alt.html.j2) writes it into <img alt="...">.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,11 @@ def describe(fig) -> str:
     for ax in fig.axes:
         title, x, y = ax.get_title(), ax.get_xlabel(), ax.get_ylabel()
         legend = ax.get_legend()
-        series = [t.get_text() for t in legend.get_texts()] if legend else \
-            [s for s in ax.get_legend_handles_labels()[1] if not s.startswith("_")]
+        series = (
+            [t.get_text() for t in legend.get_texts()]
+            if legend
+            else [s for s in ax.get_legend_handles_labels()[1] if not s.startswith("_")]
+        )
         what = f"{y} against {x}" if x and y else (x or y or "chart")
         if series:
             what += " for " + ", ".join(series)
@@ -64,8 +68,11 @@ def _display_png(data: bytes, alt: str) -> None:
 
     from IPython.display import display
 
-    display({"image/png": base64.b64encode(data).decode("ascii"), "text/plain": alt}, raw=True,
-            metadata={"image/png": {"alt": alt}})
+    display(
+        {"image/png": base64.b64encode(data).decode("ascii"), "text/plain": alt},
+        raw=True,
+        metadata={"image/png": {"alt": alt}},
+    )
 
 
 def show_png(path: Path, required: bool = False) -> None:

@@ -1,4 +1,5 @@
 """Tick labels for the notebooks' figures."""
+
 from __future__ import annotations
 
 

@@ -10,6 +10,7 @@ of these the process is a world of one and needs no launcher.
 Setup order is fixed: device from the local rank first, then
 init_process_group with an explicit timeout; teardown in `finally`.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,10 @@ class RankEnv:
 
     def check_world(self, gpus: int) -> None:
         if self.world_size != gpus:
-            raise ConfigError(f"parameter 'gpus': gpus={gpus} but the launcher started {self.world_size} rank(s) "
-                              f"({self.source}); make them agree (e.g. srun --ntasks={gpus})")
+            raise ConfigError(
+                f"parameter 'gpus': gpus={gpus} but the launcher started {self.world_size} rank(s) "
+                f"({self.source}); make them agree (e.g. srun --ntasks={gpus})"
+            )
 
 
 def expand_hostlist(spec: str) -> list[str]:
@@ -67,20 +70,31 @@ def expand_hostlist(spec: str) -> list[str]:
 def rank_env(environ: dict | None = None) -> RankEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return RankEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
-                       env.get("LAB_LAUNCHER") or "torchrun")
+        return RankEnv(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            env.get("LAB_LAUNCHER") or "torchrun",
+        )
     if "HOROVOD_RANK" in env and "HOROVOD_SIZE" in env:  # horovodrun (engine=horovod): it passes MASTER_* on
-        return RankEnv(int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"]), int(env.get("HOROVOD_LOCAL_RANK", 0)),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
-                       env.get("LAB_LAUNCHER") or "horovodrun")
+        return RankEnv(
+            int(env["HOROVOD_RANK"]),
+            int(env["HOROVOD_SIZE"]),
+            int(env.get("HOROVOD_LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            env.get("LAB_LAUNCHER") or "horovodrun",
+        )
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
         hosts = expand_hostlist(nodelist) if nodelist else []
         addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
         port = int(env.get("MASTER_PORT") or slurm_port(env.get("SLURM_JOB_ID", "0")))
-        return RankEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
-                       addr, port, "slurm")
+        return RankEnv(
+            int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), addr, port, "slurm"
+        )
     return RankEnv(0, 1, 0, "127.0.0.1", 0, "single")
 
 
@@ -94,8 +108,10 @@ def gpu_index(local_rank: int, visible: int) -> int:
     still land on one GPU are found after the rendezvous (check_distinct_gpus), not here.
     """
     if visible < 1:
-        raise ConfigError(f"parameter 'device': cuda requested but no GPU is visible to local rank {local_rank} "
-                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        raise ConfigError(
+            f"parameter 'device': cuda requested but no GPU is visible to local rank {local_rank} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
     return local_rank % visible
 
 
@@ -104,8 +120,10 @@ def bf16_refusal(precision: str, name: str, capability: tuple[int, int]) -> str 
     (7.0) or T4 (7.5) would emulate it at a fraction of fp16's speed, or fail inside a kernel."""
     if precision != "bf16" or capability >= (8, 0):
         return None
-    return (f"parameter 'precision': bf16 needs a GPU of compute capability 8.0 or newer, and this {name} is "
-            f"{capability[0]}.{capability[1]}; use precision=fp16 (with its GradScaler) or fp32")
+    return (
+        f"parameter 'precision': bf16 needs a GPU of compute capability 8.0 or newer, and this {name} is "
+        f"{capability[0]}.{capability[1]}; use precision=fp16 (with its GradScaler) or fp32"
+    )
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -155,7 +173,8 @@ def check_distinct_gpus(ranks: list[dict], backend: str = "nccl") -> None:
         if key in seen:
             raise ConfigError(
                 f"parameter 'gpus': ranks {seen[key]} and {r['global_rank']} share GPU {r['gpu_uuid']} on {r['node']}; "
-                f"give each task its own GPU (--ntasks-per-node = --gpus-per-node, or --gpus-per-task=1)")
+                f"give each task its own GPU (--ntasks-per-node = --gpus-per-node, or --gpus-per-task=1)"
+            )
         seen[key] = r["global_rank"]
 
 
@@ -169,7 +188,8 @@ def preflight(renv: RankEnv) -> None:
             f"MASTER_ADDR '{renv.master_addr}' (MASTER_PORT {renv.master_port}) does not resolve on "
             f"{socket.gethostname()} ({e}); set MASTER_ADDR to an address of the node of global rank 0 that the "
             f"other nodes reach (under Slurm the lab takes the allocation's first node; emulated nodes on one "
-            f"machine need MASTER_ADDR=127.0.0.1)") from None
+            f"machine need MASTER_ADDR=127.0.0.1)"
+        ) from None
 
 
 def rendezvous_store(renv: RankEnv, startup_timeout_min: float):
@@ -181,26 +201,38 @@ def rendezvous_store(renv: RankEnv, startup_timeout_min: float):
     preflight(renv)
     timeout = timedelta(minutes=startup_timeout_min)
     try:
-        return dist.TCPStore(renv.master_addr, renv.master_port, renv.world_size, is_master=renv.is_rank0,
-                             timeout=timeout, wait_for_workers=True)
+        return dist.TCPStore(
+            renv.master_addr,
+            renv.master_port,
+            renv.world_size,
+            is_master=renv.is_rank0,
+            timeout=timeout,
+            wait_for_workers=True,
+        )
     except (RuntimeError, OSError) as e:
         if renv.is_rank0 and ("EADDRINUSE" in str(e) or "address already in use" in str(e).lower()):
             raise ConfigError(
                 f"rank 0: MASTER_PORT={renv.master_port} on {socket.gethostname()} is taken by another process "
                 f"(address already in use); the lab's launchers draw a free random port unless MASTER_PORT is set: "
-                f"unset MASTER_PORT, or set it to a free one") from None
-        what = ("not every rank connected to the rendezvous this rank serves" if renv.is_rank0 else
-                "this rank could not reach the rendezvous")
+                f"unset MASTER_PORT, or set it to a free one"
+            ) from None
+        what = (
+            "not every rank connected to the rendezvous this rank serves"
+            if renv.is_rank0
+            else "this rank could not reach the rendezvous"
+        )
         raise ConfigError(
             f"rank {renv.global_rank}: {what} at MASTER_ADDR={renv.master_addr} MASTER_PORT={renv.master_port} "
             f"within startup_timeout_min={startup_timeout_min:g} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             f"check that all {renv.world_size} ranks started, that the address and port are reachable from every "
-            f"node (a firewall, another job on the port), or raise startup_timeout_min") from None
+            f"node (a firewall, another job on the port), or raise startup_timeout_min"
+        ) from None
 
 
 @contextmanager
-def process_group(renv: RankEnv, device: torch.device, timeout_min: float, startup_timeout_min: float = 5.0,
-                  backend: str = "auto"):
+def process_group(
+    renv: RankEnv, device: torch.device, timeout_min: float, startup_timeout_min: float = 5.0, backend: str = "auto"
+):
     """init_process_group (auto: nccl on CUDA, gloo on CPU) ... destroy, always.
 
     Rendezvous through a store with the startup timeout; collectives with timeout_min.
@@ -217,8 +249,9 @@ def process_group(renv: RankEnv, device: torch.device, timeout_min: float, start
         store = dist.HashStore()
     else:
         store = rendezvous_store(renv, startup_timeout_min)
-    dist.init_process_group(backend, store=store, rank=renv.global_rank, world_size=renv.world_size,
-                            timeout=timeout, **kwargs)
+    dist.init_process_group(
+        backend, store=store, rank=renv.global_rank, world_size=renv.world_size, timeout=timeout, **kwargs
+    )
     try:
         yield backend
     finally:
@@ -248,6 +281,7 @@ class Grid:
     """A 2-D grid of ranks, gpus = dp x gp: ranks d*gp .. d*gp+gp-1 form graph-parallel group d (neighbours, so
     on one node when gp divides the GPUs per node); ranks with the same index in their groups share data
     shards' positions across groups. `group` is this rank's graph-parallel process group (None when gp = 1)."""
+
     dp: int
     gp: int
     dp_rank: int

@@ -2,6 +2,7 @@
 
 A leaf: every layer raises ConfigError, so it imports nothing of the lab.
 """
+
 from __future__ import annotations
 
 import sys

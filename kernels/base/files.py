@@ -10,6 +10,7 @@ incompressible bytes, really allocated). When a write fails for want of space, t
 cause is written into that file in place (no new space needed), which frees the rest
 for the record's last summary; failure.txt keeps the cause until a summary says it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -104,8 +105,11 @@ def foreign(path: Path, own_link_ok: bool = False) -> str | None:
 
 def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
     """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
-    fix = ("free space there or choose another results_dir" if e.errno in DISK_FULL else
-           "the file or its directory is read-only, immutable or not yours: choose another results_dir")
+    fix = (
+        "free space there or choose another results_dir"
+        if e.errno in DISK_FULL
+        else "the file or its directory is read-only, immutable or not yours: choose another results_dir"
+    )
     err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; {fix}")
     err.path = str(path)
     return err
@@ -121,7 +125,6 @@ def sizes(*nbytes: float) -> list[str]:
         if len(set(out)) == len(set(nbytes)):
             return out
     return out
-
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -190,7 +193,7 @@ def failure_cause(run_dir: Path) -> str | None:
         except OSError:
             continue
         if head.startswith(_MARK):
-            return head[len(_MARK):].decode(errors="replace").strip()
+            return head[len(_MARK) :].decode(errors="replace").strip()
     return None
 
 

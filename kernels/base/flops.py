@@ -6,6 +6,7 @@ datasheet figures per precision; fp32 on Ampere and newer uses the TF32 tensor
 core peak because cuDNN convolutions run in TF32 by default (the record says
 so). An unknown device gives no peak and an empty MFU, not a wrong one.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,8 +60,10 @@ def peak_tflops(device_name: str, precision: str, tf32: bool = True) -> float | 
 def peak_note(device_name: str, precision: str) -> str | None:
     """Why a device has no peak (and so no MFU), in words; None where it has one or is a CPU."""
     if is_mig(device_name):
-        return (f"{device_name} is a MIG slice: its share of the chip's tensor-core peak is not published, so MFU "
-                f"is left empty rather than computed against the whole chip")
+        return (
+            f"{device_name} is a MIG slice: its share of the chip's tensor-core peak is not published, so MFU "
+            f"is left empty rather than computed against the whole chip"
+        )
     if peak_tflops(device_name, precision) is None:
         return f"no datasheet peak for {device_name} at {precision} in kernels/base/flops.py: MFU is left empty"
     return None

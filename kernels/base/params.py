@@ -13,6 +13,7 @@ the parameter type, the common table, `RunConfig` and strict coercion.
 kernels/launch/config.py merges the workloads' tables, resolves and checks a run's values
 (`resolve`, `check_environment`) and derives a changed config (`replace`).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -44,40 +45,81 @@ class Param:
     default: Any
     doc: str
     choices: tuple = ()
-    group: str = "common"   # "common", or the name of the workload that owns it
+    group: str = "common"  # "common", or the name of the workload that owns it
 
 
 # Order matters: it is the order of --help, the notebook's parameters cell and config.json.
 COMMON: tuple[Param, ...] = (
-    Param("workload", str, "resnet18", "model family: a registered workload (lab train --help lists them) or "
-                                       "module:OBJECT for your own"),
-    Param("dataset", str, PER_WORKLOAD, "data set; each workload lists "
-                                        "the ones it takes (None: the workload's default)"),
+    Param(
+        "workload",
+        str,
+        "resnet18",
+        "model family: a registered workload (lab train --help lists them) or module:OBJECT for your own",
+    ),
+    Param(
+        "dataset", str, PER_WORKLOAD, "data set; each workload lists the ones it takes (None: the workload's default)"
+    ),
     Param("gpus", int, 1, "world size: number of ranks (one per GPU; CPU processes on gloo when no GPU)"),
-    Param("precision", str, PER_WORKLOAD, "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU "
-                                          "(None: the workload's default)", ("fp32", "bf16", "fp16")),
-    Param("batch", int, PER_WORKLOAD, "GLOBAL batch size over all ranks; each rank takes batch / gpus "
-                                      "(None: the workload's default)"),
-    Param("micro_batches", int, 1, "gradient-accumulation micro-batches per "
-                                   "rank and step (per-rank batch must divide)"),
+    Param(
+        "precision",
+        str,
+        PER_WORKLOAD,
+        "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU (None: the workload's default)",
+        ("fp32", "bf16", "fp16"),
+    ),
+    Param(
+        "batch",
+        int,
+        PER_WORKLOAD,
+        "GLOBAL batch size over all ranks; each rank takes batch / gpus (None: the workload's default)",
+    ),
+    Param(
+        "micro_batches", int, 1, "gradient-accumulation micro-batches per rank and step (per-rank batch must divide)"
+    ),
     Param("epochs", int, PER_WORKLOAD, "training epochs (None: the workload's default)"),
-    Param("lr", float, PER_WORKLOAD, "peak learning rate of the workload's optimizer for the global batch "
-                                     "(None: the workload's recipe)"),
-    Param("engine", str, "ddp", "data-parallel engine: ddp (torch DistributedDataParallel) or horovod (Horovod's "
-                                "DistributedOptimizer; build it with `make horovod`)", ("ddp", "horovod")),
+    Param(
+        "lr",
+        float,
+        PER_WORKLOAD,
+        "peak learning rate of the workload's optimizer for the global batch (None: the workload's recipe)",
+    ),
+    Param(
+        "engine",
+        str,
+        "ddp",
+        "data-parallel engine: ddp (torch DistributedDataParallel) or horovod (Horovod's "
+        "DistributedOptimizer; build it with `make horovod`)",
+        ("ddp", "horovod"),
+    ),
     Param("bucket_cap_mb", float, 25.0, "DDP gradient bucket size in MiB"),
     Param("gradient_as_bucket_view", bool, True, "DDP: gradients are views into the all-reduce buckets (saves a copy)"),
     Param("hvd_fusion_mb", float, 128.0, "horovod: tensor fusion threshold in MiB (HOROVOD_FUSION_THRESHOLD)"),
     Param("hvd_cycle_ms", float, 1.0, "horovod: cycle time in ms between fusion rounds (HOROVOD_CYCLE_TIME)"),
-    Param("pipeline", str, "auto", "auto (stream for sets streamed from disk, else device), device (data resident "
-                                   "on the device, batched on-device transforms), stream (shards read sequentially "
-                                   "by background threads) or dataloader (torch DataLoader baseline)",
-          ("auto", "device", "stream", "dataloader")),
-    Param("cache", str, "warm", "stream pipeline: warm (the page cache may serve re-reads) or cold (reads bypass the "
-                                "page cache with O_DIRECT, or evict each byte range where the file system refuses "
-                                "it: every epoch reads storage)", ("warm", "cold")),
-    Param("window_mb", float, 64.0, "stream pipeline: MiB per read-ahead window (samples are shuffled within a "
-                                    "window, windows within a rank's range)"),
+    Param(
+        "pipeline",
+        str,
+        "auto",
+        "auto (stream for sets streamed from disk, else device), device (data resident "
+        "on the device, batched on-device transforms), stream (shards read sequentially "
+        "by background threads) or dataloader (torch DataLoader baseline)",
+        ("auto", "device", "stream", "dataloader"),
+    ),
+    Param(
+        "cache",
+        str,
+        "warm",
+        "stream pipeline: warm (the page cache may serve re-reads) or cold (reads bypass the "
+        "page cache with O_DIRECT, or evict each byte range where the file system refuses "
+        "it: every epoch reads storage)",
+        ("warm", "cold"),
+    ),
+    Param(
+        "window_mb",
+        float,
+        64.0,
+        "stream pipeline: MiB per read-ahead window (samples are shuffled within a "
+        "window, windows within a rank's range)",
+    ),
     Param("read_mb", float, 8.0, "stream pipeline: MiB per sequential read call (at least 1)"),
     Param("io_threads", int, 2, "stream pipeline: background reader threads per rank"),
     Param("num_workers", int, 4, "dataloader pipeline: worker processes per rank"),
@@ -86,67 +128,157 @@ COMMON: tuple[Param, ...] = (
     Param("test_samples", int, 0, "use the first N test samples (0: all); for quick runs"),
     Param("seed", int, 0, "seed of model init, data order and augmentation; same seed, same run"),
     Param("compile", bool, PER_DEVICE, "torch.compile the model (None: on with CUDA, off on CPU)"),
-    Param("cuda_graphs", bool, PER_DEVICE, "CUDA: replay the compiled forward and backward as CUDA graphs "
-                                           "(torch.compile mode reduce-overhead): a step is a few graph launches, "
-                                           "not hundreds of kernel launches (None: on with CUDA and compile where "
-                                           "the workload's shapes are static; needs compile)"),
-    Param("channels_last", bool, PER_DEVICE, "channels_last memory format for model and inputs (convolutional "
-                                             "models; None: on with CUDA; on a CPU where the workload measured it "
-                                             "faster: ResNet-18 from width 16)"),
+    Param(
+        "cuda_graphs",
+        bool,
+        PER_DEVICE,
+        "CUDA: replay the compiled forward and backward as CUDA graphs "
+        "(torch.compile mode reduce-overhead): a step is a few graph launches, "
+        "not hundreds of kernel launches (None: on with CUDA and compile where "
+        "the workload's shapes are static; needs compile)",
+    ),
+    Param(
+        "channels_last",
+        bool,
+        PER_DEVICE,
+        "channels_last memory format for model and inputs (convolutional "
+        "models; None: on with CUDA; on a CPU where the workload measured it "
+        "faster: ResNet-18 from width 16)",
+    ),
     Param("device", str, "auto", "auto (cuda when visible, else cpu), cuda or cpu", ("auto", "cuda", "cpu")),
     Param("timing_warmup_steps", int, 5, "first steps of the run excluded from throughput (compilation, autotuning)"),
-    Param("comm_probe_steps", int, 10, "after training, time this many fwd+bwd with and without gradient sync to "
-                                       "expose communication (0: off; needs gpus > 1)"),
-    Param("profile_steps", int, 0, "profile this many training steps (0: off): one gzipped Chrome trace per rank, "
-                                   "a breakdown by operator category and the top operators in the run directory"),
+    Param(
+        "comm_probe_steps",
+        int,
+        10,
+        "after training, time this many fwd+bwd with and without gradient sync to "
+        "expose communication (0: off; needs gpus > 1)",
+    ),
+    Param(
+        "profile_steps",
+        int,
+        0,
+        "profile this many training steps (0: off): one gzipped Chrome trace per rank, "
+        "a breakdown by operator category and the top operators in the run directory",
+    ),
     Param("profile_wait", int, 10, "profiling: steps skipped before the profiler starts (compilation, autotuning)"),
     Param("profile_warmup", int, 2, "profiling: steps the profiler traces and discards before the active steps"),
-    Param("profile_with", str, "torch", "profiling: torch (torch.profiler traces) or external (Nsight wraps the "
-                                        "ranks: NVTX ranges and cudaProfilerStart/Stop around the active steps)",
-          ("torch", "external")),
+    Param(
+        "profile_with",
+        str,
+        "torch",
+        "profiling: torch (torch.profiler traces) or external (Nsight wraps the "
+        "ranks: NVTX ranges and cudaProfilerStart/Stop around the active steps)",
+        ("torch", "external"),
+    ),
     Param("profile_memory", bool, False, "profiling: record tensor allocations (larger traces)"),
     Param("profile_shapes", bool, True, "profiling: record operator input shapes"),
     Param("profile_dir", str, "", "profiling: where the traces go (empty: <run directory>/traces)"),
-    Param("profile_hta", str, "auto", "profiling: Holistic Trace Analysis on GPU traces: auto (when installed), "
-                                      "on (required), off", ("auto", "on", "off")),
-    Param("monitor_hz", float, 2.0, "resource monitor samples per second on each node (GPU via NVML, host via "
-                                    "psutil) into monitor.csv; 0: off; at most 5 (NVML refreshes slower)"),
-    Param("sync_debug_steps", int, 0, "CUDA: count the host-device synchronisations over this many steps after the "
-                                      "timing warm-up (torch.cuda.set_sync_debug_mode) into host_syncs_per_step"),
+    Param(
+        "profile_hta",
+        str,
+        "auto",
+        "profiling: Holistic Trace Analysis on GPU traces: auto (when installed), on (required), off",
+        ("auto", "on", "off"),
+    ),
+    Param(
+        "monitor_hz",
+        float,
+        2.0,
+        "resource monitor samples per second on each node (GPU via NVML, host via "
+        "psutil) into monitor.csv; 0: off; at most 5 (NVML refreshes slower)",
+    ),
+    Param(
+        "sync_debug_steps",
+        int,
+        0,
+        "CUDA: count the host-device synchronisations over this many steps after the "
+        "timing warm-up (torch.cuda.set_sync_debug_mode) into host_syncs_per_step",
+    ),
     Param("log_every", int, 50, "print a progress line every N steps (0: per epoch only)"),
     Param("checkpoint_every", int, 1, "checkpoint every N epochs (0: never; a run then cannot resume)"),
-    Param("checkpoint_async", bool, True, "write checkpoints in a background thread (the state is copied to host "
-                                          "memory first; the next save or the end of the run waits for the write)"),
-    Param("eval_every", int, 1, "evaluate over the test set every N "
-                                "epochs, and after the last (0: after the last only)"),
-    Param("eval_batch", int, 0, "samples per rank per evaluation batch (0: 4 x the per-rank training batch; "
-                                "evaluation keeps no activations for backward)"),
-    Param("stop_after_steps", int, 0, "checkpoint and stop at this total step count (0: run to the end); a run "
-                                      "already there does nothing, a larger value or 0 resumes it"),
+    Param(
+        "checkpoint_async",
+        bool,
+        True,
+        "write checkpoints in a background thread (the state is copied to host "
+        "memory first; the next save or the end of the run waits for the write)",
+    ),
+    Param(
+        "eval_every", int, 1, "evaluate over the test set every N epochs, and after the last (0: after the last only)"
+    ),
+    Param(
+        "eval_batch",
+        int,
+        0,
+        "samples per rank per evaluation batch (0: 4 x the per-rank training batch; "
+        "evaluation keeps no activations for backward)",
+    ),
+    Param(
+        "stop_after_steps",
+        int,
+        0,
+        "checkpoint and stop at this total step count (0: run to the end); a run "
+        "already there does nothing, a larger value or 0 resumes it",
+    ),
     Param("timeout_min", float, 10.0, "process-group timeout in minutes (collectives that hang fail after this)"),
-    Param("startup_timeout_min", float, 5.0, "minutes for all ranks to reach the rendezvous (MASTER_ADDR, "
-                                             "MASTER_PORT) and for the first step to complete"),
-    Param("hang_timeout_min", float, 10.0, "a rank with no step (or evaluation batch) for this many minutes dumps "
-                                          "its Python stacks and fails the run"),
-    Param("sync_check_steps", int, 10, "every N steps the ranks agree on a stop request (USR1 or TERM: checkpoint "
-                                       "and stop) and on a non-finite loss; one small all-reduce each time"),
-    Param("term_grace_s", float, 60.0, "after SIGTERM, seconds to reach "
-                                       "a step boundary and checkpoint before giving up"),
-    Param("allow_config_change", bool, False, "resume even though a parameter that alters the run changed "
-                                              "(the change is recorded)"),
-    Param("resume_unverified", bool, False, "resume from a checkpoint that carries no checksum (one written by "
-                                            "a lab before checksums): nothing vouches for its bytes; it is read "
-                                            "as data only (tensors, numbers, containers) all the same"),
-    Param("backend", str, "auto", "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo; gloo on CUDA "
-                                  "lets several ranks share one GPU (a check of the multi-rank path on one GPU, not a "
-                                  "way to train fast)", ("auto", "nccl", "gloo")),
+    Param(
+        "startup_timeout_min",
+        float,
+        5.0,
+        "minutes for all ranks to reach the rendezvous (MASTER_ADDR, MASTER_PORT) and for the first step to complete",
+    ),
+    Param(
+        "hang_timeout_min",
+        float,
+        10.0,
+        "a rank with no step (or evaluation batch) for this many minutes dumps its Python stacks and fails the run",
+    ),
+    Param(
+        "sync_check_steps",
+        int,
+        10,
+        "every N steps the ranks agree on a stop request (USR1 or TERM: checkpoint "
+        "and stop) and on a non-finite loss; one small all-reduce each time",
+    ),
+    Param(
+        "term_grace_s", float, 60.0, "after SIGTERM, seconds to reach a step boundary and checkpoint before giving up"
+    ),
+    Param(
+        "allow_config_change",
+        bool,
+        False,
+        "resume even though a parameter that alters the run changed (the change is recorded)",
+    ),
+    Param(
+        "resume_unverified",
+        bool,
+        False,
+        "resume from a checkpoint that carries no checksum (one written by "
+        "a lab before checksums): nothing vouches for its bytes; it is read "
+        "as data only (tensors, numbers, containers) all the same",
+    ),
+    Param(
+        "backend",
+        str,
+        "auto",
+        "process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo; gloo on CUDA "
+        "lets several ranks share one GPU (a check of the multi-rank path on one GPU, not a "
+        "way to train fast)",
+        ("auto", "nccl", "gloo"),
+    ),
     Param("oversubscribe", bool, False, "allow more CPU ranks on this node than it has cores"),
     Param("data_dir", str, "", "data root (empty: <project>/data)"),
     Param("results_dir", str, "", "where run records go (empty: $LAB_RESULTS/runs, else <project>/results/runs)"),
     Param("label", str, "", "free-form label added to the run id"),
     Param("run_id", str, "", "run directory name (empty: generated; an existing run with a checkpoint resumes)"),
-    Param("launcher", str, "auto", "auto, local (spawn gpus processes here), srun (inside an allocation) or none "
-                                   "(this process is one rank)", ("auto", "local", "srun", "none")),
+    Param(
+        "launcher",
+        str,
+        "auto",
+        "auto, local (spawn gpus processes here), srun (inside an allocation) or none (this process is one rank)",
+        ("auto", "local", "srun", "none"),
+    ),
 )
 COMMON_BY_NAME = {p.name: p for p in COMMON}
 OVERRIDABLE = tuple(p.name for p in COMMON if p.default is PER_WORKLOAD)
@@ -163,6 +295,7 @@ class RunConfig:
     Immutable; `kernels.launch.config.replace(cfg, **changes)` resolves a new one. The order of `to_dict()` is
     the table's: common parameters first, then the workload's.
     """
+
     __slots__ = ("_values",)
 
     def __init__(self, values: dict):
@@ -174,8 +307,9 @@ class RunConfig:
         try:
             return self._values[name]
         except KeyError:
-            raise AttributeError(f"RunConfig has no parameter '{name}' (workload {self._values.get('workload')})") \
-                from None
+            raise AttributeError(
+                f"RunConfig has no parameter '{name}' (workload {self._values.get('workload')})"
+            ) from None
 
     def __setattr__(self, name, value):
         raise AttributeError("RunConfig is immutable; use replace()")
@@ -247,17 +381,17 @@ def _integer(value, bad: ConfigError) -> int:
 
 def _bounded(param: Param, v: int) -> int:
     if abs(v) > INT_BOUND:
-        raise ConfigError(f"parameter '{param.name}': {v} is beyond what it can hold: an integer parameter lies "
-                          f"within +-{INT_BOUND:,} (2^31 - 1, a C int as torch, NCCL and Slurm count)")
+        raise ConfigError(
+            f"parameter '{param.name}': {v} is beyond what it can hold: an integer parameter lies "
+            f"within +-{INT_BOUND:,} (2^31 - 1, a C int as torch, NCCL and Slurm count)"
+        )
     return v
 
 
 def coerce(param: Param, value):
     """Convert a CLI string or a notebook literal to the parameter's type, strictly."""
     t = param.type
-    bad = ConfigError(
-        f"parameter '{param.name}': {value!r} is not a valid {t.__name__} ({param.doc})"
-    )
+    bad = ConfigError(f"parameter '{param.name}': {value!r} is not a valid {t.__name__} ({param.doc})")
     if t is bool:
         if isinstance(value, bool):
             return value
@@ -297,9 +431,7 @@ def unknown_name_error(name: str, where: str = "", known=None) -> ConfigError:
     known = list(COMMON_BY_NAME if known is None else known)
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return ConfigError(
-        f"unknown parameter '{name}'{where}{hint} Known parameters: {', '.join(known)}"
-    )
+    return ConfigError(f"unknown parameter '{name}'{where}{hint} Known parameters: {', '.join(known)}")
 
 
 # what a GPU driver leaves on a node (NVIDIA; AMD's for ROCm builds of torch): without any of them torch sees no GPU
@@ -320,5 +452,3 @@ def device_type(cfg: RunConfig) -> str:
     if cfg.device == "auto":
         return "cuda" if visible_gpus() > 0 else "cpu"
     return cfg.device
-
-

@@ -1,5 +1,6 @@
 """Rendezvous ports, chosen by the launcher before any rank starts (no torch here: the launcher of a notebook run
 and the CLI's driver do not import it)."""
+
 from __future__ import annotations
 
 import socket

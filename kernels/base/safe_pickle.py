@@ -11,6 +11,7 @@ the name it asked for, before it is called.
 `guarded_pytables()` makes PyTables, while a file is read, unpickle its attributes and
 object columns through the same restriction.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,15 +20,23 @@ import pickle
 
 # (module, name) a data pickle may name: what numpy writes for an array, a dtype and a scalar, under numpy 1's
 # and numpy 2's module names, and Python 2's spelling of the builtin containers
-NUMPY_GLOBALS = frozenset({
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),  # protocol 5's arrays
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-})
-BUILTIN_GLOBALS = frozenset({("__builtin__", n) for n in ("set", "frozenset", "list", "dict", "tuple")}
-                            | {("builtins", n) for n in ("set", "frozenset", "list", "dict", "tuple")}
-                            | {("_codecs", "encode")})  # how protocol 2 spells bytes under Python 3
+NUMPY_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),  # protocol 5's arrays
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+)
+BUILTIN_GLOBALS = frozenset(
+    {("__builtin__", n) for n in ("set", "frozenset", "list", "dict", "tuple")}
+    | {("builtins", n) for n in ("set", "frozenset", "list", "dict", "tuple")}
+    | {("_codecs", "encode")}
+)  # how protocol 2 spells bytes under Python 3
 # pandas writes a DatetimeIndex's frequency into an HDF5 attribute as a pickled offset (Minute, Hour, ...)
 PANDAS_OFFSETS = "pandas._libs.tslibs.offsets"
 
@@ -72,6 +81,7 @@ def load(f, *, encoding: str = "ASCII"):
 class _PickleForPyTables:
     """Stands in for the pickle module inside PyTables' attribute and atom modules. PyTables swallows an
     unpickling error (the attribute then reads as its raw bytes), so each refusal is also kept in `refused`."""
+
     UnpicklingError = pickle.UnpicklingError
     HIGHEST_PROTOCOL = pickle.HIGHEST_PROTOCOL
     dumps = staticmethod(pickle.dumps)

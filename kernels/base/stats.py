@@ -12,6 +12,7 @@ distribution-free confidence interval from order statistics: with n samples,
 only from n = 6 on; below that the interval is [min, max] and its real
 coverage (75 % at n = 3) is reported next to it, never a pretended 95 %.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,13 +36,26 @@ def step_summary(step_ms: Sequence[float], global_batch: int) -> dict:
     from the p90/p10 step times (a slow step is a low throughput).
     """
     if not len(step_ms):
-        return {"step_ms_p10": None, "step_ms_p50": None, "step_ms_p90": None, "step_ms_mean": None,
-                "samples_per_s": None, "samples_per_s_p10": None, "samples_per_s_p90": None}
+        return {
+            "step_ms_p10": None,
+            "step_ms_p50": None,
+            "step_ms_p90": None,
+            "step_ms_mean": None,
+            "samples_per_s": None,
+            "samples_per_s_p10": None,
+            "samples_per_s_p90": None,
+        }
     p10, p50, p90 = (percentile(step_ms, q) for q in (0.1, 0.5, 0.9))
     rate = lambda ms: global_batch * 1e3 / ms if ms > 0 else None  # noqa: E731
-    return {"step_ms_p10": p10, "step_ms_p50": p50, "step_ms_p90": p90,
-            "step_ms_mean": sum(step_ms) / len(step_ms),
-            "samples_per_s": rate(p50), "samples_per_s_p10": rate(p90), "samples_per_s_p90": rate(p10)}
+    return {
+        "step_ms_p10": p10,
+        "step_ms_p50": p50,
+        "step_ms_p90": p90,
+        "step_ms_mean": sum(step_ms) / len(step_ms),
+        "samples_per_s": rate(p50),
+        "samples_per_s_p10": rate(p90),
+        "samples_per_s_p90": rate(p10),
+    }
 
 
 def thin(values: list[float], cap: int) -> list[float]:
@@ -54,7 +68,7 @@ def thin(values: list[float], cap: int) -> list[float]:
 
 def _binom_cdf_half(k: int, n: int) -> float:
     """P(Binomial(n, 1/2) <= k)."""
-    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2**n
 
 
 def median_ci(values: Sequence[float], level: float = 0.95) -> dict:

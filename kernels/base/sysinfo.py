@@ -1,4 +1,5 @@
 """What machine and software this is: feeds every run record."""
+
 from __future__ import annotations
 
 import os
@@ -10,9 +11,20 @@ from pathlib import Path
 
 from kernels.base.files import PROJECT_ROOT
 
-SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
-              "SLURM_JOB_NUM_NODES", "SLURM_NTASKS", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
-              "SLURM_CLUSTER_NAME", "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT")
+SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_NTASKS",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_ACCOUNT",
+    "SLURM_CLUSTER_NAME",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_RESTART_COUNT",
+)
 LAB_VARS = ("LAB_STUDY_ID", "LAB_STUDY_POINT", "LAB_STUDY_REPEATS", "LAB_CONTAINER", "LAB_NOTEBOOK")
 
 
@@ -58,8 +70,14 @@ def software_versions(import_torch: bool = True) -> dict:
             torch_version = metadata.version("torch")
         except metadata.PackageNotFoundError:
             torch_version = None
-        return {"python": platform.python_version(), "torch": torch_version, "numpy": numpy.__version__,
-                "cuda": None, "cudnn": None, "nccl": None}
+        return {
+            "python": platform.python_version(),
+            "torch": torch_version,
+            "numpy": numpy.__version__,
+            "cuda": None,
+            "cudnn": None,
+            "nccl": None,
+        }
     import torch
 
     nccl = None
@@ -143,8 +161,12 @@ def gpus() -> list[dict]:
     import shutil
 
     if shutil.which("nvidia-smi"):
-        p = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         out = []
         for line in p.stdout.strip().splitlines():
             idx, name, mem, driver = [x.strip() for x in line.split(",")]
@@ -154,9 +176,15 @@ def gpus() -> list[dict]:
     import torch
 
     if torch.cuda.is_available():
-        return [{"index": i, "name": torch.cuda.get_device_name(i),
-                 "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1), "driver": None}
-                for i in range(torch.cuda.device_count())]
+        return [
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(i),
+                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+                "driver": None,
+            }
+            for i in range(torch.cuda.device_count())
+        ]
     return []
 
 
@@ -165,14 +193,22 @@ def network_interfaces() -> list[dict]:
     out = []
     base = Path("/sys/class/net")
     for d in sorted(base.iterdir()) if base.is_dir() else []:
+
         def read(name):
             try:
                 return (d / name).read_text().strip()
             except OSError:
                 return None
+
         speed = read("speed")
-        out.append({"name": d.name, "state": read("operstate"), "mtu": read("mtu"),
-                    "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None})
+        out.append(
+            {
+                "name": d.name,
+                "state": read("operstate"),
+                "mtu": read("mtu"),
+                "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+            }
+        )
     ib = Path("/sys/class/infiniband")
     for d in sorted(ib.iterdir()) if ib.is_dir() else []:
         out.append({"name": d.name, "state": "infiniband", "mtu": None, "speed_mbps": None})
@@ -192,15 +228,28 @@ def slurm_version() -> str | None:
 
 
 def container() -> str | None:
-    return (os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
-            or os.environ.get("LAB_CONTAINER") or None)
+    return (
+        os.environ.get("APPTAINER_CONTAINER")
+        or os.environ.get("SINGULARITY_CONTAINER")
+        or os.environ.get("LAB_CONTAINER")
+        or None
+    )
 
 
 def node_facts() -> dict:
     """This node's hardware, network, Slurm and container: what every run record adds to its versions."""
-    return {"host": host(), "slurm_node": os.environ.get("SLURMD_NODENAME"), "os": platform.platform(),
-            "cpu": cpu_name(), "cpu_cores": os.cpu_count(), "memory_gib": memory_gib(), "gpus": gpus(),
-            "network": network_interfaces(), "slurm": slurm_version(), "container": container()}
+    return {
+        "host": host(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
+        "os": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "gpus": gpus(),
+        "network": network_interfaces(),
+        "slurm": slurm_version(),
+        "container": container(),
+    }
 
 
 def system_facts() -> dict:
@@ -222,34 +271,51 @@ def markdown(nodes: list[dict], command: str = "") -> str:
         else:
             groups.append(([f], key))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    hostnames = ", ".join(f["host"] + (f" (Slurm node {f['slurm_node']})" if f.get("slurm_node") else "")
-                          for f in nodes)
-    lines = ["# SYSTEM", "",
-             f"Generated by `{command or 'lab sysinfo'}` on {when} from {len(nodes)} node(s): {hostnames}.",
-             "Do not edit by hand. On a cluster: `srun --ntasks-per-node=1 "
-             "lab sysinfo --json --out-dir results/system`",
-             "inside an allocation, then `lab sysinfo --merge results/system/*.json`.", ""]
+    hostnames = ", ".join(
+        f["host"] + (f" (Slurm node {f['slurm_node']})" if f.get("slurm_node") else "") for f in nodes
+    )
+    lines = [
+        "# SYSTEM",
+        "",
+        f"Generated by `{command or 'lab sysinfo'}` on {when} from {len(nodes)} node(s): {hostnames}.",
+        "Do not edit by hand. On a cluster: `srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system`",
+        "inside an allocation, then `lab sysinfo --merge results/system/*.json`.",
+        "",
+    ]
     for members, _ in groups:
         f = members[0]
         sw = f["software"]
         names = ", ".join(m["host"] + (f" ({m['slurm_node']})" if m.get("slurm_node") else "") for m in members)
-        lines += [f"## {names}" + (" (identical nodes)" if len(members) > 1 else ""), "",
-                  "| item | value |", "|---|---|",
-                  f"| OS | {f['os']} |", f"| CPU | {f['cpu']}, {f['cpu_cores']} logical cores |",
-                  f"| memory | {f['memory_gib']} GiB |",
-                  f"| GPUs | {len(f['gpus'])}" + (f" x {f['gpus'][0]['name']} ({f['gpus'][0]['memory_gib']} GiB)"
-                                                    if f["gpus"] else " (none)") + " |",
-                  f"| GPU driver | {f['gpus'][0]['driver'] if f['gpus'] and f['gpus'][0]['driver'] else 'none'} |",
-                  f"| Python | {sw['python']} |", f"| PyTorch | {sw['torch']} |",
-                  f"| CUDA / cuDNN / NCCL | {sw['cuda'] or 'none'} / {sw['cudnn'] or 'none'} / "
-                  f"{sw['nccl'] or 'none'} |",
-                  f"| NumPy | {sw['numpy']} |", f"| Slurm | {f['slurm'] or 'not installed'} |",
-                  f"| container | {f['container'] or 'none (virtual environment)'} |",
-                  "| code | "
-                  f"{(f['git'].get('commit') or 'unknown')[:12]}{' (dirty)' if f['git'].get('dirty') else ''} |",
-                  "", "Network interfaces:", "", "| interface | state | MTU | speed |", "|---|---|---|---|"]
-        lines += [f"| {n['name']} | {n['state']} | {n['mtu'] or ''} | "
-                  f"{str(n['speed_mbps']) + ' Mb/s' if n['speed_mbps'] else ''} |" for n in f["network"]]
+        lines += [
+            f"## {names}" + (" (identical nodes)" if len(members) > 1 else ""),
+            "",
+            "| item | value |",
+            "|---|---|",
+            f"| OS | {f['os']} |",
+            f"| CPU | {f['cpu']}, {f['cpu_cores']} logical cores |",
+            f"| memory | {f['memory_gib']} GiB |",
+            f"| GPUs | {len(f['gpus'])}"
+            + (f" x {f['gpus'][0]['name']} ({f['gpus'][0]['memory_gib']} GiB)" if f["gpus"] else " (none)")
+            + " |",
+            f"| GPU driver | {f['gpus'][0]['driver'] if f['gpus'] and f['gpus'][0]['driver'] else 'none'} |",
+            f"| Python | {sw['python']} |",
+            f"| PyTorch | {sw['torch']} |",
+            f"| CUDA / cuDNN / NCCL | {sw['cuda'] or 'none'} / {sw['cudnn'] or 'none'} / {sw['nccl'] or 'none'} |",
+            f"| NumPy | {sw['numpy']} |",
+            f"| Slurm | {f['slurm'] or 'not installed'} |",
+            f"| container | {f['container'] or 'none (virtual environment)'} |",
+            f"| code | {(f['git'].get('commit') or 'unknown')[:12]}{' (dirty)' if f['git'].get('dirty') else ''} |",
+            "",
+            "Network interfaces:",
+            "",
+            "| interface | state | MTU | speed |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n['name']} | {n['state']} | {n['mtu'] or ''} | "
+            f"{str(n['speed_mbps']) + ' Mb/s' if n['speed_mbps'] else ''} |"
+            for n in f["network"]
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -262,8 +328,10 @@ def _read_node(path: Path) -> dict:
     try:
         facts = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--merge: {path} is not a node description written by `lab sysinfo --json` ({e}); "
-                          f"write one file per node with `srun --ntasks-per-node=1 lab sysinfo --json --out-dir DIR`")
+        raise ConfigError(
+            f"--merge: {path} is not a node description written by `lab sysinfo --json` ({e}); "
+            f"write one file per node with `srun --ntasks-per-node=1 lab sysinfo --json --out-dir DIR`"
+        )
     missing = [k for k in ("host", "cpu", "software", "gpus", "network", "git") if k not in facts]
     if missing:
         raise ConfigError(f"--merge: {path} lacks {', '.join(missing)}; regenerate it with `lab sysinfo --json`")
@@ -280,11 +348,17 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="lab sysinfo", description="Describe this node (or several) in SYSTEM.md")
     ap.add_argument("--json", action="store_true", help="this node's facts as JSON (stdout, or --out-dir)")
-    ap.add_argument("--out-dir", type=Path, help="with --json: write <out-dir>/<host>.json (one file per node "
-                                                 "when run under srun --ntasks-per-node=1)")
+    ap.add_argument(
+        "--out-dir",
+        type=Path,
+        help="with --json: write <out-dir>/<host>.json (one file per node when run under srun --ntasks-per-node=1)",
+    )
     ap.add_argument("--merge", nargs="+", type=Path, help="JSON files of several nodes -> one SYSTEM.md")
-    ap.add_argument("--out", default=str(PROJECT_ROOT / "SYSTEM.md"),
-                    help="where the Markdown goes (default: SYSTEM.md of the repository; '-' prints it)")
+    ap.add_argument(
+        "--out",
+        default=str(PROJECT_ROOT / "SYSTEM.md"),
+        help="where the Markdown goes (default: SYSTEM.md of the repository; '-' prints it)",
+    )
     a = ap.parse_args(argv)
     command = "lab sysinfo " + " ".join(argv if argv is not None else sys.argv[1:])
 
@@ -308,6 +382,7 @@ def main(argv=None) -> int:
             print(f"wrote {a.out} ({len(nodes)} node(s))")
 
     return exit_status(body)
+
 
 if __name__ == "__main__":
     import sys

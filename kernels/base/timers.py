@@ -16,6 +16,7 @@ What "data wait" (start -> batch ready) means, exactly, so that pipelines compar
 In every case it is the time the step's compute could not start for want of input,
 on the timeline that bounds the step; compute = step - data wait.
 """
+
 from __future__ import annotations
 
 import time

@@ -3,6 +3,7 @@ strictly: a key given twice in one mapping is an error naming both lines, never 
 `gpus: [1, 2]` and later `gpus: [4]` would silently lose two points), and a syntax error is one line naming
 file:line:column instead of a parser traceback.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

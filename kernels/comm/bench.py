@@ -22,6 +22,7 @@ allocation it runs in), srun (inside a Slurm allocation; MPI through srun --mpi=
 default pmix), none (this process is one rank: under torchrun, srun or mpirun). auto picks none
 inside a rank's environment, mpirun for MPI, srun inside an allocation, and local otherwise.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,33 +46,69 @@ from kernels.base.params import Param, coerce, unknown_name_error
 
 ALL_OPS = ",".join(OPS)
 PARAMS: tuple[Param, ...] = (
-    Param("backend", str, "auto", "auto (nccl when GPUs are visible, else gloo), nccl, gloo or mpi (mpi4py)",
-          ("auto", "nccl", "gloo", "mpi"), "commbench"),
+    Param(
+        "backend",
+        str,
+        "auto",
+        "auto (nccl when GPUs are visible, else gloo), nccl, gloo or mpi (mpi4py)",
+        ("auto", "nccl", "gloo", "mpi"),
+        "commbench",
+    ),
     Param("gpus", int, 2, "ranks (one per GPU; CPU processes on gloo and MPI)", (), "commbench"),
     Param("ops", str, ALL_OPS, "collectives to run, comma-separated: " + ", ".join(OPS), (), "commbench"),
     Param("dtypes", str, "fp32", "element types, comma-separated: fp32, bf16, fp16 (MPI: fp32 only)", (), "commbench"),
-    Param("min_bytes", str, "8", "smallest size in bytes, K/M/G suffixes in powers of 1024 (nccl-tests -b)", (),
-          "commbench"),
+    Param(
+        "min_bytes",
+        str,
+        "8",
+        "smallest size in bytes, K/M/G suffixes in powers of 1024 (nccl-tests -b)",
+        (),
+        "commbench",
+    ),
     Param("max_bytes", str, "16M", "largest size in bytes (nccl-tests -e)", (), "commbench"),
     Param("factor", int, 2, "size multiplier between steps (nccl-tests -f), at least 2", (), "commbench"),
     Param("warmup", int, 5, "untimed calls per size after the checked one (nccl-tests -w)", (), "commbench"),
     Param("iters", int, 20, "timed calls per size in one timed loop (nccl-tests -n)", (), "commbench"),
-    Param("repeats", int, 3, "timed loops per size; the table reports the loop with the median time (noise)", (),
-          "commbench"),
+    Param(
+        "repeats",
+        int,
+        3,
+        "timed loops per size; the table reports the loop with the median time (noise)",
+        (),
+        "commbench",
+    ),
     Param("check", bool, True, "check every result element by element (#wrong; nccl-tests -c)", (), "commbench"),
     Param("root", int, 0, "root rank of broadcast and reduce", (), "commbench"),
-    Param("timeout_min", float, 5.0, "process-group timeout in minutes (a collective that hangs fails after this)",
-          (), "commbench"),
-    Param("results_dir", str, "", "where records go (empty: $LAB_RESULTS/comm, else <project>/results/comm)", (),
-          "commbench"),
+    Param(
+        "timeout_min",
+        float,
+        5.0,
+        "process-group timeout in minutes (a collective that hangs fails after this)",
+        (),
+        "commbench",
+    ),
+    Param(
+        "results_dir",
+        str,
+        "",
+        "where records go (empty: $LAB_RESULTS/comm, else <project>/results/comm)",
+        (),
+        "commbench",
+    ),
     Param("label", str, "", "free-form label added to the record id", (), "commbench"),
     Param("run_id", str, "", "record directory name (empty: generated)", (), "commbench"),
-    Param("launcher", str, "auto", "auto, local (rank processes here), mpirun (MPI here), srun (inside an "
-                                   "allocation) or none (this process is one rank)",
-          ("auto", "local", "mpirun", "srun", "none"), "commbench"),
+    Param(
+        "launcher",
+        str,
+        "auto",
+        "auto, local (rank processes here), mpirun (MPI here), srun (inside an "
+        "allocation) or none (this process is one rank)",
+        ("auto", "local", "mpirun", "srun", "none"),
+        "commbench",
+    ),
 )
 BY_NAME = {p.name: p for p in PARAMS}
-UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 class CommConfig:
@@ -163,8 +200,10 @@ def resolve(raw: dict) -> CommConfig:
     v["dtypes"] = ",".join(_list(v["dtypes"], list(DTYPES), "dtypes"))
     lo, hi = parse_size(v["min_bytes"], "min_bytes"), parse_size(v["max_bytes"], "max_bytes")
     if lo > hi:
-        raise ConfigError(f"parameters 'min_bytes' and 'max_bytes': sizes out of order ({v['min_bytes']} > "
-                          f"{v['max_bytes']}); min_bytes must not exceed max_bytes")
+        raise ConfigError(
+            f"parameters 'min_bytes' and 'max_bytes': sizes out of order ({v['min_bytes']} > "
+            f"{v['max_bytes']}); min_bytes must not exceed max_bytes"
+        )
     if v["factor"] < 2:
         raise ConfigError(f"parameter 'factor': {v['factor']}; sizes grow by an integer factor of at least 2")
     if v["gpus"] < 1:
@@ -176,8 +215,10 @@ def resolve(raw: dict) -> CommConfig:
     if v["backend"] == "mpi":
         bad = [d for d in v["dtypes"].split(",") if d != "fp32"]
         if bad:
-            raise ConfigError(f"parameter 'dtypes': MPI has no standard {bad[0]} datatype; use dtypes=fp32 with "
-                              f"backend=mpi (bf16/fp16 run on nccl and gloo)")
+            raise ConfigError(
+                f"parameter 'dtypes': MPI has no standard {bad[0]} datatype; use dtypes=fp32 with "
+                f"backend=mpi (bf16/fp16 run on nccl and gloo)"
+            )
     return CommConfig(v)
 
 
@@ -187,18 +228,21 @@ def load_mpi():
     try:
         import mpi4py
     except ImportError:
-        raise ConfigError("parameter 'backend': mpi needs mpi4py (pip install mpi4py) and an MPI library "
-                          "(Debian: apt-get install openmpi-bin libopenmpi-dev; or the cluster's `module load` MPI)") \
-            from None
+        raise ConfigError(
+            "parameter 'backend': mpi needs mpi4py (pip install mpi4py) and an MPI library "
+            "(Debian: apt-get install openmpi-bin libopenmpi-dev; or the cluster's `module load` MPI)"
+        ) from None
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
     try:
         from mpi4py import MPI
     except (ImportError, OSError, RuntimeError) as e:  # the fix first, then mpi4py's words on one line
         why = " ".join(str(e).split())
-        raise ConfigError(f"parameter 'backend': mpi needs an MPI library that loads: install one (Debian: apt-get "
-                          f"install openmpi-bin libopenmpi-dev) or `module load` the cluster's MPI; mpi4py is "
-                          f"installed and said: {why}") from None
+        raise ConfigError(
+            f"parameter 'backend': mpi needs an MPI library that loads: install one (Debian: apt-get "
+            f"install openmpi-bin libopenmpi-dev) or `module load` the cluster's MPI; mpi4py is "
+            f"installed and said: {why}"
+        ) from None
     return MPI
 
 
@@ -210,25 +254,35 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
         cfg = cfg.replace(backend="nccl" if torch.cuda.is_available() else "gloo")
     if cfg.backend == "nccl":
         if not torch.cuda.is_available():
-            raise ConfigError(f"parameter 'backend': nccl needs GPUs and none is visible on {socket.gethostname()} "
-                              f"(torch {torch.__version__}); use backend=gloo (CPU) or backend=mpi")
+            raise ConfigError(
+                f"parameter 'backend': nccl needs GPUs and none is visible on {socket.gethostname()} "
+                f"(torch {torch.__version__}); use backend=gloo (CPU) or backend=mpi"
+            )
         if launcher == "local" and cfg.gpus > torch.cuda.device_count():
-            raise ConfigError(f"parameter 'gpus': {cfg.gpus} ranks but {torch.cuda.device_count()} GPU(s) on "
-                              f"{socket.gethostname()}; nccl needs one GPU per rank here")
+            raise ConfigError(
+                f"parameter 'gpus': {cfg.gpus} ranks but {torch.cuda.device_count()} GPU(s) on "
+                f"{socket.gethostname()}; nccl needs one GPU per rank here"
+            )
     if cfg.backend == "mpi":
         from kernels.comm.native import requested_loop
 
         requested_loop()  # a bad LAB_MPI_LOOP is named here, before any rank starts
         if launcher == "local":
-            raise ConfigError("parameter 'launcher': local starts torch ranks; MPI ranks start with launcher=mpirun "
-                              "(here) or srun (in an allocation), or auto")
+            raise ConfigError(
+                "parameter 'launcher': local starts torch ranks; MPI ranks start with launcher=mpirun "
+                "(here) or srun (in an allocation), or auto"
+            )
         load_mpi()  # after the checks of what was asked: a mistake in it is named even where no MPI library loads
         if launcher == "mpirun" and not shutil.which("mpirun"):
-            raise ConfigError("parameter 'launcher': mpirun is not on PATH; install an MPI (Debian: apt-get install "
-                              "openmpi-bin) or use srun inside an allocation")
+            raise ConfigError(
+                "parameter 'launcher': mpirun is not on PATH; install an MPI (Debian: apt-get install "
+                "openmpi-bin) or use srun inside an allocation"
+            )
     elif launcher == "mpirun":
-        raise ConfigError(f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
-                          f"torchrun (launcher none)")
+        raise ConfigError(
+            f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
+            f"torchrun (launcher none)"
+        )
     if launcher == "srun":
         from kernels.launch.launchers import check_allocation
 
@@ -242,8 +296,10 @@ def make_run_id(cfg: CommConfig, env=None) -> str:
         return cfg.run_id
     parts = [datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), "comm", cfg.backend, f"g{cfg.gpus}"]
     if env.get("SLURM_JOB_ID"):
-        parts.append(f"j{env.get('SLURM_ARRAY_JOB_ID', env['SLURM_JOB_ID'])}"
-                     + (f"_{env['SLURM_ARRAY_TASK_ID']}" if env.get("SLURM_ARRAY_TASK_ID") else ""))
+        parts.append(
+            f"j{env.get('SLURM_ARRAY_JOB_ID', env['SLURM_JOB_ID'])}"
+            + (f"_{env['SLURM_ARRAY_TASK_ID']}" if env.get("SLURM_ARRAY_TASK_ID") else "")
+        )
     if cfg.label:
         parts.append(cfg.label)
     return "-".join(parts + [secrets.token_hex(2)])
@@ -254,14 +310,14 @@ FORM_NAMES = {"out": "out-of-place", "in": "in-place"}
 
 
 def header() -> list[str]:
-    return ["#",
-            "#                                                              out-of-place                       "
-            "in-place",
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
-            "busbw #wrong",
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  "
-            "(GB/s)       "
-            ]
+    return [
+        "#",
+        "#                                                              out-of-place                       in-place",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+        "busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  "
+        "(GB/s)       ",
+    ]
 
 
 def row_line(r: dict) -> str:
@@ -271,7 +327,7 @@ def row_line(r: dict) -> str:
             out += f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>5}"
         else:
             wrong = "N/A" if r[f"wrong_{f}"] is None else str(r[f"wrong_{f}"])
-            out += (f"  {_time(r[f'time_us_{f}']):>7}  {r[f'algbw_{f}']:>6.2f}  {r[f'busbw_{f}']:>6.2f}  {wrong:>5}")
+            out += f"  {_time(r[f'time_us_{f}']):>7}  {r[f'algbw_{f}']:>6.2f}  {r[f'busbw_{f}']:>6.2f}  {wrong:>5}"
     return out
 
 
@@ -287,27 +343,48 @@ def avg_busbw(rows: list[dict]) -> float | None:
 def footer(rows: list[dict]) -> list[str]:
     wrong = sum(r.get(f"wrong_{f}") or 0 for r in rows for f in ("out", "in"))
     bw = avg_busbw(rows)
-    return [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
-            f"# Avg bus bandwidth    : {bw:.6g} " if bw is not None else "# Avg bus bandwidth    : N/A", "#"]
+    return [
+        f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+        f"# Avg bus bandwidth    : {bw:.6g} " if bw is not None else "# Avg bus bandwidth    : N/A",
+        "#",
+    ]
 
 
 def osu_block(op: str, dtype: str, rows: list[dict], facts: dict) -> list[str]:
     o = OPS[op]
     form = "out" if any(r.get("time_us_out") is not None for r in rows) else "in"
-    lines = [f"# OSU-style {o.title} Latency Test ({facts['backend']}, {facts['ranks']} ranks on {facts['nodes']} "
-             f"node(s), {dtype}, {FORM_NAMES[form]})",
-             f"# {'Size':<10}{'Avg Latency(us)':>18}{'Min Latency(us)':>18}{'Max Latency(us)':>18}{'Iterations':>12}"]
+    lines = [
+        f"# OSU-style {o.title} Latency Test ({facts['backend']}, {facts['ranks']} ranks on {facts['nodes']} "
+        f"node(s), {dtype}, {FORM_NAMES[form]})",
+        f"# {'Size':<10}{'Avg Latency(us)':>18}{'Min Latency(us)':>18}{'Max Latency(us)':>18}{'Iterations':>12}",
+    ]
     for r in rows:
         if r.get(f"time_us_{form}") is not None:
-            lines.append(f"{r['size_bytes']:<12}{r[f'time_us_{form}']:>18.2f}{r[f'time_us_min_{form}']:>18.2f}"
-                         f"{r[f'time_us_max_{form}']:>18.2f}{r['iters']:>12}")
+            lines.append(
+                f"{r['size_bytes']:<12}{r[f'time_us_{form}']:>18.2f}{r[f'time_us_min_{form}']:>18.2f}"
+                f"{r[f'time_us_max_{form}']:>18.2f}{r['iters']:>12}"
+            )
     return lines + [""]
 
 
-COLUMNS = ["op", "backend", "dtype", "ranks", "nodes", "placement", "size_bytes", "count", "redop", "root", "iters",
-           "repeats"] + [f"{k}_{f}" for f in ("out", "in")
-                         for k in ("time_us", "time_us_min", "time_us_max", "time_us_lo",
-                                                                    "time_us_hi", "algbw", "busbw", "wrong")]
+COLUMNS = [
+    "op",
+    "backend",
+    "dtype",
+    "ranks",
+    "nodes",
+    "placement",
+    "size_bytes",
+    "count",
+    "redop",
+    "root",
+    "iters",
+    "repeats",
+] + [
+    f"{k}_{f}"
+    for f in ("out", "in")
+    for k in ("time_us", "time_us_min", "time_us_max", "time_us_lo", "time_us_hi", "algbw", "busbw", "wrong")
+]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -344,7 +421,7 @@ def worker(cfg: CommConfig) -> int:
     if cfg.backend == "mpi":
         MPI = load_mpi()
         if not MPI.Is_initialized():  # as MPI_Init in C: one thread calls MPI here, and mpi4py's default
-            MPI.Init()                   # (THREAD_MULTIPLE) makes Open MPI lock around every call
+            MPI.Init()  # (THREAD_MULTIPLE) makes Open MPI lock around every call
         from kernels.comm.collectives import MpiRunner
 
         runner = MpiRunner(MPI.COMM_WORLD)
@@ -358,8 +435,10 @@ def worker(cfg: CommConfig) -> int:
 
     renv = rank_env()
     if renv.world_size != cfg.gpus:
-        raise ConfigError(f"parameter 'gpus': {cfg.gpus}, but this rank was started in a world of "
-                          f"{renv.world_size} ({renv.source}); start gpus ranks")
+        raise ConfigError(
+            f"parameter 'gpus': {cfg.gpus}, but this rank was started in a world of "
+            f"{renv.world_size} ({renv.source}); start gpus ranks"
+        )
     device = select_device("cuda" if cfg.backend == "nccl" else "cpu", renv.local_rank)
     with process_group(renv, device, cfg.timeout_min, startup_timeout_min=min(5.0, cfg.timeout_min)):
         return _measure(cfg, TorchRunner(device, renv.global_rank, renv.world_size), device)
@@ -371,20 +450,41 @@ def _measure(cfg: CommConfig, runner, device) -> int:
     n, rank = runner.n, runner.rank
     if n != cfg.gpus:
         raise ConfigError(f"parameter 'gpus': {cfg.gpus}, but {n} ranks were started; start gpus ranks")
-    me = {"rank": rank, "host": _node_name(), "pid": os.getpid(), "device": device_name(device),
-          "local_rank": int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
-                            or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0)}
+    me = {
+        "rank": rank,
+        "host": _node_name(),
+        "pid": os.getpid(),
+        "device": device_name(device),
+        "local_rank": int(
+            os.environ.get("LOCAL_RANK")
+            or os.environ.get("SLURM_LOCALID")
+            or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+            or 0
+        ),
+    }
     ranks = runner.gather_object(me)
     run_id = runner.gather_object(make_run_id(cfg))[0]  # rank 0's id for everyone
     hosts = sorted({r["host"] for r in ranks})
-    facts = {"backend": cfg.backend, "ranks": n, "nodes": len(hosts),
-             "placement": "intra-node" if len(hosts) == 1 else "inter-node",
-             "ranks_per_node": max(sum(1 for r in ranks if r["host"] == h) for h in hosts), "timed_by": runner.loop}
+    facts = {
+        "backend": cfg.backend,
+        "ranks": n,
+        "nodes": len(hosts),
+        "placement": "intra-node" if len(hosts) == 1 else "inter-node",
+        "ranks_per_node": max(sum(1 for r in ranks if r["host"] == h) for h in hosts),
+        "timed_by": runner.loop,
+    }
     run_dir = cfg.results_root / run_id
     is0 = rank == 0
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    summary = {"run_id": run_id, "kind": "commbench", "status": "running", "error": None, "started_utc": started,
-               "finished_utc": None, **facts}
+    summary = {
+        "run_id": run_id,
+        "kind": "commbench",
+        "status": "running",
+        "error": None,
+        "started_utc": started,
+        "finished_utc": None,
+        **facts,
+    }
     lines: list[str] = []
 
     def emit(line: str = "") -> None:
@@ -397,17 +497,30 @@ def _measure(cfg: CommConfig, runner, device) -> int:
 
         records.ensure_not_complete(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        records.write_json(run_dir / "config.json", {
-            "kind": "commbench", "params": cfg.to_dict(), **facts, "rank_list": ranks, "hosts": hosts,
-            "versions": _versions(cfg.backend), "git": git_info(), "slurm": slurm_ids(),
-            "command": shlex.join([sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()])})
+        records.write_json(
+            run_dir / "config.json",
+            {
+                "kind": "commbench",
+                "params": cfg.to_dict(),
+                **facts,
+                "rank_list": ranks,
+                "hosts": hosts,
+                "versions": _versions(cfg.backend),
+                "git": git_info(),
+                "slurm": slurm_ids(),
+                "command": shlex.join([sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()]),
+            },
+        )
         records.write_json(run_dir / "summary.json", summary)
     try:
         rows, unsupported = _run_all(cfg, runner, facts, emit)
     except BaseException as e:
         if is0:
-            summary.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:400]}",
-                           finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            summary.update(
+                status="failed",
+                error=f"{type(e).__name__}: {str(e).strip()[:400]}",
+                finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            )
             records.write_json(run_dir / "summary.json", summary)
             traceback.print_exc()
         raise
@@ -425,13 +538,23 @@ def _measure(cfg: CommConfig, runner, device) -> int:
         for r in rows:
             per.setdefault(f"{r['op']}/{r['dtype']}", []).append(r)
         wrong = sum(r.get(f"wrong_{f}") or 0 for r in rows for f in ("out", "in"))
-        summary.update(status="complete" if wrong == 0 else "failed",
-                       error=None if wrong == 0 else f"{wrong} wrong result element(s): see results.csv",
-                       finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       avg_busbw_gbs={k: round(avg_busbw(v), 6) for k, v in per.items() if avg_busbw(v) is not None},
-                       wrong=wrong, unsupported=unsupported, sizes=len(cfg.sizes),
-                       notes=(["gloo runs reduce_scatter as an all_reduce of the whole buffer: its busbw is not "
-                               "comparable with nccl's or MPI's"] if cfg.backend == "gloo" else []))
+        summary.update(
+            status="complete" if wrong == 0 else "failed",
+            error=None if wrong == 0 else f"{wrong} wrong result element(s): see results.csv",
+            finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            avg_busbw_gbs={k: round(avg_busbw(v), 6) for k, v in per.items() if avg_busbw(v) is not None},
+            wrong=wrong,
+            unsupported=unsupported,
+            sizes=len(cfg.sizes),
+            notes=(
+                [
+                    "gloo runs reduce_scatter as an all_reduce of the whole buffer: its busbw is not "
+                    "comparable with nccl's or MPI's"
+                ]
+                if cfg.backend == "gloo"
+                else []
+            ),
+        )
         records.write_json(run_dir / "summary.json", summary)
         print(f"record: {run_dir}", flush=True)
         return 0 if wrong == 0 else 1
@@ -462,10 +585,12 @@ def _probe(cfg: CommConfig, runner, op: str, dtype: str) -> str | None:
 def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], dict]:
     n, rows, unsupported = runner.n, [], {}
     sizes = cfg.sizes
-    emit(f"# commbench (kernels/comm): backend {cfg.backend}, {n} rank(s) on {facts['nodes']} node(s) "
-         f"({facts['placement']}), minBytes {sizes[0]} maxBytes {sizes[-1]} step: {cfg.factor}(factor) "
-         f"warmup iters: {cfg.warmup} iters: {cfg.iters} x {cfg.repeats} loops (median reported) "
-         f"validation: {int(cfg.check)} timed by: {runner.loop}")
+    emit(
+        f"# commbench (kernels/comm): backend {cfg.backend}, {n} rank(s) on {facts['nodes']} node(s) "
+        f"({facts['placement']}), minBytes {sizes[0]} maxBytes {sizes[-1]} step: {cfg.factor}(factor) "
+        f"warmup iters: {cfg.warmup} iters: {cfg.iters} x {cfg.repeats} loops (median reported) "
+        f"validation: {int(cfg.check)} timed by: {runner.loop}"
+    )
     for op in cfg.op_list:
         o = OPS[op]
         for dtype in cfg.dtype_list:
@@ -475,8 +600,14 @@ def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], di
                 emit(f"# {op} {dtype}: unsupported on {cfg.backend} ({why})")
                 continue
             itemsize = DTYPES[dtype][1]
-            emit(f"# collective {op}  dtype {dtype}" + ("  (gloo: emulated by all_reduce, busbw not comparable)"
-                                                         if cfg.backend == "gloo" and op == "reduce_scatter" else ""))
+            emit(
+                f"# collective {op}  dtype {dtype}"
+                + (
+                    "  (gloo: emulated by all_reduce, busbw not comparable)"
+                    if cfg.backend == "gloo" and op == "reduce_scatter"
+                    else ""
+                )
+            )
             for line in header():
                 emit(line)
             block = []
@@ -484,10 +615,20 @@ def _run_all(cfg: CommConfig, runner, facts: dict, emit) -> tuple[list[dict], di
                 count, nbytes = o.counts(size, n, itemsize)
                 if count == 0:
                     continue
-                r = {"op": op, "backend": cfg.backend, "dtype": dtype, "ranks": n, "nodes": facts["nodes"],
-                     "placement": facts["placement"], "size_bytes": nbytes, "count": count,
-                     "redop": "sum" if o.reduces else "none", "root": cfg.root if o.rooted else -1, "iters": cfg.iters,
-                     "repeats": cfg.repeats}
+                r = {
+                    "op": op,
+                    "backend": cfg.backend,
+                    "dtype": dtype,
+                    "ranks": n,
+                    "nodes": facts["nodes"],
+                    "placement": facts["placement"],
+                    "size_bytes": nbytes,
+                    "count": count,
+                    "redop": "sum" if o.reduces else "none",
+                    "root": cfg.root if o.rooted else -1,
+                    "iters": cfg.iters,
+                    "repeats": cfg.repeats,
+                }
                 for form in ("out", "in"):
                     if form in FORMS[runner.api][op]:
                         r.update(_time_one(cfg, runner, o, form, count, dtype, nbytes, n))
@@ -513,10 +654,16 @@ def _time_one(cfg: CommConfig, runner, o, form: str, count: int, dtype: str, nby
     loops.sort()
     mean, lo, hi = loops[len(loops) // 2]
     algbw, busbw = bandwidths(o, nbytes, mean, n)
-    return {f"time_us_{form}": round(mean * 1e6, 3), f"time_us_min_{form}": round(lo * 1e6, 3),
-            f"time_us_max_{form}": round(hi * 1e6, 3), f"time_us_lo_{form}": round(loops[0][0] * 1e6, 3),
-            f"time_us_hi_{form}": round(loops[-1][0] * 1e6, 3), f"algbw_{form}": float(f"{algbw:.6g}"),
-            f"busbw_{form}": float(f"{busbw:.6g}"), f"wrong_{form}": wrong}
+    return {
+        f"time_us_{form}": round(mean * 1e6, 3),
+        f"time_us_min_{form}": round(lo * 1e6, 3),
+        f"time_us_max_{form}": round(hi * 1e6, 3),
+        f"time_us_lo_{form}": round(loops[0][0] * 1e6, 3),
+        f"time_us_hi_{form}": round(loops[-1][0] * 1e6, 3),
+        f"algbw_{form}": float(f"{algbw:.6g}"),
+        f"busbw_{form}": float(f"{busbw:.6g}"),
+        f"wrong_{form}": wrong,
+    }
 
 
 def bandwidths(o, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
@@ -539,8 +686,11 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
     job = RankJob(cfg.gpus, (sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()), run_dir)
-    print(f"commbench {cfg.run_id}: {cfg.gpus} rank(s), backend {cfg.backend}, via {launcher}; record in {run_dir}",
-          file=stdout, flush=True)
+    print(
+        f"commbench {cfg.run_id}: {cfg.gpus} rank(s), backend {cfg.backend}, via {launcher}; record in {run_dir}",
+        file=stdout,
+        flush=True,
+    )
     if launcher == "local":
         return spawn_local(job, stdout), run_dir
     if launcher == "srun":
@@ -552,8 +702,12 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
 def read_record(run_dir: Path) -> dict:
     """{'config', 'summary', 'rows' (list of dicts, numbers typed)} of one commbench record."""
     run_dir = Path(run_dir)
-    out = {"dir": str(run_dir), "config": records.read_json(run_dir / "config.json"),
-           "summary": records.read_json(run_dir / "summary.json"), "rows": []}
+    out = {
+        "dir": str(run_dir),
+        "config": records.read_json(run_dir / "config.json"),
+        "summary": records.read_json(run_dir / "summary.json"),
+        "rows": [],
+    }
     p = run_dir / "results.csv"
     if p.exists():
         out["rows"] = records.read_csv_rows(p)

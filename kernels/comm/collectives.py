@@ -16,6 +16,7 @@ records bf16/fp16 as unsupported). Every collective fills its inputs with small 
 that depend on rank and position, so sums are exact in every dtype and the result can be
 checked element by element (#wrong).
 """
+
 from __future__ import annotations
 
 import time
@@ -31,10 +32,10 @@ DTYPES = {"fp32": ("float", 4), "bf16": ("bfloat16", 2), "fp16": ("half", 2)}  #
 @dataclass(frozen=True)
 class Op:
     name: str
-    per_rank_split: bool   # size = per-rank count x n (all_gather, reduce_scatter, all_to_all)
-    reduces: bool          # has a reduction operator (redop column)
-    rooted: bool           # has a root (root column)
-    title: str             # OSU-style test name
+    per_rank_split: bool  # size = per-rank count x n (all_gather, reduce_scatter, all_to_all)
+    reduces: bool  # has a reduction operator (redop column)
+    rooted: bool  # has a root (root column)
+    title: str  # OSU-style test name
 
     def factor(self, n: int) -> float:
         """busbw / algbw at n ranks (nccl-tests)."""
@@ -63,23 +64,40 @@ class Op:
         return count, count * itemsize
 
 
-OPS = {o.name: o for o in (
-    Op("all_reduce", False, True, False, "Allreduce"),
-    Op("all_gather", True, False, False, "Allgather"),
-    Op("reduce_scatter", True, True, False, "Reduce_scatter"),
-    Op("broadcast", False, False, True, "Bcast"),
-    Op("reduce", False, True, True, "Reduce"),
-    Op("all_to_all", True, False, False, "Alltoall"),
-    Op("send_recv", False, False, False, "Sendrecv"),
-)}
+OPS = {
+    o.name: o
+    for o in (
+        Op("all_reduce", False, True, False, "Allreduce"),
+        Op("all_gather", True, False, False, "Allgather"),
+        Op("reduce_scatter", True, True, False, "Reduce_scatter"),
+        Op("broadcast", False, False, True, "Bcast"),
+        Op("reduce", False, True, True, "Reduce"),
+        Op("all_to_all", True, False, False, "Alltoall"),
+        Op("send_recv", False, False, False, "Sendrecv"),
+    )
+}
 # Forms each API has: torch.distributed has no out-of-place all_reduce/broadcast/reduce (they work in
 # place), and no in-place all_to_all or send/recv; MPI has IN_PLACE for all but broadcast (in place by
 # nature) and send/recv.
 FORMS = {
-    "torch": {"all_reduce": ("in",), "all_gather": ("out", "in"), "reduce_scatter": ("out", "in"),
-              "broadcast": ("in",), "reduce": ("in",), "all_to_all": ("out",), "send_recv": ("out",)},
-    "mpi": {"all_reduce": ("out", "in"), "all_gather": ("out", "in"), "reduce_scatter": ("out", "in"),
-            "broadcast": ("in",), "reduce": ("out", "in"), "all_to_all": ("out", "in"), "send_recv": ("out",)},
+    "torch": {
+        "all_reduce": ("in",),
+        "all_gather": ("out", "in"),
+        "reduce_scatter": ("out", "in"),
+        "broadcast": ("in",),
+        "reduce": ("in",),
+        "all_to_all": ("out",),
+        "send_recv": ("out",),
+    },
+    "mpi": {
+        "all_reduce": ("out", "in"),
+        "all_gather": ("out", "in"),
+        "reduce_scatter": ("out", "in"),
+        "broadcast": ("in",),
+        "reduce": ("out", "in"),
+        "all_to_all": ("out", "in"),
+        "send_recv": ("out",),
+    },
 }
 
 
@@ -100,13 +118,13 @@ def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | N
     if op.name == "all_gather":
         return np.concatenate([values(r, count) for r in range(n)])
     if op.name == "reduce_scatter":
-        return sum(values(r, count * n)[rank * count:(rank + 1) * count] for r in range(n))
+        return sum(values(r, count * n)[rank * count : (rank + 1) * count] for r in range(n))
     if op.name == "broadcast":
         return values(root, count)
     if op.name == "reduce":
         return sum(values(r, count) for r in range(n)) if rank == root else None
     if op.name == "all_to_all":
-        return np.concatenate([values(r, count * n)[rank * count:(rank + 1) * count] for r in range(n)])
+        return np.concatenate([values(r, count * n)[rank * count : (rank + 1) * count] for r in range(n)])
     if op.name == "send_recv":
         return values((rank - 1) % n, count)
     raise KeyError(op.name)
@@ -115,6 +133,7 @@ def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | N
 # ------------------------------------------------------------------ torch.distributed
 class TorchRunner:
     """One collective in one form on torch tensors. `prepare` allocates and fills; `run` is what is timed."""
+
     api = "torch"
     loop = "python loop (on a GPU the launches are asynchronous; the device is synchronised once per loop)"
 
@@ -137,14 +156,14 @@ class TorchRunner:
         if name == "all_gather":
             self.out = t.empty(count * n, dtype=dt, device=self.device)
             if form == "in":
-                self.out[r * count:(r + 1) * count] = src
-                self.inp = self.out[r * count:(r + 1) * count]
+                self.out[r * count : (r + 1) * count] = src
+                self.inp = self.out[r * count : (r + 1) * count]
             else:
                 self.inp = src
         elif name == "reduce_scatter":
             if form == "in":
                 self.inp = src
-                self.out = src[r * count:(r + 1) * count]
+                self.out = src[r * count : (r + 1) * count]
             else:
                 self.inp, self.out = src, t.empty(count, dtype=dt, device=self.device)
         elif name in ("all_to_all", "send_recv"):
@@ -169,8 +188,10 @@ class TorchRunner:
             return partial(d.reduce, self.inp, self.root)
         if name == "all_to_all":
             return partial(d.all_to_all_single, self.out, self.inp)
-        ops = [d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),  # send_recv: a ring shift
-               d.P2POp(d.irecv, self.out, (self.rank - 1) % self.n)]
+        ops = [
+            d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),  # send_recv: a ring shift
+            d.P2POp(d.irecv, self.out, (self.rank - 1) % self.n),
+        ]
         return lambda: [req.wait() for req in d.batch_isend_irecv(ops)]
 
     def run(self) -> None:
@@ -218,6 +239,7 @@ class TorchRunner:
 # ------------------------------------------------------------------------------ MPI
 class MpiRunner:
     """The same collectives through mpi4py on numpy buffers (fp32 only: MPI has no standard 16-bit float)."""
+
     api = "mpi"
 
     def __init__(self, comm):
@@ -242,7 +264,7 @@ class MpiRunner:
         if name == "all_gather":
             self.out = page_aligned(np.zeros(count * n), dt)
             if form == "in":
-                self.out[r * count:(r + 1) * count] = src
+                self.out[r * count : (r + 1) * count] = src
             self.inp = src
         elif name == "reduce_scatter":
             self.inp = src
@@ -282,8 +304,16 @@ class MpiRunner:
             call, count = partial(c.Alltoall, spec, [recv, t]), self.inp.size // n
         else:  # send_recv: a ring shift
             call = partial(c.Sendrecv, [self.inp, t], (self.rank + 1) % n, 0, [recv, t], (self.rank - 1) % n, 0)
-        c_args = (OP_CODES[name], c.py2f(), None if send is None else send.ctypes.data,
-                  None if recv is None else recv.ctypes.data, count, t.py2f(), MPI.SUM.py2f(), self.root)
+        c_args = (
+            OP_CODES[name],
+            c.py2f(),
+            None if send is None else send.ctypes.data,
+            None if recv is None else recv.ctypes.data,
+            count,
+            t.py2f(),
+            MPI.SUM.py2f(),
+            self.root,
+        )
         return call, c_args
 
     def run(self) -> None:
@@ -307,7 +337,7 @@ class MpiRunner:
 
     def result(self) -> np.ndarray:
         if self.op.name == "reduce_scatter" and self.form == "in":
-            return self.out[:self.count].astype(np.float64)  # MPI leaves the result at the start of the buffer
+            return self.out[: self.count].astype(np.float64)  # MPI leaves the result at the start of the buffer
         return self.out.astype(np.float64)
 
     def sync(self) -> None:
@@ -318,8 +348,11 @@ class MpiRunner:
 
     def reduce_times(self, x: float) -> tuple[float, float, float]:
         MPI = self.MPI
-        return (self.comm.allreduce(x, op=MPI.SUM) / self.n, self.comm.allreduce(x, op=MPI.MIN),
-                self.comm.allreduce(x, op=MPI.MAX))
+        return (
+            self.comm.allreduce(x, op=MPI.SUM) / self.n,
+            self.comm.allreduce(x, op=MPI.MIN),
+            self.comm.allreduce(x, op=MPI.MAX),
+        )
 
     def sum_int(self, x: int) -> int:
         return int(self.comm.allreduce(int(x), op=self.MPI.SUM))
@@ -337,7 +370,7 @@ def page_aligned(a: np.ndarray, dtype) -> np.ndarray:
     itemsize = np.dtype(dtype).itemsize
     raw = np.empty(a.size * itemsize + PAGE, dtype=np.uint8)
     start = -raw.ctypes.data % PAGE
-    out = raw[start:start + a.size * itemsize].view(dtype)
+    out = raw[start : start + a.size * itemsize].view(dtype)
     out[:] = a
     return out
 

@@ -11,6 +11,7 @@ library's version string and the wrapper, so a `module load` of another MPI buil
 at the same time each write a temporary file and rename it into place. `LAB_MPI_LOOP=python` keeps the
 Python loop (to compare the two); a failed build also falls back to it, and the record says which loop timed.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,8 +23,15 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("mpi_loop.c")
-OP_CODES = {"all_reduce": 0, "all_gather": 1, "reduce_scatter": 2, "broadcast": 3, "reduce": 4, "all_to_all": 5,
-            "send_recv": 6}  # the enum in mpi_loop.c
+OP_CODES = {
+    "all_reduce": 0,
+    "all_gather": 1,
+    "reduce_scatter": 2,
+    "broadcast": 3,
+    "reduce": 4,
+    "all_to_all": 5,
+    "send_recv": 6,
+}  # the enum in mpi_loop.c
 LOOP_CHOICES = ("auto", "python")
 
 
@@ -57,8 +65,17 @@ def load(library_version: str) -> tuple[ctypes.CDLL | None, str]:
     lib = ctypes.CDLL(str(path))
     fn = lib.lab_timed_loop
     fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     return lib, f"C loop ({SOURCE.name} built with {mpicc})"
 
 
@@ -71,8 +88,9 @@ def _build(mpicc: str, path: Path) -> str | None:
     except OSError as e:
         return f"cannot write {path.parent}: {e.strerror}"
     try:
-        p = subprocess.run([mpicc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True,
-                           text=True, timeout=120)
+        p = subprocess.run(
+            [mpicc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
+        )
         if p.returncode != 0:
             last = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
             return f"{mpicc} failed to build {SOURCE.name}: {last[0][:200]}"

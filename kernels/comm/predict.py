@@ -26,6 +26,7 @@ the fits:
   for the same cores: no overlap is assumed there;
 - output: step time, throughput, and strong/weak efficiency against the 1-rank point.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BY
 # that barely beats that. (gloo on a shared 2-core VM fits its timings to 56-64 % rms.)
 MIN_FIT_SIZES = 3
 MAX_FIT_RMS_REL_ERR = 0.8
-BACKWARD_SHARE = 2 / 3            # backward is about twice the forward's FLOPs
+BACKWARD_SHARE = 2 / 3  # backward is about twice the forward's FLOPs
 
 
 # ------------------------------------------------------------------ fitting
@@ -73,13 +74,24 @@ def fit_points(op: str, points: list[tuple[int, int, float]]) -> dict:
     err = float(np.sqrt(np.mean((pred / real - 1) ** 2)))
     sizes = len({s for n, s, t in points if n > 1 and t > 0})
     latency_ok = sizes >= MIN_FIT_SIZES and err <= MAX_FIT_RMS_REL_ERR  # alpha stands without the bandwidth term
-    why = ([] if bandwidth else ["no bandwidth term (the time does not grow with the size)"]) + \
-        ([] if sizes >= MIN_FIT_SIZES else [f"{sizes} message size(s), fewer than {MIN_FIT_SIZES}"]) + \
-        ([] if err <= MAX_FIT_RMS_REL_ERR else [f"rms error {100 * err:.1f} % above {100 * MAX_FIT_RMS_REL_ERR:.0f} %"])
-    return {"alpha_s": alpha if latency_ok else None, "busbw_Bps": 1.0 / inv_bw if latency_ok and bandwidth else None,
-            "points": len(rows), "ranks": sorted({n for n, *_ in points}), "rms_rel_err": err,
-            "max_bytes": int(max(s for _, s, _ in points)),
-            "status": "unresolved: " + "; ".join(why) if why else "resolved"}
+    why = (
+        ([] if bandwidth else ["no bandwidth term (the time does not grow with the size)"])
+        + ([] if sizes >= MIN_FIT_SIZES else [f"{sizes} message size(s), fewer than {MIN_FIT_SIZES}"])
+        + (
+            []
+            if err <= MAX_FIT_RMS_REL_ERR
+            else [f"rms error {100 * err:.1f} % above {100 * MAX_FIT_RMS_REL_ERR:.0f} %"]
+        )
+    )
+    return {
+        "alpha_s": alpha if latency_ok else None,
+        "busbw_Bps": 1.0 / inv_bw if latency_ok and bandwidth else None,
+        "points": len(rows),
+        "ranks": sorted({n for n, *_ in points}),
+        "rms_rel_err": err,
+        "max_bytes": int(max(s for _, s, _ in points)),
+        "status": "unresolved: " + "; ".join(why) if why else "resolved",
+    }
 
 
 def cost(op: str, fit: dict, nbytes: float, n: int) -> float:
@@ -140,12 +152,22 @@ def fits(records: list[dict], form: str = "auto", by: str = "system", unresolved
 
 def fit_table(fitted: dict) -> list[dict]:
     """One row per fit; a quantity the fit could not resolve is None, and `status` says why."""
-    return [{"backend": k[0], "op": k[1], "dtype": k[2], "placement": k[3], "system": k[4],
-             "alpha_us": None if f["alpha_s"] is None else round(f["alpha_s"] * 1e6, 3),
-             "busbw_GBps": None if f["busbw_Bps"] is None else round(f["busbw_Bps"] / 1e9, 4),
-             "ranks": ",".join(map(str, f["ranks"])), "points": f["points"],
-             "rms_rel_err": round(f["rms_rel_err"], 4), "status": f.get("status", "resolved")}
-            for k, f in sorted(fitted.items())]
+    return [
+        {
+            "backend": k[0],
+            "op": k[1],
+            "dtype": k[2],
+            "placement": k[3],
+            "system": k[4],
+            "alpha_us": None if f["alpha_s"] is None else round(f["alpha_s"] * 1e6, 3),
+            "busbw_GBps": None if f["busbw_Bps"] is None else round(f["busbw_Bps"] / 1e9, 4),
+            "ranks": ",".join(map(str, f["ranks"])),
+            "points": f["points"],
+            "rms_rel_err": round(f["rms_rel_err"], 4),
+            "status": f.get("status", "resolved"),
+        }
+        for k, f in sorted(fitted.items())
+    ]
 
 
 def published_fits(system: dict) -> dict:
@@ -153,11 +175,19 @@ def published_fits(system: dict) -> dict:
     intra-node from the GPU interconnect per GPU, inter-node from the node's network injection bandwidth (a
     ring's busbw cannot beat the slowest link); alpha from the entry's assumed latencies."""
     out = {}
-    for placement, bw, lat in (("intra-node", "intranode_GBps", "intranode_latency_us"),
-                               ("inter-node", "internode_GBps", "internode_latency_us")):
+    for placement, bw, lat in (
+        ("intra-node", "intranode_GBps", "intranode_latency_us"),
+        ("inter-node", "internode_GBps", "internode_latency_us"),
+    ):
         if system.get(bw):
-            out[placement] = {"alpha_s": float(system.get(lat) or 0.0) * 1e-6, "busbw_Bps": float(system[bw]) * 1e9,
-                              "points": 0, "ranks": [], "rms_rel_err": None, "source": "published"}
+            out[placement] = {
+                "alpha_s": float(system.get(lat) or 0.0) * 1e-6,
+                "busbw_Bps": float(system[bw]) * 1e9,
+                "points": 0,
+                "ranks": [],
+                "rms_rel_err": None,
+                "source": "published",
+            }
     return out
 
 
@@ -196,8 +226,18 @@ def allreduce_time(nbytes: float, n: int, nodes: int, intra: dict | None, inter:
     return options[best], best
 
 
-def predict_step(t1_s: float, bucket_bytes: list[int], n: int, nodes: int, intra: dict | None, inter: dict | None,
-                 mode: str = "weak", cpu_share: float = 1.0, overlap: bool = True, data_s: float = 0.0) -> dict:
+def predict_step(
+    t1_s: float,
+    bucket_bytes: list[int],
+    n: int,
+    nodes: int,
+    intra: dict | None,
+    inter: dict | None,
+    mode: str = "weak",
+    cpu_share: float = 1.0,
+    overlap: bool = True,
+    data_s: float = 0.0,
+) -> dict:
     """One data-parallel step at n ranks on `nodes` nodes. t1_s: the 1-rank step (compute + data wait);
     cpu_share >= 1 slows compute when ranks share cores; overlap: reductions may run under backward."""
     compute1 = max(t1_s - data_s, 0.0)
@@ -219,8 +259,16 @@ def predict_step(t1_s: float, bucket_bytes: list[int], n: int, nodes: int, intra
             end = max(end, ready) + t
         exposed = max(0.0, end - bwd)
     step = compute + exposed + data_s
-    return {"ranks": n, "nodes": nodes, "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed,
-            "step_s": step, "algorithm": algo, "buckets": len(bucket_bytes)}
+    return {
+        "ranks": n,
+        "nodes": nodes,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "step_s": step,
+        "algorithm": algo,
+        "buckets": len(bucket_bytes),
+    }
 
 
 def straggler_factor(p50: float | None, p90: float | None, n: int) -> float:
@@ -251,24 +299,35 @@ def run_inputs(run_dir: Path) -> dict:
     if s.get("status") != "complete":
         raise ConfigError(f"--run {run_dir}: not a complete run record (status {s.get('status')!r})")
     if s.get("world_size") != 1:
-        raise ConfigError(f"--run {run_dir}: the predictor starts from a 1-rank run; this one has "
-                          f"{s.get('world_size')} ranks")
+        raise ConfigError(
+            f"--run {run_dir}: the predictor starts from a 1-rank run; this one has {s.get('world_size')} ranks"
+        )
     params = c.get("params", c)
     grads = s.get("grad_param_bytes")
     if not grads:
-        raise ConfigError(f"--run {run_dir}: the record has no gradient sizes (grad_param_bytes); it predates them: "
-                          f"run the 1-rank point again")
+        raise ConfigError(
+            f"--run {run_dir}: the record has no gradient sizes (grad_param_bytes); it predates them: "
+            f"run the 1-rank point again"
+        )
     from kernels.analysis.runs import system_of
 
     t1 = s["step_ms_p50"] / 1e3
     p90 = s.get("step_ms_p90")
     ranks = c.get("ranks") or [{}]
-    return {"t1_s": t1, "system": system_of(c), "p90_s": p90 / 1e3 if p90 else None,
-            "data_s": t1 * (s.get("data_wait_frac") or 0.0), "param_bytes": grads,
-            "bucket_cap_mb": float(params.get("bucket_cap_mb", default("bucket_cap_mb"))),
-            "batch": int(params.get("batch") or 0), "device": s.get("device_name", ""), "run_id": s.get("run_id"),
-            "threads": ranks[0].get("threads"), "backend": (c.get("derived") or {}).get("backend"),
-            "label": params.get("label", "")}
+    return {
+        "t1_s": t1,
+        "system": system_of(c),
+        "p90_s": p90 / 1e3 if p90 else None,
+        "data_s": t1 * (s.get("data_wait_frac") or 0.0),
+        "param_bytes": grads,
+        "bucket_cap_mb": float(params.get("bucket_cap_mb", default("bucket_cap_mb"))),
+        "batch": int(params.get("batch") or 0),
+        "device": s.get("device_name", ""),
+        "run_id": s.get("run_id"),
+        "threads": ranks[0].get("threads"),
+        "backend": (c.get("derived") or {}).get("backend"),
+        "label": params.get("label", ""),
+    }
 
 
 def scaling_mode(run_dir: Path, run: dict) -> tuple[str, str]:
@@ -284,20 +343,34 @@ def scaling_mode(run_dir: Path, run: dict) -> tuple[str, str]:
             continue
         if int(params.get("gpus") or 1) > 1 and params.get("label", "") == run["label"] and params.get("batch"):
             mode = "strong" if int(params["batch"]) == run["batch"] else "weak"
-            return mode, (f"{d.parent.name} ({params['gpus']} ranks, global batch {params['batch']} against "
-                          f"{run['batch']} at 1 rank)")
+            return mode, (
+                f"{d.parent.name} ({params['gpus']} ranks, global batch {params['batch']} against "
+                f"{run['batch']} at 1 rank)"
+            )
     return "strong", "no multi-rank run with its label beside it: the 1-rank run's global batch kept"
 
 
-def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: str, mode: str, cores: int,
-            dtype: str = "fp32", system: str = "", threads: int = 1) -> list[dict]:
+def predict(
+    run: dict,
+    ranks: list[int],
+    per_node: int,
+    fitted: dict,
+    backend: str,
+    mode: str,
+    cores: int,
+    dtype: str = "fp32",
+    system: str = "",
+    threads: int = 1,
+) -> list[dict]:
     on_gpu = not str(run["device"]).startswith("CPU")
     intra = fitted.get((backend, "all_reduce", dtype, "intra-node", system))
     inter = fitted.get((backend, "all_reduce", dtype, "inter-node", system))
     if intra is None and inter is None:
         have = sorted({f"{k[0]} on {k[4] or '?'}" for k in fitted if k[1] == "all_reduce"})
-        raise ConfigError(f"--system {system!r} --backend {backend}: no all_reduce fit; the commbench records have "
-                          f"{', '.join(have) or 'none'}. Run commbench there first, or pick one of those")
+        raise ConfigError(
+            f"--system {system!r} --backend {backend}: no all_reduce fit; the commbench records have "
+            f"{', '.join(have) or 'none'}. Run commbench there first, or pick one of those"
+        )
     _placements_fitted(ranks, per_node, intra, inter, backend, system)
     bks = buckets(run["param_bytes"], run["bucket_cap_mb"])
     out = []
@@ -306,12 +379,21 @@ def predict(run: dict, ranks: list[int], per_node: int, fitted: dict, backend: s
         g = min(n, per_node)
         share = cpu_share(g, threads, cores, on_gpu)
         busy = not on_gpu and g * threads >= cores
-        p = predict_step(run["t1_s"], bks, n, nodes, intra, inter, mode,
-                         share * straggler_factor(run["t1_s"], run.get("p90_s"), n), overlap=not busy,
-                         data_s=run["data_s"])
+        p = predict_step(
+            run["t1_s"],
+            bks,
+            n,
+            nodes,
+            intra,
+            inter,
+            mode,
+            share * straggler_factor(run["t1_s"], run.get("p90_s"), n),
+            overlap=not busy,
+            data_s=run["data_s"],
+        )
         base = run["t1_s"]
         p["samples_per_s"] = (run["batch"] * (1 if mode == "strong" else n)) / p["step_s"] if run["batch"] else None
-        p["efficiency"] = (base / (n * p["step_s"]) if mode == "strong" else base / p["step_s"])
+        p["efficiency"] = base / (n * p["step_s"]) if mode == "strong" else base / p["step_s"]
         p["mode"], p["cpu_share"], p["overlap"] = mode, share, not busy
         out.append(p)
     return out
@@ -323,25 +405,47 @@ def _placements_fitted(ranks: list[int], per_node: int, intra, inter, backend: s
     where = f"on system {system or '?'} with backend {backend}"
     multi = [n for n in ranks if n > per_node]
     if multi and inter is None:
-        raise ConfigError(f"--gpus {multi[0]} with --gpus_per_node {per_node} spans nodes, but the commbench "
-                          f"records {where} have no inter-node all_reduce fit. Measure one on two nodes "
-                          f"(`sbatch --nodes=2 --ntasks-per-node=1 slurm/papermill_run.sbatch "
-                          f"notebooks/03_commbench.ipynb -p backend {backend} -p gpus 2`), or predict within one "
-                          f"node: --gpus_per_node {max(ranks)}")
+        raise ConfigError(
+            f"--gpus {multi[0]} with --gpus_per_node {per_node} spans nodes, but the commbench "
+            f"records {where} have no inter-node all_reduce fit. Measure one on two nodes "
+            f"(`sbatch --nodes=2 --ntasks-per-node=1 slurm/papermill_run.sbatch "
+            f"notebooks/03_commbench.ipynb -p backend {backend} -p gpus 2`), or predict within one "
+            f"node: --gpus_per_node {max(ranks)}"
+        )
     inside = [n for n in ranks if 1 < n <= per_node]  # across nodes the intra-node fit is optional (hierarchical)
     if inside and intra is None:
-        raise ConfigError(f"--gpus {inside[0]} fits in one node (--gpus_per_node {per_node}), but the commbench "
-                          f"records {where} have no intra-node all_reduce fit. Measure one in one node "
-                          f"(`lab comm bench --backend {backend} "
-                          f"--gpus 2 --ops all_reduce`), or give --gpus_per_node 1")
+        raise ConfigError(
+            f"--gpus {inside[0]} fits in one node (--gpus_per_node {per_node}), but the commbench "
+            f"records {where} have no intra-node all_reduce fit. Measure one in one node "
+            f"(`lab comm bench --backend {backend} "
+            f"--gpus 2 --ops all_reduce`), or give --gpus_per_node 1"
+        )
 
 
 # ------------------------------------------------------------------ predicted vs measured
-VALIDATION_COLUMNS = ["mode", "series", "system", "backend", "gpus", "nodes", "per_rank_batch", "repeats",
-                      "measured_step_ms", "measured_step_ms_min", "measured_step_ms_max", "predicted_step_ms",
-                      "error", "measured_efficiency", "predicted_efficiency", "compute_ms", "comm_ms", "exposed_ms",
-                      "probe_exposed_ms",
-                      "cpu_share", "algorithm"]
+VALIDATION_COLUMNS = [
+    "mode",
+    "series",
+    "system",
+    "backend",
+    "gpus",
+    "nodes",
+    "per_rank_batch",
+    "repeats",
+    "measured_step_ms",
+    "measured_step_ms_min",
+    "measured_step_ms_max",
+    "predicted_step_ms",
+    "error",
+    "measured_efficiency",
+    "predicted_efficiency",
+    "compute_ms",
+    "comm_ms",
+    "exposed_ms",
+    "probe_exposed_ms",
+    "cpu_share",
+    "algorithm",
+]
 
 
 def _share(row, on_gpu: bool) -> float:
@@ -361,8 +465,9 @@ def validation(runs, comm_records: list[dict]):
     if runs.empty or "grad_param_bytes" not in runs:
         return pd.DataFrame(columns=VALIDATION_COLUMNS)
     fitted = fits(comm_records)
-    runs = runs.assign(_key=runs.apply(lambda r: tuple(r[k] for k in CONFIG_KEYS) + (r["system"], r["backend"]),
-                                       axis=1))
+    runs = runs.assign(
+        _key=runs.apply(lambda r: tuple(r[k] for k in CONFIG_KEYS) + (r["system"], r["backend"]), axis=1)
+    )
     rows = []
     for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
         for (key, fixed), series in runs.groupby(["_key", by], sort=True):
@@ -377,8 +482,11 @@ def validation(runs, comm_records: list[dict]):
             b0 = base.iloc[0]
             on_gpu = not str(b0["device"]).startswith("CPU")
             t1 = float(base["step_ms"].median()) / 1e3
-            p90_1 = float(base["step_ms_p90"].median()) / 1e3 if "step_ms_p90" in base and \
-                base["step_ms_p90"].notna().any() else None
+            p90_1 = (
+                float(base["step_ms_p90"].median()) / 1e3
+                if "step_ms_p90" in base and base["step_ms_p90"].notna().any()
+                else None
+            )
             data1 = t1 * float(base["data_wait_frac"].median() or 0.0)
             share1 = _share(b0, on_gpu)
             bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or default("bucket_cap_mb")))
@@ -394,24 +502,38 @@ def validation(runs, comm_records: list[dict]):
                 comp1 = (t1 - data1) * float(p0["per_rank_batch"]) / float(b0["per_rank_batch"]) * share / share1
                 comp1 *= straggler_factor(t1, p90_1, int(n))
                 try:
-                    p = predict_step(comp1, bks, int(n), nodes, intra, inter, "weak", 1.0,
-                                     overlap=not busy, data_s=0.0)
+                    p = predict_step(comp1, bks, int(n), nodes, intra, inter, "weak", 1.0, overlap=not busy, data_s=0.0)
                 except ValueError:
                     continue
                 pred = p["step_s"] + data1
                 meas = float(pts["step_ms"].median()) / 1e3
-                rows.append({"mode": mode, "series": name, "system": system, "backend": backend, "gpus": int(n),
-                             "nodes": nodes, "per_rank_batch": int(p0["per_rank_batch"]), "repeats": len(pts),
-                             "measured_step_ms": 1e3 * meas, "measured_step_ms_min": float(pts["step_ms"].min()),
-                             "measured_step_ms_max": float(pts["step_ms"].max()), "predicted_step_ms": 1e3 * pred,
-                             "error": pred / meas - 1 if n > 1 else None,
-                             "measured_efficiency": _eff(t1, meas, p0, b0),
-                             "predicted_efficiency": _eff(t1, pred, p0, b0),
-                             "compute_ms": 1e3 * p["compute_s"], "comm_ms": 1e3 * p["comm_s"],
-                             "exposed_ms": 1e3 * p["exposed_comm_s"], "cpu_share": share / share1,
-                             "probe_exposed_ms": float(pts["exposed_comm_ms"].median())
-                             if "exposed_comm_ms" in pts and pts["exposed_comm_ms"].notna().any() else None,
-                             "algorithm": p["algorithm"]})
+                rows.append(
+                    {
+                        "mode": mode,
+                        "series": name,
+                        "system": system,
+                        "backend": backend,
+                        "gpus": int(n),
+                        "nodes": nodes,
+                        "per_rank_batch": int(p0["per_rank_batch"]),
+                        "repeats": len(pts),
+                        "measured_step_ms": 1e3 * meas,
+                        "measured_step_ms_min": float(pts["step_ms"].min()),
+                        "measured_step_ms_max": float(pts["step_ms"].max()),
+                        "predicted_step_ms": 1e3 * pred,
+                        "error": pred / meas - 1 if n > 1 else None,
+                        "measured_efficiency": _eff(t1, meas, p0, b0),
+                        "predicted_efficiency": _eff(t1, pred, p0, b0),
+                        "compute_ms": 1e3 * p["compute_s"],
+                        "comm_ms": 1e3 * p["comm_s"],
+                        "exposed_ms": 1e3 * p["exposed_comm_s"],
+                        "cpu_share": share / share1,
+                        "probe_exposed_ms": float(pts["exposed_comm_ms"].median())
+                        if "exposed_comm_ms" in pts and pts["exposed_comm_ms"].notna().any()
+                        else None,
+                        "algorithm": p["algorithm"],
+                    }
+                )
     return pd.DataFrame(rows, columns=VALIDATION_COLUMNS)
 
 
@@ -448,20 +570,29 @@ def fit_main(argv: list[str]) -> int:
 
 
 def predict_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="lab comm predict", description="predict data-parallel steps from a "
-                                 "1-rank run record and commbench fits")
+    ap = argparse.ArgumentParser(
+        prog="lab comm predict", description="predict data-parallel steps from a 1-rank run record and commbench fits"
+    )
     ap.add_argument("--run", type=Path, required=True, help="a complete 1-rank run record (results/runs/<id>)")
     ap.add_argument("--gpus", default="1,2,4,8", help="rank counts to predict, comma-separated")
     ap.add_argument("--gpus_per_node", type=int, default=2, help="ranks per node")
     ap.add_argument("--comm", type=Path, default=results_home() / "comm", help="commbench records")
     ap.add_argument("--backend", default=None, help="backend of the fits to use (default: the run's)")
-    ap.add_argument("--system", default=None, help="system whose fits to use (default: the one the run was "
-                                                   "measured on; `lab comm fit` lists them)")
-    ap.add_argument("--mode", choices=("weak", "strong"), default=None,
-                    help="default: from the multi-rank runs beside the 1-rank one (same label)")
+    ap.add_argument(
+        "--system",
+        default=None,
+        help="system whose fits to use (default: the one the run was measured on; `lab comm fit` lists them)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("weak", "strong"),
+        default=None,
+        help="default: from the multi-rank runs beside the 1-rank one (same label)",
+    )
     ap.add_argument("--cores", type=int, default=usable_cores(), help="CPU cores per node (core sharing)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="compute threads per CPU rank (default: what the 1-rank run used)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="compute threads per CPU rank (default: what the 1-rank run used)"
+    )
     a = ap.parse_args(argv)
     try:
         ranks = [int(x) for x in a.gpus.split(",")]
@@ -469,22 +600,33 @@ def predict_main(argv: list[str]) -> int:
         raise ConfigError(f"--gpus {a.gpus!r}: give rank counts such as 1,2,4") from None
     run = run_inputs(a.run)
     mode, mode_from = (a.mode, "--mode") if a.mode else scaling_mode(a.run, run)
-    threads, threads_from = ((a.threads, "--threads") if a.threads else
-                             (run["threads"], "the run record (rank 0's threads)") if run["threads"] else
-                             (1, "no threads in the run record"))
+    threads, threads_from = (
+        (a.threads, "--threads")
+        if a.threads
+        else (run["threads"], "the run record (rank 0's threads)")
+        if run["threads"]
+        else (1, "no threads in the run record")
+    )
     backend, backend_from = (a.backend, "--backend") if a.backend else (run["backend"] or "gloo", "the run record")
     system = run["system"] if a.system is None else a.system
-    print(f"# from {a.run}: mode {mode} ({mode_from}); threads per rank {threads} ({threads_from}); "
-          f"backend {backend} ({backend_from}); system {system}; {a.cores} cores per node")
-    rows = predict(run, ranks, a.gpus_per_node, _fitted_from(a.comm), backend, mode, a.cores, system=system,
-                   threads=threads)
-    print(f"{'ranks':>6} {'nodes':>6} {'step_ms':>9} {'compute_ms':>11} {'comm_ms':>9} {'exposed_ms':>11} "
-          f"{'samples/s':>10} {'eff':>6}  algorithm")
+    print(
+        f"# from {a.run}: mode {mode} ({mode_from}); threads per rank {threads} ({threads_from}); "
+        f"backend {backend} ({backend_from}); system {system}; {a.cores} cores per node"
+    )
+    rows = predict(
+        run, ranks, a.gpus_per_node, _fitted_from(a.comm), backend, mode, a.cores, system=system, threads=threads
+    )
+    print(
+        f"{'ranks':>6} {'nodes':>6} {'step_ms':>9} {'compute_ms':>11} {'comm_ms':>9} {'exposed_ms':>11} "
+        f"{'samples/s':>10} {'eff':>6}  algorithm"
+    )
     for r in rows:
         sps = f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-"
-        print(f"{r['ranks']:>6} {r['nodes']:>6} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>11.2f} "
-              f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_comm_s']:>11.2f} {sps:>10} {r['efficiency']:>6.2f}  "
-              f"{r['algorithm']}")
+        print(
+            f"{r['ranks']:>6} {r['nodes']:>6} {1e3 * r['step_s']:>9.2f} {1e3 * r['compute_s']:>11.2f} "
+            f"{1e3 * r['comm_s']:>9.2f} {1e3 * r['exposed_comm_s']:>11.2f} {sps:>10} {r['efficiency']:>6.2f}  "
+            f"{r['algorithm']}"
+        )
     return 0
 
 
@@ -498,38 +640,49 @@ def write_markdown(path: Path, table, runs, args) -> None:
     from kernels.base.files import atomic_write_bytes
 
     used = runs[runs["run_id"].notna()]
-    lines = ["# Step predictor: predicted against measured step time", "",
-             f"Generated by `python -m kernels.comm validate --markdown {path}` on "
-             f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(used)} run records "
-             f"({args.runs}) and the commbench records in {args.comm}.",
-             f"Devices: {', '.join(sorted(used['device'].unique()))}; torch "
-             f"{', '.join(sorted(used['torch'].unique()))}; "
-             f"systems: {', '.join(sorted(table['system'].unique()))}; physical hosts of "
-             f"{', '.join(str(int(c)) for c in sorted(used['host_cores'].dropna().unique()))} cores, up to "
-             f"{int(used['ranks_per_host'].max())} ranks on one host (emulated Slurm nodes may share a machine).", "",
-             "Probe exposed ms: the run's own measurement of the all-reduce time backward did not hide (fwd+bwd "
-             "with minus without gradient sync, after training); the model's counterpart is 'exposed ms'.", "",
-             "Measured: median step time over repeats (each run's median over its timed steps, slowest rank per "
-             "step), min-max over repeats in brackets. Error: predicted / measured - 1.", "",
-             "| series | ranks | nodes | repeats | measured "
-             "ms | predicted ms | error | eff. measured | eff. predicted |"
-             " compute ms | all-reduce ms | exposed ms | probe exposed ms | algorithm |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "# Step predictor: predicted against measured step time",
+        "",
+        f"Generated by `python -m kernels.comm validate --markdown {path}` on "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(used)} run records "
+        f"({args.runs}) and the commbench records in {args.comm}.",
+        f"Devices: {', '.join(sorted(used['device'].unique()))}; torch "
+        f"{', '.join(sorted(used['torch'].unique()))}; "
+        f"systems: {', '.join(sorted(table['system'].unique()))}; physical hosts of "
+        f"{', '.join(str(int(c)) for c in sorted(used['host_cores'].dropna().unique()))} cores, up to "
+        f"{int(used['ranks_per_host'].max())} ranks on one host (emulated Slurm nodes may share a machine).",
+        "",
+        "Probe exposed ms: the run's own measurement of the all-reduce time backward did not hide (fwd+bwd "
+        "with minus without gradient sync, after training); the model's counterpart is 'exposed ms'.",
+        "",
+        "Measured: median step time over repeats (each run's median over its timed steps, slowest rank per "
+        "step), min-max over repeats in brackets. Error: predicted / measured - 1.",
+        "",
+        "| series | ranks | nodes | repeats | measured "
+        "ms | predicted ms | error | eff. measured | eff. predicted |"
+        " compute ms | all-reduce ms | exposed ms | probe exposed ms | algorithm |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for _, r in table.iterrows():
         err = f"{100 * r['error']:+.1f} %" if r["error"] is not None and r["error"] == r["error"] else "(base)"
-        lines.append(f"| {r['series']} | {r['gpus']} | {r['nodes']} | {r['repeats']} | {r['measured_step_ms']:.1f} "
-                     f"({r['measured_step_ms_min']:.1f}-{r['measured_step_ms_max']:.1f}) | "
-                     f"{r['predicted_step_ms']:.1f} | {err} | {r['measured_efficiency']:.2f} | "
-                     f"{r['predicted_efficiency']:.2f} | {r['compute_ms']:.1f} | {r['comm_ms']:.2f} | "
-                     f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} |")
+        lines.append(
+            f"| {r['series']} | {r['gpus']} | {r['nodes']} | {r['repeats']} | {r['measured_step_ms']:.1f} "
+            f"({r['measured_step_ms_min']:.1f}-{r['measured_step_ms_max']:.1f}) | "
+            f"{r['predicted_step_ms']:.1f} | {err} | {r['measured_efficiency']:.2f} | "
+            f"{r['predicted_efficiency']:.2f} | {r['compute_ms']:.1f} | {r['comm_ms']:.2f} | "
+            f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} |"
+        )
     atomic_write_bytes(Path(path), ("\n".join(lines) + "\n").encode())
 
 
 def validate_main(argv: list[str]) -> int:
     from kernels.analysis.runs import load_runs
 
-    ap = argparse.ArgumentParser(prog="lab comm validate", description="predicted against measured step times of "
-                                 "every series with a 1-rank point and commbench fits on the same system")
+    ap = argparse.ArgumentParser(
+        prog="lab comm validate",
+        description="predicted against measured step times of "
+        "every series with a 1-rank point and commbench fits on the same system",
+    )
     ap.add_argument("--runs", type=Path, default=results_home() / "runs", help="run records")
     ap.add_argument("--comm", type=Path, default=results_home() / "comm", help="commbench records")
     ap.add_argument("--label", action="append", default=[], help="only runs with this label or study (repeatable)")
@@ -539,21 +692,27 @@ def validate_main(argv: list[str]) -> int:
     runs, _, _ = load_runs(a.runs, {"labels": a.label, "studies": a.label} if a.label else None)
     table = validation(runs, load_comm_records(a.comm))
     if table.empty:
-        raise ConfigError(f"no series to validate in {a.runs}: it needs a 1-rank run and multi-rank runs of the same "
-                          f"configuration, and commbench all_reduce records of the same system and backend in {a.comm}")
+        raise ConfigError(
+            f"no series to validate in {a.runs}: it needs a 1-rank run and multi-rank runs of the same "
+            f"configuration, and commbench all_reduce records of the same system and backend in {a.comm}"
+        )
     if a.markdown:
         write_markdown(a.markdown, table, runs, a)
         print(f"wrote {a.markdown}")
     if a.json:
         print(table.to_json(orient="records", indent=2))
         return 0
-    print(f"{'series':<44} {'ranks':>5} {'nodes':>5} {'measured_ms':>12} {'predicted_ms':>13} {'error':>7} "
-          f"{'eff_meas':>8} {'eff_pred':>8}  system/backend")
+    print(
+        f"{'series':<44} {'ranks':>5} {'nodes':>5} {'measured_ms':>12} {'predicted_ms':>13} {'error':>7} "
+        f"{'eff_meas':>8} {'eff_pred':>8}  system/backend"
+    )
     for _, r in table.iterrows():
         err = f"{100 * r['error']:+.1f}%" if r["error"] is not None and r["error"] == r["error"] else "base"
-        print(f"{r['series'][:44]:<44} {r['gpus']:>5} {r['nodes']:>5} {r['measured_step_ms']:>12.2f} "
-              f"{r['predicted_step_ms']:>13.2f} {err:>7} {r['measured_efficiency']:>8.2f} "
-              f"{r['predicted_efficiency']:>8.2f}  {r['system']}/{r['backend']}")
+        print(
+            f"{r['series'][:44]:<44} {r['gpus']:>5} {r['nodes']:>5} {r['measured_step_ms']:>12.2f} "
+            f"{r['predicted_step_ms']:>13.2f} {err:>7} {r['measured_efficiency']:>8.2f} "
+            f"{r['predicted_efficiency']:>8.2f}  {r['system']}/{r['backend']}"
+        )
     return 0
 
 

@@ -5,6 +5,7 @@ documents call it, how its files are verified before a run, and the command that
 fetches it. A workload lists the ones it takes; `check_dataset` runs their check
 before any process starts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ def _check_mnist(name: str) -> Callable[[Path], None]:
         from kernels.data import mnist
 
         mnist.verify(name, root)
+
     return check
 
 
@@ -39,6 +41,7 @@ def _check_traffic(name: str) -> Callable[[Path], None]:
         from kernels.data import traffic
 
         traffic.check(name, root)
+
     return check
 
 
@@ -50,31 +53,54 @@ def _check_digits(root: Path) -> None:
 
 @dataclass(frozen=True)
 class DataSet:
-    title: str                                  # how the documents name it
-    verified: str                               # how its files are checked before a run ("" when no files)
+    title: str  # how the documents name it
+    verified: str  # how its files are checked before a run ("" when no files)
     check: Callable[[Path], None] | None = None  # cheap presence/integrity check before any work
-    fetch: str = ""                             # the command that fetches it ("" when it needs none)
+    fetch: str = ""  # the command that fetches it ("" when it needs none)
     num_classes: int = 10
-    streamed: bool = False                       # read from disk during training (pipeline=stream), not resident
+    streamed: bool = False  # read from disk during training (pipeline=stream), not resident
 
 
 # Every data set the lab reads; the documents list them from here, never by hand.
 DATASETS: dict[str, DataSet] = {
-    "cifar10": DataSet("CIFAR-10", "md5 of the official tarball and of every batch file", _check_cifar10,
-                       "lab fetch cifar10"),
-    "mnist": DataSet("MNIST", "sha256 of the four decompressed IDX files, md5 of the official .gz",
-                     _check_mnist("mnist"), "lab fetch mnist"),
-    "fashion-mnist": DataSet("Fashion-MNIST", "sha256 of the four decompressed IDX files",
-                             _check_mnist("fashion-mnist"), "lab fetch fashion-mnist"),
-    "bigmnist": DataSet("bigMNIST (MNIST augmented and replicated to 72 M samples, in shards)",
-                        "size and .npy header of every shard against the manifest before a run; sha256 of every "
-                        "shard with `lab bigmnist verify`", _check_bigmnist, "lab bigmnist build", streamed=True),
+    "cifar10": DataSet(
+        "CIFAR-10", "md5 of the official tarball and of every batch file", _check_cifar10, "lab fetch cifar10"
+    ),
+    "mnist": DataSet(
+        "MNIST",
+        "sha256 of the four decompressed IDX files, md5 of the official .gz",
+        _check_mnist("mnist"),
+        "lab fetch mnist",
+    ),
+    "fashion-mnist": DataSet(
+        "Fashion-MNIST",
+        "sha256 of the four decompressed IDX files",
+        _check_mnist("fashion-mnist"),
+        "lab fetch fashion-mnist",
+    ),
+    "bigmnist": DataSet(
+        "bigMNIST (MNIST augmented and replicated to 72 M samples, in shards)",
+        "size and .npy header of every shard against the manifest before a run; sha256 of every "
+        "shard with `lab bigmnist verify`",
+        _check_bigmnist,
+        "lab bigmnist build",
+        streamed=True,
+    ),
     "digits": DataSet("the 1,797 UCI handwritten digits embedded in scikit-learn", "", _check_digits),
-    "metr-la": DataSet("METR-LA (207 Los Angeles traffic sensors)",
-                       "structure of both files and matching sensors, before a run",
-                       _check_traffic("metr-la"), "lab fetch metr-la --from DIR", num_classes=0),
-    "pems-bay": DataSet("PEMS-BAY (325 Bay Area traffic sensors)",
-                        "as METR-LA", _check_traffic("pems-bay"), "lab fetch pems-bay --from DIR", num_classes=0),
+    "metr-la": DataSet(
+        "METR-LA (207 Los Angeles traffic sensors)",
+        "structure of both files and matching sensors, before a run",
+        _check_traffic("metr-la"),
+        "lab fetch metr-la --from DIR",
+        num_classes=0,
+    ),
+    "pems-bay": DataSet(
+        "PEMS-BAY (325 Bay Area traffic sensors)",
+        "as METR-LA",
+        _check_traffic("pems-bay"),
+        "lab fetch pems-bay --from DIR",
+        num_classes=0,
+    ),
     "synthetic": DataSet("synthetic images or traffic series", ""),
 }
 

@@ -29,6 +29,7 @@ Idempotent and resumable: a shard is written to a temporary name, fsynced and re
 then its sidecar shard-NNNNN.done (size and sha256) is written; a shard without a
 sidecar, or whose sha256 no longer matches, is rebuilt; verified shards are skipped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,11 +60,12 @@ MIB = 2**20
 @dataclass(frozen=True)
 class Spec:
     """What a build makes; every field is in the manifest, and a different value is a different data set."""
+
     source: str = "mnist"
-    source_samples: int = 0          # use the first N training images (0: all 60,000); for small test sets
+    source_samples: int = 0  # use the first N training images (0: all 60,000); for small test sets
     versions: int = 6
     replicas: int = 200
-    shard_samples: int = 320_000     # 251 MB (239.6 MiB) per shard
+    shard_samples: int = 320_000  # 251 MB (239.6 MiB) per shard
     seed: int = 0
     flip: bool = True
     rotate_deg: float = 15.0
@@ -109,7 +111,7 @@ def displacement_fields(noise: torch.Tensor, sigma: float, alpha: float) -> torc
 def expected_rms_displacement(sigma: float, alpha: float) -> float:
     """RMS of one component of an interior displacement: alpha * std(U(-1,1)) * ||k2d||_2."""
     k = gaussian_kernel(sigma).double()
-    return alpha * (1 / math.sqrt(3)) * float((k ** 2).sum())
+    return alpha * (1 / math.sqrt(3)) * float((k**2).sum())
 
 
 def augment(images: torch.Tensor, spec: Spec, g: torch.Generator) -> torch.Tensor:
@@ -127,8 +129,11 @@ def augment(images: torch.Tensor, spec: Spec, g: torch.Generator) -> torch.Tenso
     disp = displacement_fields(noise, spec.elastic_sigma, spec.elastic_alpha) if spec.elastic_alpha else noise * 0
     # output pixel p (centred pixel coordinates) samples the source at A (p + d(p)): the elastic field
     # displaces the output grid, then the inverse affine map (rotation, shear, scale, flip) takes it to the source.
-    ys, xs = torch.meshgrid(torch.arange(h, device=dev, dtype=torch.float32) - (h - 1) / 2,
-                            torch.arange(w, device=dev, dtype=torch.float32) - (w - 1) / 2, indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(h, device=dev, dtype=torch.float32) - (h - 1) / 2,
+        torch.arange(w, device=dev, dtype=torch.float32) - (w - 1) / 2,
+        indexing="ij",
+    )
     px = xs[None] + disp[:, 0]
     py = ys[None] + disp[:, 1]
     cos, sin = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
@@ -146,8 +151,9 @@ def _chunk_generator(spec: Spec, version: int, chunk: int, device: torch.device)
     return torch.Generator(device=device).manual_seed(((spec.seed * 1_000_003 + version) * 1_000_033 + chunk) % 2**63)
 
 
-def augmented_set(x: np.ndarray, y: np.ndarray, spec: Spec, device: torch.device,
-                  progress=None) -> tuple[np.ndarray, np.ndarray]:
+def augmented_set(
+    x: np.ndarray, y: np.ndarray, spec: Spec, device: torch.device, progress=None
+) -> tuple[np.ndarray, np.ndarray]:
     """All versions x N augmented images (uint8 V*N, 28, 28) and their labels, version-major."""
     n = len(x)
     out = np.empty((spec.versions * n, 28, 28), dtype=np.uint8)
@@ -155,7 +161,7 @@ def augmented_set(x: np.ndarray, y: np.ndarray, spec: Spec, device: torch.device
     for v in range(spec.versions):
         for c in range(math.ceil(n / CHUNK)):
             lo, hi = c * CHUNK, min(n, (c + 1) * CHUNK)
-            out[v * n + lo:v * n + hi] = augment(src[lo:hi], spec, _chunk_generator(spec, v, c, device)).cpu().numpy()
+            out[v * n + lo : v * n + hi] = augment(src[lo:hi], spec, _chunk_generator(spec, v, c, device)).cpu().numpy()
         if progress:
             progress(v + 1)
     return out, np.tile(y, spec.versions)
@@ -173,8 +179,9 @@ def shard_name(i: int) -> str:
 
 def npy_header(n: int) -> bytes:
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(RECORD),
-                                               "fortran_order": False, "shape": (n,)})
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(RECORD), "fortran_order": False, "shape": (n,)}
+    )
     return buf.getvalue()
 
 
@@ -283,9 +290,10 @@ def _source_arrays(spec: Spec, data_root: Path):
     x, y = arrays["train"]
     if spec.source_samples:
         if spec.source_samples > len(x):
-            raise ConfigError(f"--source-samples: {spec.source} has {len(x)} training images, "
-                              f"asked for {spec.source_samples}")
-        x, y = x[:spec.source_samples], y[:spec.source_samples]
+            raise ConfigError(
+                f"--source-samples: {spec.source} has {len(x)} training images, asked for {spec.source_samples}"
+            )
+        x, y = x[: spec.source_samples], y[: spec.source_samples]
     return x[:, 0], y.astype(np.uint8), arrays["test"][0][:, 0], arrays["test"][1].astype(np.uint8)
 
 
@@ -293,8 +301,9 @@ def human_bytes(b: float) -> str:
     return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / MIB:.1f} MiB"
 
 
-def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
-          device: torch.device | None = None, log=print) -> dict:
+def build(
+    out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1, device: torch.device | None = None, log=print
+) -> dict:
     """Build this task's shards (all of them with tasks=1); write the manifest when every shard is done.
 
     Returns a summary: shards built and skipped, samples and bytes written, rates.
@@ -308,42 +317,53 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
     if spec_file.exists():
         old = json.loads(spec_file.read_text())
         if old != asdict(spec):
-            raise ConfigError(f"--out: {out} holds a bigMNIST built with other parameters "
-                              f"({_spec_diff(old, asdict(spec))}); pass the same parameters to finish or repair "
-                              f"it, choose another --out, or delete that set")
+            raise ConfigError(
+                f"--out: {out} holds a bigMNIST built with other parameters "
+                f"({_spec_diff(old, asdict(spec))}); pass the same parameters to finish or repair "
+                f"it, choose another --out, or delete that set"
+            )
     xs, ys, xt, yt = _source_arrays(spec, data_root)
     lay = Layout.of(spec, len(xs))
     mine = task_shards(lay.shards, task, tasks)
     if out.is_dir():  # what a killed attempt of this task left half-written (this task owns these shards)
         for tmp in out.glob(".shard-*.npy.tmp-*"):
-            if int(tmp.name[len(".shard-"):].split(".")[0]) in mine:
+            if int(tmp.name[len(".shard-") :].split(".")[0]) in mine:
                 tmp.unlink(missing_ok=True)
     todo = [i for i in mine if not shard_is_complete(out, i, _count(lay, spec, i))] if out.is_dir() else list(mine)
     skipped = len(mine) - len(todo)
     full = shard_bytes(spec.shard_samples)
-    need = sum(full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i))
-               for i in todo) + (shard_bytes(len(yt)) if task == 0 else 0)
+    need = sum(
+        full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i)) for i in todo
+    ) + (shard_bytes(len(yt)) if task == 0 else 0)
     _, free = free_space(out)
     if need > free:
         has, needs = sizes(free, need)
-        raise ConfigError(f"--out: {out} has {has} free but this build needs {needs} "
-                          f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
-                          f"choose another --out, or build fewer --replicas")
+        raise ConfigError(
+            f"--out: {out} has {has} free but this build needs {needs} "
+            f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
+            f"choose another --out, or build fewer --replicas"
+        )
     out.mkdir(parents=True, exist_ok=True)
     if not spec_file.exists():
         _write_json(spec_file, asdict(spec))  # every task writes the same bytes
     total_bytes = (lay.shards - 1) * full + shard_bytes(_count(lay, spec, lay.shards - 1))
-    log(f"bigmnist: {lay.total:,} samples ({spec.versions} versions x {len(xs):,} {spec.source} images x "
+    log(
+        f"bigmnist: {lay.total:,} samples ({spec.versions} versions x {len(xs):,} {spec.source} images x "
         f"{spec.replicas} replicas) in {lay.shards} shards, {human_bytes(total_bytes)}; "
         f"task {task}/{tasks}: shards {mine.start}-{mine.stop - 1}, {len(todo)} to build, {skipped} "
         "verified and skipped; "
-        f"device {device.type}")
+        f"device {device.type}"
+    )
     t0 = time.perf_counter()
     written_samples = written_bytes = 0
     if todo:
-        aug_x, aug_y = augmented_set(xs, ys, spec, device,
-                                     progress=lambda v: log(f"  augmented version {v}/{spec.versions} "
-                                                            f"({time.perf_counter() - t0:.1f} s)"))
+        aug_x, aug_y = augmented_set(
+            xs,
+            ys,
+            spec,
+            device,
+            progress=lambda v: log(f"  augmented version {v}/{spec.versions} ({time.perf_counter() - t0:.1f} s)"),
+        )
         perm = global_permutation(lay.total, spec.seed)
         t_write = time.perf_counter()
         for k, i in enumerate(todo):
@@ -355,23 +375,38 @@ def build(out: Path, spec: Spec, data_root: Path, task: int = 0, tasks: int = 1,
             written_bytes += meta["bytes"]
             el = time.perf_counter() - t_write
             eta = el / (k + 1) * (len(todo) - k - 1)
-            log(f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, "
+            log(
+                f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, "
                 f"{human_bytes(meta['bytes'])}; "
-                f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s")
+                f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s"
+            )
         stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
         _write_json(out / ".build-stats.json", stats)
     if task == 0 and not _complete(out / "test.npy", out / "test.done", len(yt), check_sha=False):
         meta = write_records(out / "test.npy", xt, yt)
         _write_json(out / "test.done", meta)
     dt = time.perf_counter() - t0
-    log(f"bigmnist: task {task}/{tasks} done in {dt:.1f} s: {written_samples:,} samples, {human_bytes(written_bytes)} "
+    log(
+        f"bigmnist: task {task}/{tasks} done in {dt:.1f} s: {written_samples:,} samples, {human_bytes(written_bytes)} "
         f"written ({written_samples / dt if dt else 0:,.0f} samples/s, {written_bytes / MIB / dt if dt else 0:,.1f} "
-        "MiB/s)")
+        "MiB/s)"
+    )
     manifest = finish(out, spec, lay, len(yt), device)
-    log(f"bigmnist: manifest written: {out / MANIFEST}" if manifest else
-        "bigmnist: other tasks' shards are not all done yet; the last task to finish writes the manifest")
-    return {"task": task, "tasks": tasks, "built": len(todo), "skipped": skipped, "samples": written_samples,
-            "bytes": written_bytes, "seconds": dt, "manifest": bool(manifest)}
+    log(
+        f"bigmnist: manifest written: {out / MANIFEST}"
+        if manifest
+        else "bigmnist: other tasks' shards are not all done yet; the last task to finish writes the manifest"
+    )
+    return {
+        "task": task,
+        "tasks": tasks,
+        "built": len(todo),
+        "skipped": skipped,
+        "samples": written_samples,
+        "bytes": written_bytes,
+        "seconds": dt,
+        "manifest": bool(manifest),
+    }
 
 
 def _count(lay: Layout, spec: Spec, i: int) -> int:
@@ -395,10 +430,19 @@ def finish(out: Path, spec: Spec, lay: Layout, test_n: int, device: torch.device
         return None
     stats = json.loads((out / ".build-stats.json").read_text())
     manifest = {
-        "format": FORMAT, "spec": asdict(spec), "samples": lay.total, "augmented_images": lay.augmented,
-        "record_bytes": RECORD_BYTES, "record_dtype": str(RECORD.descr), "image_shape": [1, 28, 28],
-        "num_classes": 10, "mean": stats["mean"], "std": stats["std"],
-        "bytes": sum(m["bytes"] for m in metas), "shards": metas, "test": json.loads((out / "test.done").read_text()),
+        "format": FORMAT,
+        "spec": asdict(spec),
+        "samples": lay.total,
+        "augmented_images": lay.augmented,
+        "record_bytes": RECORD_BYTES,
+        "record_dtype": str(RECORD.descr),
+        "image_shape": [1, 28, 28],
+        "num_classes": 10,
+        "mean": stats["mean"],
+        "std": stats["std"],
+        "bytes": sum(m["bytes"] for m in metas),
+        "shards": metas,
+        "test": json.loads((out / "test.done").read_text()),
         "built_with": {"device_type": device.type, "torch": torch.__version__, "numpy": np.__version__},
     }
     _write_json(out / MANIFEST, manifest)
@@ -416,14 +460,18 @@ def load_manifest(data_dir: Path) -> tuple[Path, dict]:
     d = resolve(data_dir)
     path = d / MANIFEST
     if not path.is_file():
-        raise ConfigError(f"dataset 'bigmnist': {path} not found: {Path(data_dir)} is not a built bigMNIST set. "
-                          f"Build one with `lab bigmnist build --out {d}` (or `lab bigmnist submit` as a job array), "
-                          f"or pass data_dir=<a built set>")
+        raise ConfigError(
+            f"dataset 'bigmnist': {path} not found: {Path(data_dir)} is not a built bigMNIST set. "
+            f"Build one with `lab bigmnist build --out {d}` (or `lab bigmnist submit` as a job array), "
+            f"or pass data_dir=<a built set>"
+        )
     try:
         manifest = json.loads(path.read_text())
     except ValueError as e:
-        raise ConfigError(f"dataset 'bigmnist': {path} is not valid JSON ({e}); rebuild with "
-                          f"`lab bigmnist build --out {d}` (finished shards are kept)")
+        raise ConfigError(
+            f"dataset 'bigmnist': {path} is not valid JSON ({e}); rebuild with "
+            f"`lab bigmnist build --out {d}` (finished shards are kept)"
+        )
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"dataset 'bigmnist': {path} has format {manifest.get('format')!r}, this lab reads {FORMAT}")
     return d, manifest
@@ -439,13 +487,17 @@ def check(data_dir: Path) -> tuple[Path, dict, list[int]]:
     for meta in manifest["shards"] + [manifest["test"]]:
         path = d / meta["name"]
         if not path.is_file():
-            raise ConfigError(f"dataset 'bigmnist': {path} is missing (the manifest lists it); rebuild with "
-                              f"`lab bigmnist build --out {d}` using the manifest's parameters")
+            raise ConfigError(
+                f"dataset 'bigmnist': {path} is missing (the manifest lists it); rebuild with "
+                f"`lab bigmnist build --out {d}` using the manifest's parameters"
+            )
         size = path.stat().st_size
         if size != meta["bytes"]:
-            raise ConfigError(f"dataset 'bigmnist': {path} has {size:,} bytes, the manifest says {meta['bytes']:,}; "
-                              f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` "
-                              "and rebuild it")
+            raise ConfigError(
+                f"dataset 'bigmnist': {path} has {size:,} bytes, the manifest says {meta['bytes']:,}; "
+                f"the shard is truncated or replaced. Check with `lab bigmnist verify {d}` "
+                "and rebuild it"
+            )
         n, offset = read_header(path)
         if n != meta["samples"]:
             raise ConfigError(f"dataset 'bigmnist': {path} holds {n} records, the manifest says {meta['samples']}")

@@ -15,6 +15,7 @@ nothing (anyone who can write the folder could write it too). The batches are
 read by the data-only unpickler (kernels.base.safe_pickle), so even a file that got
 past the check cannot run code.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -59,7 +60,8 @@ def verify(root: Path, expected: dict[str, str] = OFFICIAL_MD5) -> Path:
         raise ConfigError(
             f"dataset 'cifar10': {d} does not exist. Fetch it once with `{FETCH_CMD} --root {root}` "
             f"(needs network; or copy the official {TARBALL} into {d.parent} and run the same command), "
-            f"or use dataset=digits (embedded) or dataset=synthetic")
+            f"or use dataset=digits (embedded) or dataset=synthetic"
+        )
     for name in (*TRAIN_FILES, *TEST_FILES, META_FILE):
         path = d / name
         if not path.exists():
@@ -68,7 +70,8 @@ def verify(root: Path, expected: dict[str, str] = OFFICIAL_MD5) -> Path:
         if got != expected.get(name):
             raise ConfigError(
                 f"dataset 'cifar10': checksum mismatch for {path} (md5 {got}, expected {expected.get(name)}); "
-                f"the file is corrupt or altered: re-run `{FETCH_CMD} --root {root} --force`")
+                f"the file is corrupt or altered: re-run `{FETCH_CMD} --root {root} --force`"
+            )
     return d
 
 
@@ -77,8 +80,10 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         try:
             entry = safe_pickle.load(f, encoding="bytes")
         except safe_pickle.RefusedPickle as e:
-            raise ConfigError(f"dataset 'cifar10': refused to read {path}: {e}. A CIFAR-10 batch holds arrays, "
-                              f"lists and strings only; re-run `{FETCH_CMD} --force`") from None
+            raise ConfigError(
+                f"dataset 'cifar10': refused to read {path}: {e}. A CIFAR-10 batch holds arrays, "
+                f"lists and strings only; re-run `{FETCH_CMD} --force`"
+            ) from None
     if not isinstance(entry, dict) or b"data" not in entry or b"labels" not in entry:
         raise ConfigError(f"dataset 'cifar10': {path} is not a CIFAR-10 batch (no b'data' and b'labels')")
     data = np.asarray(entry[b"data"], dtype=np.uint8)
@@ -88,8 +93,9 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels
 
 
-def read(root: Path, check: bool = True, expected: dict[str, str] = OFFICIAL_MD5
-         ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read(
+    root: Path, check: bool = True, expected: dict[str, str] = OFFICIAL_MD5
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{'train': (x uint8 N,3,32,32, y int64 N), 'test': (...)} from the extracted batches."""
     d = verify(root, expected) if check else batch_dir(root)
     out = {}
@@ -112,13 +118,18 @@ def fetch(root: Path, url: str = URL, md5: str = TARBALL_MD5, force: bool = Fals
     if not force and (base / BATCH_DIR).is_dir():
         return verify(root) if official else base / BATCH_DIR
     if not tarball.exists():
-        download(url, tarball, what="dataset 'cifar10'",
-                 offline_hint=f"copy {TARBALL} (md5 {TARBALL_MD5}) into {base} and run `{FETCH_CMD}` again")
+        download(
+            url,
+            tarball,
+            what="dataset 'cifar10'",
+            offline_hint=f"copy {TARBALL} (md5 {TARBALL_MD5}) into {base} and run `{FETCH_CMD}` again",
+        )
     got = md5sum(tarball)
     if got != md5:
         raise ConfigError(
             f"dataset 'cifar10': checksum mismatch for {tarball} (md5 {got}, expected {md5}); "
-            f"delete it and run `{FETCH_CMD}` again")
+            f"delete it and run `{FETCH_CMD}` again"
+        )
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         with tarfile.open(tarball, "r:gz") as tf:
             tf.extractall(tmp, filter="data")
@@ -131,8 +142,8 @@ def fetch(root: Path, url: str = URL, md5: str = TARBALL_MD5, force: bool = Fals
                 raise ConfigError(f"dataset 'cifar10': {tarball} lacks {BATCH_DIR}/{name}")
             got = md5sum(path)
             if official and got != OFFICIAL_MD5[name]:
-                raise ConfigError(f"dataset 'cifar10': {name} in the official tarball has md5 {got}, "
-                                  f"expected {OFFICIAL_MD5[name]}")
+                raise ConfigError(
+                    f"dataset 'cifar10': {name} in the official tarball has md5 {got}, expected {OFFICIAL_MD5[name]}"
+                )
         extracted.replace(base / BATCH_DIR)
     return verify(root) if official else base / BATCH_DIR
-

@@ -1,4 +1,5 @@
 """Downloads with progress, from the first mirror that answers, and checksums of files."""
+
 from __future__ import annotations
 
 import hashlib

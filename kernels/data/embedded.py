@@ -11,6 +11,7 @@ shape the model expects. A fixed split (seed 0, independent of the run's seed):
 synthetic: uniform random uint8 images and labels of the workload's shape
 (50,000 train, 10,000 test at most), generated from a fixed seed; for throughput runs.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -28,8 +29,10 @@ SPLIT_SEED = 0
 def digits_csv() -> Path:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("dataset 'digits': scikit-learn (which carries the embedded digits) is not installed; "
-                          "run `make setup` or `pip install scikit-learn`")
+        raise ConfigError(
+            "dataset 'digits': scikit-learn (which carries the embedded digits) is not installed; "
+            "run `make setup` or `pip install scikit-learn`"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
     if not path.exists():
         raise ConfigError(f"dataset 'digits': {path} not found in the installed scikit-learn")

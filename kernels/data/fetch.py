@@ -9,6 +9,7 @@ the official files from a directory (MNIST, Fashion-MNIST; e.g. Debian's
 dataset-fashion-mnist package installs them in /usr/share/datasets/fashion-mnist),
 or copy the CIFAR-10 tarball into <root>/cifar10/ and run the same command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="lab fetch", description=__doc__.split("\n")[0])
     p.add_argument("dataset", choices=FETCHABLE, help="data set to fetch (digits and synthetic need none)")
     p.add_argument("--root", type=Path, default=PROJECT_ROOT / "data", help="data root (default: <project>/data)")
-    p.add_argument("--from", dest="from_dir", type=Path, default=None,
-                   help="MNIST, Fashion-MNIST: copy the four official files from this directory instead of "
-                        "downloading (verified before they are copied); METR-LA, PEMS-BAY: the directory holding "
-                        "the .h5 and adj_mx .pkl files of the original repository")
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        type=Path,
+        default=None,
+        help="MNIST, Fashion-MNIST: copy the four official files from this directory instead of "
+        "downloading (verified before they are copied); METR-LA, PEMS-BAY: the directory holding "
+        "the .h5 and adj_mx .pkl files of the original repository",
+    )
     p.add_argument("--url", default=cifar10.URL, help="CIFAR-10: download URL (default: the official one)")
     p.add_argument("--md5", default=cifar10.TARBALL_MD5, help="CIFAR-10: expected md5 of the tarball")
     p.add_argument("--force", action="store_true", help="fetch and verify again even if present")

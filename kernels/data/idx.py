@@ -7,6 +7,7 @@ A file is a big-endian header, then an uint8 payload:
 Files may be gzip-compressed (`.gz`) or not. A wrong magic, a short or long
 payload, or an image/label count mismatch is a ConfigError naming the file.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -41,12 +42,14 @@ def parse(data: bytes, path: Path, magic: int) -> np.ndarray:
     got = struct.unpack(">I", data[:4])[0]
     if got != magic:
         raise ConfigError(f"{path}: magic number {got}, expected {magic} (IDX {what}); not an IDX {what} file")
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     need = int(np.prod(dims))
-    payload = data[4 + 4 * ndim:]
+    payload = data[4 + 4 * ndim :]
     if len(payload) != need:
-        raise ConfigError(f"{path}: payload of {len(payload)} bytes, but the header says {' x '.join(map(str, dims))} "
-                          f"= {need}; the file is truncated or corrupt")
+        raise ConfigError(
+            f"{path}: payload of {len(payload)} bytes, but the header says {' x '.join(map(str, dims))} "
+            f"= {need}; the file is truncated or corrupt"
+        )
     return np.frombuffer(payload, dtype=np.uint8).reshape(dims)
 
 

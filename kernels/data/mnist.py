@@ -16,6 +16,7 @@ real files (Debian's package, from the zalandoresearch/fashion-mnist repository)
 `--from DIR` copies the four files (either form) from a directory, and verifies them.
 Files placed by hand are verified before every run, with no extra step.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,33 +37,48 @@ FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3
 class Spec:
     name: str
     directory: str
-    mirrors: tuple[str, ...]              # base URLs holding the four .gz files
-    sha256: dict[str, str]                # decompressed file -> sha256
-    gz_md5: dict[str, str]                # official .gz -> md5 (empty when not published for the content here)
+    mirrors: tuple[str, ...]  # base URLs holding the four .gz files
+    sha256: dict[str, str]  # decompressed file -> sha256
+    gz_md5: dict[str, str]  # official .gz -> md5 (empty when not published for the content here)
 
 
 SPECS = {
     "mnist": Spec(
-        "mnist", "mnist",
-        ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/",
-         "http://yann.lecun.com/exdb/mnist/"),
-        {"train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-         "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-         "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-         "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"},
-        {"train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-         "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
-         "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
-         "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c"}),
+        "mnist",
+        "mnist",
+        (
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+            "http://yann.lecun.com/exdb/mnist/",
+        ),
+        {
+            "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+        },
+        {
+            "train-images-idx3-ubyte": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+    ),
     "fashion-mnist": Spec(
-        "fashion-mnist", "fashion-mnist",
-        ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-         "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/"),
-        {"train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-         "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-         "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-         "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"},
-        {}),
+        "fashion-mnist",
+        "fashion-mnist",
+        (
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/",
+        ),
+        {
+            "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        },
+        {},
+    ),
 }
 
 
@@ -91,9 +107,11 @@ def verify_file(name: str, path: Path, stem: str) -> None:
         return
     got = hashlib.sha256(idx.read_bytes(path)).hexdigest()
     if got != spec.sha256[stem]:
-        raise ConfigError(f"dataset '{name}': checksum mismatch for {path} (sha256 of the content {got[:16]}..., "
-                          f"expected {spec.sha256[stem][:16]}...); the file is corrupt or not {name}'s. Fetch it "
-                          f"again with `lab fetch {name} --force` (or --from a directory with the official files)")
+        raise ConfigError(
+            f"dataset '{name}': checksum mismatch for {path} (sha256 of the content {got[:16]}..., "
+            f"expected {spec.sha256[stem][:16]}...); the file is corrupt or not {name}'s. Fetch it "
+            f"again with `lab fetch {name} --force` (or --from a directory with the official files)"
+        )
 
 
 def verify(name: str, root: Path) -> Path:
@@ -101,9 +119,11 @@ def verify(name: str, root: Path) -> Path:
     d = data_dir(name, root)
     missing = [stem for stem in FILES if find(name, d, stem) is None]
     if missing:
-        raise ConfigError(f"dataset '{name}': {', '.join(missing)} (or .gz) missing in {d}. Fetch it with "
-                          f"`lab fetch {name}` (network), or `lab fetch {name} --from DIR` from a directory "
-                          f"holding the four official files")
+        raise ConfigError(
+            f"dataset '{name}': {', '.join(missing)} (or .gz) missing in {d}. Fetch it with "
+            f"`lab fetch {name}` (network), or `lab fetch {name} --from DIR` from a directory "
+            f"holding the four official files"
+        )
     for stem in FILES:
         verify_file(name, find(name, d, stem), stem)
     return d
@@ -139,8 +159,10 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
         from_dir = Path(from_dir)
         missing = [stem for stem in FILES if find(name, from_dir, stem) is None]
         if missing:
-            raise ConfigError(f"--from {from_dir}: {', '.join(missing)} (or .gz) not found there; the directory "
-                              f"must hold the four official {name} files")
+            raise ConfigError(
+                f"--from {from_dir}: {', '.join(missing)} (or .gz) not found there; the directory "
+                f"must hold the four official {name} files"
+            )
         for stem in FILES:
             src = find(name, from_dir, stem)
             verify_file(name, src, stem)  # before copying: a bad source leaves nothing behind
@@ -151,8 +173,12 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
         for stem in FILES:
             if find(name, d, stem):
                 continue
-            download([m + f"{stem}.gz" for m in spec.mirrors], d / f"{stem}.gz", what=f"dataset '{name}'",
-                     offline_hint=f"copy the four files into {d} (or use `lab fetch {name} --from DIR`)")
+            download(
+                [m + f"{stem}.gz" for m in spec.mirrors],
+                d / f"{stem}.gz",
+                what=f"dataset '{name}'",
+                offline_hint=f"copy the four files into {d} (or use `lab fetch {name} --from DIR`)",
+            )
     return verify(name, root)
 
 

@@ -34,6 +34,7 @@ Sources here:
   rank batch on the host with the same functions (identical values on a CPU),
   pinned memory, persistent workers, prefetching, then a non_blocking copy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class TrainSource:
     record), restore(stats) (continue from a checkpoint's counters and position) and close() (end reader
     threads, close files). The loop calls only these.
     """
+
     steps_per_epoch: int
     num_samples: int
     dropped_per_epoch: int
@@ -69,8 +71,10 @@ class TrainSource:
 
     def check_batch(self, batch: int) -> None:
         if self.num_samples < batch:
-            raise ConfigError(f"parameter 'batch': the training set has {self.num_samples} samples, fewer than one "
-                              f"global batch of {batch}; lower batch or raise train_samples")
+            raise ConfigError(
+                f"parameter 'batch': the training set has {self.num_samples} samples, fewer than one "
+                f"global batch of {batch}; lower batch or raise train_samples"
+            )
 
     def stats(self) -> dict:
         return {}
@@ -94,6 +98,7 @@ def micro_batches(batch, n: int):
 @dataclass
 class Split:
     """One split of a data set: inputs (uint8 images N,C,H,W, or float features) and targets."""
+
     x: torch.Tensor
     y: torch.Tensor
 
@@ -129,8 +134,9 @@ def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Gener
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 1_000_033 + 17)
 
 
-def crop_flip(x: torch.Tensor, pad: int, dy: torch.Tensor | None, dx: torch.Tensor | None,
-              flip: torch.Tensor | None) -> torch.Tensor:
+def crop_flip(
+    x: torch.Tensor, pad: int, dy: torch.Tensor | None, dx: torch.Tensor | None, flip: torch.Tensor | None
+) -> torch.Tensor:
     """Random crop with zero padding and horizontal flip of a uint8 batch (B,C,H,W), on x's device.
 
     No data-dependent branch: a flip mask is applied with torch.where whatever it holds,
@@ -141,8 +147,12 @@ def crop_flip(x: torch.Tensor, pad: int, dy: torch.Tensor | None, dx: torch.Tens
         padded = F.pad(x, (pad, pad, pad, pad))
         rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
         cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
-        x = padded[torch.arange(b, device=x.device)[:, None, None, None],
-                   torch.arange(c, device=x.device)[None, :, None, None], rows, cols]
+        x = padded[
+            torch.arange(b, device=x.device)[:, None, None, None],
+            torch.arange(c, device=x.device)[None, :, None, None],
+            rows,
+            cols,
+        ]
     if flip is not None:
         x = torch.where(flip[:, None, None, None], x.flip(3), x)
     return x
@@ -155,6 +165,7 @@ class ImageTransform:
     pad/flip: the training-time random crop (with zero padding) and horizontal flip;
     mean/std normalise [0, 255] images channel-wise. Without pad and flip it only normalises.
     """
+
     mean: tuple[float, ...]
     std: tuple[float, ...]
     pad: int = 0
@@ -176,8 +187,10 @@ class ImageTransform:
         return dy, dx, flip
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.tensor(self.mean, device=device).view(1, -1, 1, 1),
-                torch.tensor(self.std, device=device).view(1, -1, 1, 1))
+        return (
+            torch.tensor(self.mean, device=device).view(1, -1, 1, 1),
+            torch.tensor(self.std, device=device).view(1, -1, 1, 1),
+        )
 
     def apply(self, x: torch.Tensor, draws, consts) -> torch.Tensor:
         """Transform a uint8 batch: crop/flip with this batch's draws (or none), then normalise to float."""
@@ -196,8 +209,17 @@ def _slice_draws(draws, step: int, pos: slice):
 
 
 class _Base(TrainSource):
-    def __init__(self, train: Split, transform: ImageTransform | None, global_batch: int, rank: int, world: int,
-                 seed: int, device: torch.device, channels_last: bool):
+    def __init__(
+        self,
+        train: Split,
+        transform: ImageTransform | None,
+        global_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        device: torch.device,
+        channels_last: bool,
+    ):
         self.num_samples = len(train)
         self.transform, self.global_batch, self.rank, self.world = transform, global_batch, rank, world
         self.seed, self.device, self.channels_last = seed, device, channels_last
@@ -217,9 +239,13 @@ class _Base(TrainSource):
         return x, gather_rows(src_y, idx)
 
     def describe(self) -> dict:
-        return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
-                "dropped_per_epoch": self.dropped_per_epoch, "transform": repr(self.transform)}
-
+        return {
+            "source": self.kind,
+            "samples": self.num_samples,
+            "steps_per_epoch": self.steps_per_epoch,
+            "dropped_per_epoch": self.dropped_per_epoch,
+            "transform": repr(self.transform),
+        }
 
 
 # On a GPU, the device-resident source transforms this many bytes of batches at once (about 40 CIFAR batches of
@@ -230,10 +256,21 @@ CHUNK_BYTES_CUDA = 256 * 2**20
 
 class TensorSource(_Base):
     """The training set resident on the device (see the module doc: 0 host syncs per step)."""
+
     kind = "device-resident"
 
-    def __init__(self, train: Split, transform, global_batch, rank, world, seed, device, channels_last,
-                 chunk_bytes: int | None = None):
+    def __init__(
+        self,
+        train: Split,
+        transform,
+        global_batch,
+        rank,
+        world,
+        seed,
+        device,
+        channels_last,
+        chunk_bytes: int | None = None,
+    ):
         super().__init__(train, transform, global_batch, rank, world, seed, device, channels_last)
         self.x = train.x.to(device)
         self.y = train.y.to(device)
@@ -245,8 +282,11 @@ class TensorSource(_Base):
 
     def batches(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         perm = epoch_permutation(self.num_samples, self.seed, epoch).to(self.device)
-        draws = (self.transform.epoch_draws(self.steps_per_epoch, self.global_batch, self.seed, epoch, self.device)
-                 if self.transform is not None else None)
+        draws = (
+            self.transform.epoch_draws(self.steps_per_epoch, self.global_batch, self.seed, epoch, self.device)
+            if self.transform is not None
+            else None
+        )
         if self.chunk_steps == 1:
             for step in range(start_step, self.steps_per_epoch):
                 x, y = self.rank_batch(self.x, self.y, perm, draws, step, self.consts)
@@ -257,17 +297,20 @@ class TensorSource(_Base):
             last = min(first + self.chunk_steps, self.steps_per_epoch)
             x, y = self.rank_chunk(perm, draws, first, last)
             for i in range(last - first):  # views: a channels_last chunk's batch slices stay channels_last
-                yield x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]
+                yield x[i * b : (i + 1) * b], y[i * b : (i + 1) * b]
 
     def rank_chunk(self, perm, draws, first: int, last: int):
         """This rank's batches of steps first .. last-1, side by side: the same gather, crop, flip and
         normalisation as rank_batch, element for element (so the same values), in one pass over them all."""
-        g = perm[:self.steps_per_epoch * self.global_batch].view(self.steps_per_epoch, self.global_batch)
+        g = perm[: self.steps_per_epoch * self.global_batch].view(self.steps_per_epoch, self.global_batch)
         idx = g[first:last, self.positions].reshape(-1)
         x = gather_rows(self.x, idx)
         if self.transform is not None:
-            d = None if draws is None else tuple(None if t is None else t[first:last, self.positions].reshape(-1)
-                                                 for t in draws)
+            d = (
+                None
+                if draws is None
+                else tuple(None if t is None else t[first:last, self.positions].reshape(-1) for t in draws)
+            )
             x = self.transform.apply(x, d, self.consts)
         return self._finish(x), gather_rows(self.y, idx)
 
@@ -294,8 +337,11 @@ class _StepDataset(torch.utils.data.Dataset):
         if self._epoch != epoch:
             src = self.src
             self._perm = epoch_permutation(src.num_samples, src.seed, epoch)
-            self._draws = (src.transform.epoch_draws(src.steps_per_epoch, src.global_batch, src.seed, epoch,
-                                                     torch.device("cpu")) if src.transform is not None else None)
+            self._draws = (
+                src.transform.epoch_draws(src.steps_per_epoch, src.global_batch, src.seed, epoch, torch.device("cpu"))
+                if src.transform is not None
+                else None
+            )
             self._epoch = epoch
         return self.src.rank_batch(self.x, self.y, self._perm, self._draws, step, self.consts)
 
@@ -313,17 +359,34 @@ class _StepSampler(torch.utils.data.Sampler):
 
 class LoaderSource(_Base):
     """The DataLoader baseline: batches built by worker processes on the host, then copied."""
+
     kind = "dataloader"
 
-    def __init__(self, train: Split, transform, global_batch, rank, world, seed, device, channels_last,
-                 num_workers: int = 4, prefetch_factor: int = 2):
+    def __init__(
+        self,
+        train: Split,
+        transform,
+        global_batch,
+        rank,
+        world,
+        seed,
+        device,
+        channels_last,
+        num_workers: int = 4,
+        prefetch_factor: int = 2,
+    ):
         super().__init__(train, transform, global_batch, rank, world, seed, device, channels_last)
         self.train = train
         self.sampler = _StepSampler(self.steps_per_epoch)
         extra = {"persistent_workers": True, "prefetch_factor": prefetch_factor} if num_workers > 0 else {}
         self.loader = torch.utils.data.DataLoader(
-            _StepDataset(self, train), batch_size=None, sampler=self.sampler, num_workers=num_workers,
-            pin_memory=device.type == "cuda", **extra)
+            _StepDataset(self, train),
+            batch_size=None,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=device.type == "cuda",
+            **extra,
+        )
         self.num_workers = num_workers
 
     def batches(self, epoch: int, start_step: int = 0):
@@ -345,8 +408,16 @@ class LoaderSource(_Base):
 class EvalSource:
     """This rank's shard of the test set (samples rank, rank+W, ...), resident on the device, transformed."""
 
-    def __init__(self, test: Split, transform: ImageTransform | None, batch: int, rank: int, world: int,
-                 device: torch.device, channels_last: bool):
+    def __init__(
+        self,
+        test: Split,
+        transform: ImageTransform | None,
+        batch: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        channels_last: bool,
+    ):
         self.x = test.x[rank::world].to(device)
         self.y = test.y[rank::world].to(device)
         self.num_samples = len(test)
@@ -355,24 +426,37 @@ class EvalSource:
 
     def batches(self):
         for i in range(0, len(self.y), self.batch):
-            x = self.x[i:i + self.batch]
+            x = self.x[i : i + self.batch]
             if self.transform is not None:
                 x = self.transform.apply(x, None, self.consts)
             if self.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            yield x, self.y[i:i + self.batch]
+            yield x, self.y[i : i + self.batch]
 
 
-def tensor_sources(cfg, train: Split, test: Split, transform: ImageTransform | None, rank: int, world: int,
-                   device: torch.device):
+def tensor_sources(
+    cfg, train: Split, test: Split, transform: ImageTransform | None, rank: int, world: int, device: torch.device
+):
     """(training source, eval source) for data held in memory, as cfg.pipeline asks."""
     train, test = train.head(cfg.train_samples), test.head(cfg.test_samples)
     if cfg.pipeline == "stream":
-        raise ConfigError(f"parameter 'pipeline': stream reads a set of shards from disk; data set '{cfg.dataset}' "
-                          f"is held in memory: use pipeline=device or dataloader (or dataset=bigmnist)")
+        raise ConfigError(
+            f"parameter 'pipeline': stream reads a set of shards from disk; data set '{cfg.dataset}' "
+            f"is held in memory: use pipeline=device or dataloader (or dataset=bigmnist)"
+        )
     if cfg.pipeline == "device":
         src = TensorSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last)
     else:
-        src = LoaderSource(train, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
-                           cfg.num_workers, cfg.prefetch_factor)
+        src = LoaderSource(
+            train,
+            transform,
+            cfg.batch,
+            rank,
+            world,
+            cfg.seed,
+            device,
+            cfg.channels_last,
+            cfg.num_workers,
+            cfg.prefetch_factor,
+        )
     return src, EvalSource(test, transform, cfg.per_rank_eval_batch, rank, world, device, cfg.channels_last)

@@ -21,6 +21,7 @@ micro-batching average) to the masked mean of the global batch over the whole gr
 same loss and gradient on any number of ranks, graph-parallel groups or micro-batches.
 (Evaluation batches use each window's own count: only their sums of errors are reported.)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,16 @@ from kernels.data.pipeline import TrainSource, epoch_permutation, rank_slice, st
 class SeriesStore:
     """The series on the device, once, shared by the training and evaluation sources."""
 
-    def __init__(self, inputs: np.ndarray, raw: np.ndarray, norm: np.ndarray, device: torch.device,
-                 seq_len: int, horizon: int, context: int = 12):
+    def __init__(
+        self,
+        inputs: np.ndarray,
+        raw: np.ndarray,
+        norm: np.ndarray,
+        device: torch.device,
+        seq_len: int,
+        horizon: int,
+        context: int = 12,
+    ):
         self.series = torch.from_numpy(np.ascontiguousarray(inputs)).to(device)
         self.raw = torch.from_numpy(np.ascontiguousarray(raw)).to(device)
         self.norm = torch.from_numpy(np.ascontiguousarray(norm, dtype=np.float32)).to(device)
@@ -46,8 +55,8 @@ class SeriesStore:
         return self.norm[starts[:, None] + self.y_off].sum(1)
 
     def gather(self, starts: torch.Tensor, norm: torch.Tensor | None = None):
-        x = self.series[starts[:, None] + self.x_off]          # (b, seq_len, nodes, F)
-        y = self.raw[starts[:, None] + self.y_off]             # (b, horizon, nodes)
+        x = self.series[starts[:, None] + self.x_off]  # (b, seq_len, nodes, F)
+        y = self.raw[starts[:, None] + self.y_off]  # (b, horizon, nodes)
         return x, (y, self.counts(starts) if norm is None else norm)
 
     def resident_bytes(self) -> int:
@@ -56,6 +65,7 @@ class SeriesStore:
 
 class WindowSource(TrainSource):
     """Training windows [first, first + count) of the series (see the module doc)."""
+
     kind = "index-batched series"
 
     def __init__(self, store: SeriesStore, starts: range, global_batch: int, rank: int, world: int, seed: int):
@@ -70,7 +80,7 @@ class WindowSource(TrainSource):
         b = self.global_batch
         for step in range(start_step, self.steps_per_epoch):
             mine = perm[rank_slice(step, b, self.rank, self.world)]
-            per_window = self.store.counts(perm[step * b:(step + 1) * b]).mean()  # over the global batch
+            per_window = self.store.counts(perm[step * b : (step + 1) * b]).mean()  # over the global batch
             yield self.gather(mine, per_window.expand(len(mine)))
 
     def probe(self, n: int = 2):
@@ -78,10 +88,14 @@ class WindowSource(TrainSource):
         return self.gather(starts, self.store.counts(starts).mean().expand(n))
 
     def describe(self) -> dict:
-        return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
-                "dropped_per_epoch": self.dropped_per_epoch, "resident_bytes": self.store.resident_bytes(),
-                "series_shape": list(self.store.series.shape)}
-
+        return {
+            "source": self.kind,
+            "samples": self.num_samples,
+            "steps_per_epoch": self.steps_per_epoch,
+            "dropped_per_epoch": self.dropped_per_epoch,
+            "resident_bytes": self.store.resident_bytes(),
+            "series_shape": list(self.store.series.shape),
+        }
 
 
 class WindowEvalSource:
@@ -94,4 +108,4 @@ class WindowEvalSource:
 
     def batches(self):
         for i in range(0, len(self.starts), self.batch):
-            yield self.gather(self.starts[i:i + self.batch])
+            yield self.gather(self.starts[i : i + self.batch])

@@ -44,6 +44,7 @@ __getitem__ per image over memory-mapped shards, a PIL image and per-sample conv
 and normalisation, DataLoader worker processes, pin_memory, and a DistributedSampler-
 style shuffle (one permutation of N per epoch, rank r takes every W-th sample).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -118,11 +119,24 @@ def _split_records(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class StreamSource(TrainSource):
     """Rank r's batches streamed from the shards (see the module doc for the order and the I/O rules)."""
+
     kind = "streamed-shards"
 
-    def __init__(self, shards: ShardSet, transform: ImageTransform | None, global_batch: int, rank: int, world: int,
-                 seed: int, device: torch.device, channels_last: bool = False, cache: str = "warm",
-                 window_mb: float = 64.0, read_mb: float = 8.0, io_threads: int = 2):
+    def __init__(
+        self,
+        shards: ShardSet,
+        transform: ImageTransform | None,
+        global_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        device: torch.device,
+        channels_last: bool = False,
+        cache: str = "warm",
+        window_mb: float = 64.0,
+        read_mb: float = 8.0,
+        io_threads: int = 2,
+    ):
         if cache not in ("warm", "cold"):
             raise ConfigError(f"parameter 'cache': warm or cold, got {cache!r}")
         if read_mb < 1:
@@ -151,8 +165,14 @@ class StreamSource(TrainSource):
         self._stale: list[int] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self.counters = {"bytes_read": 0, "read_calls": 0, "read_s": 0.0, "windows": 0, "samples": 0,
-                         "bytes_by_epoch": {}}
+        self.counters = {
+            "bytes_read": 0,
+            "read_calls": 0,
+            "read_s": 0.0,
+            "windows": 0,
+            "samples": 0,
+            "bytes_by_epoch": {},
+        }
 
     # ------------------------------------------------------------ order
     def epoch_windows(self, epoch: int) -> list[tuple[int, int]]:
@@ -223,7 +243,7 @@ class StreamSource(TrainSource):
         n = self.window * self.shards.record + self._slack
         t = torch.empty(n + ALIGN, dtype=torch.uint8, pin_memory=self.pinned)
         shift = (-t.data_ptr()) % ALIGN
-        t = t[shift:shift + n]  # starts on a 4 KiB boundary, as direct reads need
+        t = t[shift : shift + n]  # starts on a 4 KiB boundary, as direct reads need
         return {"t": t, "np": t.numpy(), "event": None, "offsets": None, "used": 0}
 
     def _read_piece(self, shard: int, mv: memoryview, pos: int, off: int, length: int) -> tuple[int, int, int, int]:
@@ -238,10 +258,12 @@ class StreamSource(TrainSource):
             os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
         got = calls = 0
         while got < need:
-            k = os.preadv(fd, [mv[pos + got:pos + min(span, got + self.read_bytes)]], off - lead + got)
+            k = os.preadv(fd, [mv[pos + got : pos + min(span, got + self.read_bytes)]], off - lead + got)
             if k <= 0:
-                raise OSError(f"short read of {self.shards.paths[shard]} at byte {off - lead + got}: the shard "
-                              f"changed under the run; check it with `lab bigmnist verify {self.shards.dir}`")
+                raise OSError(
+                    f"short read of {self.shards.paths[shard]} at byte {off - lead + got}: the shard "
+                    f"changed under the run; check it with `lab bigmnist verify {self.shards.dir}`"
+                )
             got += k
             calls += 1
         if self.cache == "cold" and not direct:
@@ -254,8 +276,7 @@ class StreamSource(TrainSource):
         mv = memoryview(buf["np"]).cast("B")
         rec, pos, done_bytes, calls, offsets = self.shards.record, 0, 0, 0, []
         for shard, first, count in self.segments(epoch, start, n):
-            lead, span, got, k = self._read_piece(shard, mv, pos, self.shards.offsets[shard] + first * rec,
-                                                  count * rec)
+            lead, span, got, k = self._read_piece(shard, mv, pos, self.shards.offsets[shard] + first * rec, count * rec)
             offsets.append(pos + lead + rec * np.arange(count, dtype=np.int64))
             pos += span  # a direct read's end is aligned, where the next piece's read may start
             done_bytes += got
@@ -325,7 +346,7 @@ class StreamSource(TrainSource):
                 fut, buf, s, n = pending.popleft()
                 current = buf
                 fut.result()  # waiting here is the data wait the step timer sees
-                raw = buf["t"][:buf["used"]]
+                raw = buf["t"][: buf["used"]]
                 where = buf["offsets"][self.window_perm(epoch, s, n)]  # byte offsets, in this window's order
                 if self.device.type == "cuda":
                     raw = raw.to(self.device, non_blocking=True)
@@ -340,8 +361,8 @@ class StreamSource(TrainSource):
                 lo = pos if first else 0
                 first = False
                 for i in range(lo, n, self.b):
-                    x = gather_rows(images, where[i:i + self.b]).view(-1, 1, 28, 28)  # a copy, never a view of buf
-                    y = labels[i:i + self.b]
+                    x = gather_rows(images, where[i : i + self.b]).view(-1, 1, 28, 28)  # a copy, never a view of buf
+                    y = labels[i : i + self.b]
                     if self.transform is not None:
                         x = self.transform.apply(x, None, self.consts)
                     with self._lock:
@@ -374,12 +395,21 @@ class StreamSource(TrainSource):
         return self._finish(x), y.to(self.device)
 
     def describe(self) -> dict:
-        return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
-                "dropped_per_epoch": self.dropped_per_epoch, "transform": repr(self.transform),
-                "shards": len(self.shards.counts), "data_dir": str(self.shards.dir), "cache": self.cache,
-                "window_samples": self.window, "read_mb": self.read_bytes / MIB, "io_threads": self.io_threads,
-                "cold_reads": self.cold_reads,
-                "data_bytes": self.shards.data_bytes}
+        return {
+            "source": self.kind,
+            "samples": self.num_samples,
+            "steps_per_epoch": self.steps_per_epoch,
+            "dropped_per_epoch": self.dropped_per_epoch,
+            "transform": repr(self.transform),
+            "shards": len(self.shards.counts),
+            "data_dir": str(self.shards.dir),
+            "cache": self.cache,
+            "window_samples": self.window,
+            "read_mb": self.read_bytes / MIB,
+            "io_threads": self.io_threads,
+            "cold_reads": self.cold_reads,
+            "data_bytes": self.shards.data_bytes,
+        }
 
     def stats(self) -> dict:
         with self._lock:
@@ -436,8 +466,8 @@ class _RankSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         perm = torch.randperm(self.n, generator=_gen(self.seed, self.epoch, 3))
-        mine = perm[:self.per_rank * self.world][self.rank::self.world]
-        return iter(mine[self.start:].tolist())
+        mine = perm[: self.per_rank * self.world][self.rank :: self.world]
+        return iter(mine[self.start :].tolist())
 
     def __len__(self):
         return self.per_rank - self.start
@@ -446,8 +476,20 @@ class _RankSampler(torch.utils.data.Sampler):
 class PerSampleSource(TrainSource):
     kind = "dataloader-per-sample"
 
-    def __init__(self, shards: ShardSet, mean: float, std: float, global_batch: int, rank: int, world: int,
-                 seed: int, device: torch.device, channels_last: bool, num_workers: int, prefetch_factor: int):
+    def __init__(
+        self,
+        shards: ShardSet,
+        mean: float,
+        std: float,
+        global_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        device: torch.device,
+        channels_last: bool,
+        num_workers: int,
+        prefetch_factor: int,
+    ):
         self.shards, self.device, self.channels_last = shards, device, channels_last
         self.num_samples = shards.num_samples
         self.steps_per_epoch = steps_per_epoch(self.num_samples, global_batch)
@@ -456,9 +498,15 @@ class PerSampleSource(TrainSource):
         self.sampler = _RankSampler(self.num_samples, rank, world, self.steps_per_epoch * self.b, seed)
         self.dataset = _PerSample(shards, mean, std)
         extra = {"persistent_workers": True, "prefetch_factor": prefetch_factor} if num_workers > 0 else {}
-        self.loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.b, sampler=self.sampler,
-                                                  num_workers=num_workers, drop_last=True,
-                                                  pin_memory=device.type == "cuda", **extra)
+        self.loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=self.b,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            drop_last=True,
+            pin_memory=device.type == "cuda",
+            **extra,
+        )
         self.num_workers = num_workers
         self.samples = 0
 
@@ -476,17 +524,29 @@ class PerSampleSource(TrainSource):
         return torch.stack(xs).to(self.device), torch.tensor(ys, device=self.device)
 
     def describe(self) -> dict:
-        return {"source": self.kind, "samples": self.num_samples, "steps_per_epoch": self.steps_per_epoch,
-                "dropped_per_epoch": self.dropped_per_epoch, "num_workers": self.num_workers,
-                "shards": len(self.shards.counts), "data_dir": str(self.shards.dir),
-                "data_bytes": self.shards.data_bytes}
+        return {
+            "source": self.kind,
+            "samples": self.num_samples,
+            "steps_per_epoch": self.steps_per_epoch,
+            "dropped_per_epoch": self.dropped_per_epoch,
+            "num_workers": self.num_workers,
+            "shards": len(self.shards.counts),
+            "data_dir": str(self.shards.dir),
+            "data_bytes": self.shards.data_bytes,
+        }
 
     def stats(self) -> dict:
         # per-sample reads go through the page cache 4 KiB at a time; the bytes the workers asked for are
         # known, the bytes the storage delivered are not (they depend on readahead): none is claimed
-        return {"source": self.kind, "cache": "page cache", "data_bytes": self.shards.data_bytes,
-                "samples": self.samples, "bytes_requested": self.samples * self.shards.record,
-                "bytes_read": None, "read_s": None}
+        return {
+            "source": self.kind,
+            "cache": "page cache",
+            "data_bytes": self.shards.data_bytes,
+            "samples": self.samples,
+            "bytes_requested": self.samples * self.shards.record,
+            "bytes_read": None,
+            "read_s": None,
+        }
 
     def restore(self, stats: dict | None) -> None:
         if stats and stats.get("samples") is not None:

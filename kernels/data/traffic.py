@@ -27,6 +27,7 @@ road-like directed graph (highways of sensors in both directions, ramps between 
 daily and weekly rhythm of congestion, incidents whose congestion diffuses upstream along the
 edges, sensor noise and missing readings (outages and dropped samples, stored as 0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,23 +59,37 @@ class TrafficSet:
     h5: str
     key: str
     pkl: str
-    shape: tuple[int, int]          # (time steps, sensors) as distributed
+    shape: tuple[int, int]  # (time steps, sensors) as distributed
     title: str
-    urls: dict                      # file -> URL where one is reachable without a login
+    urls: dict  # file -> URL where one is reachable without a login
 
 
 SETS = {
     "metr-la": TrafficSet(
-        "metr-la", "metr-la", "metr-la.h5", "df", "adj_mx.pkl", (34272, 207),
+        "metr-la",
+        "metr-la",
+        "metr-la.h5",
+        "df",
+        "adj_mx.pkl",
+        (34272, 207),
         "METR-LA (207 loop detectors, Los Angeles highways, March-June 2012)",
-        {"adj_mx.pkl": "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/adj_mx.pkl"}),
+        {"adj_mx.pkl": "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/adj_mx.pkl"},
+    ),
     "pems-bay": TrafficSet(
-        "pems-bay", "pems-bay", "pems-bay.h5", "speed", "adj_mx_bay.pkl", (52116, 325),
+        "pems-bay",
+        "pems-bay",
+        "pems-bay.h5",
+        "speed",
+        "adj_mx_bay.pkl",
+        (52116, 325),
         "PEMS-BAY (325 sensors, Bay Area, January-May 2017)",
-        {"adj_mx_bay.pkl": "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/adj_mx_bay.pkl"}),
+        {"adj_mx_bay.pkl": "https://raw.githubusercontent.com/liyaguang/DCRNN/master/data/sensor_graph/adj_mx_bay.pkl"},
+    ),
 }
-H5_SOURCE = ("the original DCRNN repository's data links (github.com/liyaguang/DCRNN, README 'Data Preparation': "
-             "Google Drive or Baidu Yun, which need a browser)")
+H5_SOURCE = (
+    "the original DCRNN repository's data links (github.com/liyaguang/DCRNN, README 'Data Preparation': "
+    "Google Drive or Baidu Yun, which need a browser)"
+)
 
 # the synthetic set's shapes: (time steps, sensors). The large one is PeMS-like (~11,000 sensors,
 # four weeks) for graph-parallel scaling runs.
@@ -94,8 +109,10 @@ def read_speeds(path: Path, key: str):
         with safe_pickle.guarded_pytables() as refused, pd.HDFStore(path, mode="r") as store:
             keys = [k.lstrip("/") for k in store.keys()]
             if key not in keys:
-                raise ConfigError(f"{path}: no table under key '{key}' (it holds {', '.join(keys) or 'none'}); "
-                                  f"metr-la.h5 keeps its speeds under 'df', pems-bay.h5 under 'speed'")
+                raise ConfigError(
+                    f"{path}: no table under key '{key}' (it holds {', '.join(keys) or 'none'}); "
+                    f"metr-la.h5 keeps its speeds under 'df', pems-bay.h5 under 'speed'"
+                )
             _refuse_object_nodes(path, store.get_node(key))
             df = store[key]
     except ConfigError:
@@ -106,17 +123,21 @@ def read_speeds(path: Path, key: str):
         if not refused:
             raise ConfigError(f"{path}: not a pandas HDF5 file ({type(e).__name__}: {e})") from None
     if refused:
-        raise ConfigError(f"{path}: refused: an HDF5 attribute asks for {refused[0]}, which is not data (a pickle "
-                          f"naming a function can run any code). A speeds file holds numbers, sensor ids and "
-                          f"timestamps only; fetch the original again")
+        raise ConfigError(
+            f"{path}: refused: an HDF5 attribute asks for {refused[0]}, which is not data (a pickle "
+            f"naming a function can run any code). A speeds file holds numbers, sensor ids and "
+            f"timestamps only; fetch the original again"
+        )
     if not isinstance(df, pd.DataFrame) or df.ndim != 2 or df.shape[0] < 2 or df.shape[1] < 1:
         raise ConfigError(f"{path}: key '{key}' is not a (time x sensors) table")
     if not isinstance(df.index, pd.DatetimeIndex):
         raise ConfigError(f"{path}: the rows must be timestamps (a DatetimeIndex), got {type(df.index).__name__}")
     values = df.to_numpy(dtype=np.float32)
     if not np.isfinite(values).all():
-        raise ConfigError(f"{path}: {int((~np.isfinite(values)).sum())} values are NaN or infinite; missing "
-                          f"readings are stored as 0 in this format")
+        raise ConfigError(
+            f"{path}: {int((~np.isfinite(values)).sum())} values are NaN or infinite; missing "
+            f"readings are stored as 0 in this format"
+        )
     return values, df.index, [str(c) for c in df.columns]
 
 
@@ -126,9 +147,11 @@ def _refuse_object_nodes(path: Path, group) -> None:
     for node in group._f_walknodes("Leaf"):
         atom, dtype = getattr(node, "atom", None), getattr(node, "dtype", None)
         if (atom is not None and atom.kind == "object") or (dtype is not None and dtype.kind == "O"):
-            raise ConfigError(f"{path}: refused: {node._v_pathname} is an object-typed array (pickled Python "
-                              f"objects, which could run code when read); a speeds file holds numbers, sensor ids "
-                              f"and timestamps only")
+            raise ConfigError(
+                f"{path}: refused: {node._v_pathname} is an object-typed array (pickled Python "
+                f"objects, which could run code when read); a speeds file holds numbers, sensor ids "
+                f"and timestamps only"
+            )
 
 
 def read_adjacency(path: Path):
@@ -140,14 +163,20 @@ def read_adjacency(path: Path):
         with open(path, "rb") as f:
             obj = safe_pickle.load(f, encoding="latin1")  # Python-2 pickles keep str as bytes
     except safe_pickle.RefusedPickle as e:
-        raise ConfigError(f"{path}: refused: {e}. adj_mx.pkl holds [sensor_ids, sensor_id_to_ind, adj_mx] and "
-                          f"nothing else; fetch the original again") from None
+        raise ConfigError(
+            f"{path}: refused: {e}. adj_mx.pkl holds [sensor_ids, sensor_id_to_ind, adj_mx] and "
+            f"nothing else; fetch the original again"
+        ) from None
     except Exception as e:
-        raise ConfigError(f"{path}: not a readable pickle ({type(e).__name__}: {e}); a file converted to CRLF "
-                          f"line endings is damaged (keep *.pkl binary)") from None
+        raise ConfigError(
+            f"{path}: not a readable pickle ({type(e).__name__}: {e}); a file converted to CRLF "
+            f"line endings is damaged (keep *.pkl binary)"
+        ) from None
     if not isinstance(obj, (list, tuple)) or len(obj) != 3:
-        raise ConfigError(f"{path}: expected the triple [sensor_ids, sensor_id_to_ind, adj_mx], "
-                          f"got {type(obj).__name__}" + (f" of length {len(obj)}" if hasattr(obj, '__len__') else ""))
+        raise ConfigError(
+            f"{path}: expected the triple [sensor_ids, sensor_id_to_ind, adj_mx], "
+            f"got {type(obj).__name__}" + (f" of length {len(obj)}" if hasattr(obj, "__len__") else "")
+        )
     ids, to_ind, adj = obj
     ids = [_as_str(i) for i in ids]
     if not isinstance(to_ind, dict):
@@ -172,8 +201,10 @@ def _as_str(v) -> str:
 
 def write_adjacency(path: Path, ids: list[str], adj: np.ndarray) -> None:
     """The original's layout: pickle protocol 2 of [sensor_ids, sensor_id_to_ind, adj_mx float32]."""
-    _atomic(Path(path), lambda f: pickle.dump([list(ids), {s: i for i, s in enumerate(ids)},
-                                               adj.astype(np.float32)], f, protocol=2))
+    _atomic(
+        Path(path),
+        lambda f: pickle.dump([list(ids), {s: i for i, s in enumerate(ids)}, adj.astype(np.float32)], f, protocol=2),
+    )
 
 
 def write_speeds(path: Path, key: str, values: np.ndarray, start: str, ids: list[str]) -> None:
@@ -251,8 +282,10 @@ def read_distances(path: Path) -> list[tuple[str, str, float]]:
     if not _number(rows[0][2] if len(rows[0]) > 2 else ""):  # a header line
         names = [c.strip().lower() for c in rows[0]]
         if len(names) < 3 or names[:2] != ["from", "to"] or names[2] not in ("cost", "distance", ""):
-            raise ConfigError(f"--distances: {path} starts with {','.join(rows[0])!r}, neither a header "
-                              f"from,to,cost / from,to,distance nor a pair of sensor ids and a distance")
+            raise ConfigError(
+                f"--distances: {path} starts with {','.join(rows[0])!r}, neither a header "
+                f"from,to,cost / from,to,distance nor a pair of sensor ids and a distance"
+            )
         rows, first = rows[1:], 2
     out = []
     for line, r in enumerate(rows, start=first):
@@ -274,13 +307,14 @@ def _number(text: str) -> bool:
 @dataclass
 class Series:
     """A traffic data set read and checked: speeds, time of day, graph, windows and the scaler."""
+
     name: str
-    speeds: np.ndarray            # float32 (T, N), mph, 0 = missing
-    time_of_day: np.ndarray       # float32 (T,), in [0, 1)
-    slot_of_week: np.ndarray      # int64 (T,), five-minute slot of the week
+    speeds: np.ndarray  # float32 (T, N), mph, 0 = missing
+    time_of_day: np.ndarray  # float32 (T,), in [0, 1)
+    slot_of_week: np.ndarray  # int64 (T,), five-minute slot of the week
     sensor_ids: list
-    adj: np.ndarray               # float32 (N, N)
-    files: dict                   # file -> size, for the record
+    adj: np.ndarray  # float32 (N, N)
+    files: dict  # file -> size, for the record
 
     @property
     def num_steps(self) -> int:
@@ -306,7 +340,7 @@ class Series:
         train = len(self.splits()["train"])
         w = np.zeros(self.num_steps, dtype=np.float64)  # how many training windows hold input step t
         cover = np.convolve(np.ones(train), np.ones(SEQ_LEN))  # steps 0 .. train + 10
-        w[:cover.size] = cover
+        w[: cover.size] = cover
         x = self.speeds.astype(np.float64)
         wsum = w.sum()
         mean = float((w @ x.sum(1)) / (wsum * self.num_nodes))
@@ -364,33 +398,49 @@ def load(name: str, root: Path, synthetic_shape: str = "metr-la") -> Series:
     h5, key, pkl = files_of(name, root, synthetic_shape)
     for f in (h5, pkl):
         if not f.exists():
-            raise ConfigError(f"parameter 'dataset': {name} needs {f}, which is missing; run "
-                              f"`{missing_hint(name, root, synthetic_shape)}`")
+            raise ConfigError(
+                f"parameter 'dataset': {name} needs {f}, which is missing; run "
+                f"`{missing_hint(name, root, synthetic_shape)}`"
+            )
     speeds, index, columns = read_speeds(h5, key)
     ids, _, adj = read_adjacency(pkl)
     if speeds.shape[1] != len(ids):
-        raise ConfigError(f"{h5}: {speeds.shape[1]} sensor columns but the graph {pkl} has {len(ids)} sensors; "
-                          f"the two files must describe the same sensors")
+        raise ConfigError(
+            f"{h5}: {speeds.shape[1]} sensor columns but the graph {pkl} has {len(ids)} sensors; "
+            f"the two files must describe the same sensors"
+        )
     if columns != ids:
         diff = next(i for i, (a, b) in enumerate(zip(columns, ids)) if a != b)
-        raise ConfigError(f"{h5}: sensor ids do not match {pkl} (column {diff} is '{columns[diff]}', the graph says "
-                          f"'{ids[diff]}'); the columns must be the graph's sensors in the graph's order")
+        raise ConfigError(
+            f"{h5}: sensor ids do not match {pkl} (column {diff} is '{columns[diff]}', the graph says "
+            f"'{ids[diff]}'); the columns must be the graph's sensors in the graph's order"
+        )
     if name in SETS and speeds.shape != SETS[name].shape:
-        raise ConfigError(f"{h5}: shape {speeds.shape}, but {name} is {SETS[name].shape} as distributed; "
-                          f"is it the right file?")
+        raise ConfigError(
+            f"{h5}: shape {speeds.shape}, but {name} is {SETS[name].shape} as distributed; is it the right file?"
+        )
     if speeds.shape[0] < 2 * (SEQ_LEN + HORIZON) + 10:
         raise ConfigError(f"{h5}: {speeds.shape[0]} time steps are too few for windows of {SEQ_LEN}+{HORIZON}")
     if (speeds < 0).any():
         raise ConfigError(f"{h5}: negative speeds; 0 marks a missing reading")
     step = np.diff(index.values).astype("timedelta64[s]").astype(np.int64)
     if not (step == STEP_MIN * 60).all():
-        raise ConfigError(f"{h5}: rows must be consecutive {STEP_MIN}-minute timestamps "
-                          f"({int((step != STEP_MIN * 60).sum())} gaps or repeats)")
+        raise ConfigError(
+            f"{h5}: rows must be consecutive {STEP_MIN}-minute timestamps "
+            f"({int((step != STEP_MIN * 60).sum())} gaps or repeats)"
+        )
     day = (index.values - index.values.astype("datetime64[D]")) / np.timedelta64(1, "D")
-    minutes = ((index.day_of_week.values * 24 + index.hour.values) * 60 + index.minute.values)
+    minutes = (index.day_of_week.values * 24 + index.hour.values) * 60 + index.minute.values
     del pd
-    return Series(name, speeds, day.astype(np.float32), (minutes // STEP_MIN).astype(np.int64), ids, adj,
-                  {str(h5): h5.stat().st_size, str(pkl): pkl.stat().st_size})
+    return Series(
+        name,
+        speeds,
+        day.astype(np.float32),
+        (minutes // STEP_MIN).astype(np.int64),
+        ids,
+        adj,
+        {str(h5): h5.stat().st_size, str(pkl): pkl.stat().st_size},
+    )
 
 
 def check(name: str, root: Path, synthetic_shape: str = "metr-la") -> None:
@@ -415,12 +465,18 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
             shutil.copyfile(Path(from_dir) / fname, dest.with_name(fname + ".part"))
             os.replace(dest.with_name(fname + ".part"), dest)
         elif fname in spec.urls:
-            download(spec.urls[fname], dest, f"{name} {fname}",
-                     f"copy {fname} from the DCRNN repository into a directory and pass --from DIR")
+            download(
+                spec.urls[fname],
+                dest,
+                f"{name} {fname}",
+                f"copy {fname} from the DCRNN repository into a directory and pass --from DIR",
+            )
         else:
             where = f" (not in {from_dir})" if from_dir is not None else ""
-            raise ConfigError(f"{name}: {fname} is missing{where} and has no download that works without a browser; "
-                              f"get it from {H5_SOURCE} and run `lab fetch {name} --from DIR`")
+            raise ConfigError(
+                f"{name}: {fname} is missing{where} and has no download that works without a browser; "
+                f"get it from {H5_SOURCE} and run `lab fetch {name} --from DIR`"
+            )
     series = load(name, root)
     manifest = {f: {"bytes": Path(f).stat().st_size, "sha256": sha256sum(Path(f))} for f in series.files}
     (d / "SHA256SUMS.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -456,8 +512,15 @@ def road_graph(n: int, rng: np.random.Generator):
                 xy = (a, offset + 0.02 * direction) if horizontal else (offset + 0.02 * direction, a)
                 pos[k] = xy
             for i in range(length - 1):
-                links.append((chain[i], chain[i + 1], float(abs(along[i + 1] - along[i]) if direction == 0
-                                                           else abs(along[::-1][i + 1] - along[::-1][i]))))
+                links.append(
+                    (
+                        chain[i],
+                        chain[i + 1],
+                        float(
+                            abs(along[i + 1] - along[i]) if direction == 0 else abs(along[::-1][i + 1] - along[::-1][i])
+                        ),
+                    )
+                )
             lanes.append(chain)
             node += length
     for k in range(node, n):  # leftovers: a short connector road
@@ -486,6 +549,7 @@ def road_graph(n: int, rng: np.random.Generator):
             parent[u] = parent[parent[u]]
             u = parent[u]
         return u
+
     for a, b, _ in links:
         parent[root(a)] = root(b)
     while len({root(k) for k in range(n)}) > 1:
@@ -535,8 +599,9 @@ def generate(shape: str, root: Path, seed: int = 0, force: bool = False, progres
     return write_synthetic(d, t_steps, n, seed, float32=shape == "large", progress=progress, label=shape)
 
 
-def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool = False, progress=print,
-                    label: str = "") -> Path:
+def write_synthetic(
+    d: Path, t_steps: int, n: int, seed: int = 0, float32: bool = False, progress=print, label: str = ""
+) -> Path:
     """Generate a synthetic set of t_steps x n into directory d (speeds.h5, adj_mx.pkl, distances.csv,
     graph_sensor_ids.txt, GENERATED.json). Any size: the tests write small ones."""
     import scipy.sparse as sp
@@ -548,17 +613,21 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
     need = t_steps * n * (4 if float32 else 8) + (n * n * 4) + (64 << 20)
     if free < need:
         has, needs = sizes(free, need)
-        raise ConfigError(f"--root: {d} has {has} free, the {label} set needs about {needs} (the speeds as "
-                          f"{'float32' if float32 else 'float64'}, the adjacency and 64 MiB of working room); free "
-                          f"space there or choose another --root")
+        raise ConfigError(
+            f"--root: {d} has {has} free, the {label} set needs about {needs} (the speeds as "
+            f"{'float32' if float32 else 'float64'}, the adjacency and 64 MiB of working room); free "
+            f"space there or choose another --root"
+        )
     shape = label
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     ids, pos, links = road_graph(n, rng)
     dist_rows = road_distances(n, links)
     adj = build_adjacency([(ids[a], ids[b], dv) for a, b, dv in dist_rows], ids)
-    progress(f"synthetic {shape}: graph of {n} sensors, {len(links)} road links, "
-             f"{int((adj > 0).sum()) - n} weighted edges ({time.perf_counter() - t0:.1f} s)")
+    progress(
+        f"synthetic {shape}: graph of {n} sensors, {len(links)} road links, "
+        f"{int((adj > 0).sum()) - n} weighted edges ({time.perf_counter() - t0:.1f} s)"
+    )
 
     # Speed = free flow - the daily and weekly rhythm of congestion - incidents + sensor noise (mph). An
     # incident's congestion spills upstream along the road links and decays (half-life about 1.5 h):
@@ -595,7 +664,7 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
     outages = rng.random((t_steps // 288 + 1, n)) < 0.2
     for day, k in zip(*np.nonzero(outages)):
         s = day * 288 + int(rng.integers(288))
-        speeds[s:s + int(rng.integers(12, 145)), k] = 0
+        speeds[s : s + int(rng.integers(12, 145)), k] = 0
     speeds[rng.random(speeds.shape) < 0.01] = 0
 
     d.mkdir(parents=True, exist_ok=True)
@@ -605,11 +674,24 @@ def write_synthetic(d: Path, t_steps: int, n: int, seed: int = 0, float32: bool 
     with open(d / "distances.csv", "w") as f:
         f.write("from,to,distance\n")
         f.writelines(f"{ids[a]},{ids[b]},{dv * 1609.34:.1f}\n" for a, b, dv in dist_rows)  # metres, as the CSV
-    done.write_text(json.dumps({"shape": label, "seed": seed, "time_steps": t_steps, "sensors": n,
-                                "missing_frac": round(float((speeds == 0).mean()), 4),
-                                "sha256": {f.name: sha256sum(f) for f in (h5, pkl)}}, indent=1) + "\n")
-    progress(f"synthetic {shape}: {t_steps:,} x {n} written to {d} ({time.perf_counter() - t0:.1f} s, "
-             f"{100 * float((speeds == 0).mean()):.1f} % missing)")
+    done.write_text(
+        json.dumps(
+            {
+                "shape": label,
+                "seed": seed,
+                "time_steps": t_steps,
+                "sensors": n,
+                "missing_frac": round(float((speeds == 0).mean()), 4),
+                "sha256": {f.name: sha256sum(f) for f in (h5, pkl)},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    progress(
+        f"synthetic {shape}: {t_steps:,} x {n} written to {d} ({time.perf_counter() - t0:.1f} s, "
+        f"{100 * float((speeds == 0).mean()):.1f} % missing)"
+    )
     return d
 
 
@@ -618,8 +700,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.data.traffic", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("adjacency", help="build adj_mx.pkl from a distances CSV and the sensor ids (gen_adj_mx)")
-    a.add_argument("--distances", type=Path, required=True, help="CSV of from,to,distance rows, as published "
-                   "(header from,to,cost or from,to,distance, or none)")
+    a.add_argument(
+        "--distances",
+        type=Path,
+        required=True,
+        help="CSV of from,to,distance rows, as published (header from,to,cost or from,to,distance, or none)",
+    )
     a.add_argument("--sensor-ids", type=Path, required=True, help="sensor ids, one per line or comma-separated")
     a.add_argument("--normalized-k", type=float, default=0.1, help="weights below this become 0 (default 0.1)")
     a.add_argument("--out", type=Path, required=True, help="the pickle to write")
@@ -648,10 +734,12 @@ def main(argv=None) -> int:
             s = load(args.dataset, args.root, args.shape)
             sp_ = {k: len(v) for k, v in s.splits().items()}
             mean, std = s.scaler()
-            print(f"{args.dataset}: {s.num_steps:,} steps x {s.num_nodes} sensors, "
-                  f"{100 * float((s.speeds == 0).mean()):.2f} % missing, {int((s.adj > 0).sum())} non-zero weights; "
-                  f"{s.num_windows:,} windows (train {sp_['train']:,}, val {sp_['val']:,}, test {sp_['test']:,}); "
-                  f"speed mean {mean:.3f} std {std:.3f}")
+            print(
+                f"{args.dataset}: {s.num_steps:,} steps x {s.num_nodes} sensors, "
+                f"{100 * float((s.speeds == 0).mean()):.2f} % missing, {int((s.adj > 0).sum())} non-zero weights; "
+                f"{s.num_windows:,} windows (train {sp_['train']:,}, val {sp_['val']:,}, test {sp_['test']:,}); "
+                f"speed mean {mean:.3f} std {std:.3f}"
+            )
 
     return exit_status(body)
 

@@ -7,6 +7,7 @@ An engine is what differs between ways of averaging gradients; the loop in kerne
 never names one. A new engine implements `Engine` and is added to `ENGINES` (and to the
 choices of the `engine` parameter in kernels/base/params.py).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """torch DistributedDataParallel as the lab's default engine (engine=ddp)."""
+
 from __future__ import annotations
 
 import inspect
@@ -28,12 +29,19 @@ class DDPEngine(Engine):
         # batch); DDP's default would broadcast rank 0's before every forward, a collective per step for nothing.
         # Every rank's buffers go into the checkpoint and are loaded after this wrap, so a resumed run continues
         # each rank's own. torch >= 2.13 names the setting forward_sync_buffers (and warns on the old name).
-        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                   else {"broadcast_buffers": False})
+        no_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else {"broadcast_buffers": False}
+        )
         cfg = self.cfg
-        self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                       bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                       **no_sync)
+        self.ddp = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            **no_sync,
+        )
         return self.ddp
 
     def no_sync(self, i: int, micro_batches: int):

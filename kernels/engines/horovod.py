@@ -23,6 +23,7 @@ the same as with DDP. Launch: horovodrun (Gloo controller) on one machine, srun 
 controller in a Slurm allocation. Horovod has no bfloat16 tensors: engine=horovod with
 precision=bf16 is refused.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,11 @@ VERSION = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 BUILD_HINT = "build it into the project's environment with `make horovod` (about 3 minutes)"
 # (file, pattern, replacement, how many times it must match)
-PATCHES = (("CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)", 1),
-           ("horovod/torch/CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)", 1),
-           ("third_party/gloo/CMakeLists.txt", r"-std=c\+\+11 -fPIC", "-std=c++17 -fPIC", 1))
+PATCHES = (
+    ("CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)", 1),
+    ("horovod/torch/CMakeLists.txt", r"set\(CMAKE_CXX_STANDARD 14\)", "set(CMAKE_CXX_STANDARD 17)", 1),
+    ("third_party/gloo/CMakeLists.txt", r"-std=c\+\+11 -fPIC", "-std=c++17 -fPIC", 1),
+)
 
 
 # ------------------------------------------------------------------ availability
@@ -67,8 +70,9 @@ def import_error() -> str | None:
 def check_built() -> None:
     why = import_error()
     if why:
-        raise ConfigError(f"parameter 'engine': horovod is not usable in {sys.prefix} ({why}); {BUILD_HINT}, "
-                          f"or use engine=ddp")
+        raise ConfigError(
+            f"parameter 'engine': horovod is not usable in {sys.prefix} ({why}); {BUILD_HINT}, or use engine=ddp"
+        )
 
 
 def check_config(cfg) -> None:
@@ -76,13 +80,17 @@ def check_config(cfg) -> None:
     if cfg.engine != "horovod":
         return
     if cfg.precision == "bf16":
-        raise ConfigError("parameters 'engine' and 'precision': Horovod has no bfloat16 tensors "
-                          "(\"BFloat16Tensor is not supported\"); use precision=fp32 or fp16 with engine=horovod, "
-                          "or engine=ddp for bf16")
+        raise ConfigError(
+            "parameters 'engine' and 'precision': Horovod has no bfloat16 tensors "
+            '("BFloat16Tensor is not supported"); use precision=fp32 or fp16 with engine=horovod, '
+            "or engine=ddp for bf16"
+        )
     if cfg.channels_last:
-        raise ConfigError("parameters 'engine' and 'channels_last': Horovod's broadcast and all-reduce take "
-                          "contiguous tensors only (\"Tensor is required to be contiguous\"), and channels_last "
-                          "weights and gradients are not; use channels_last=false with engine=horovod (its default)")
+        raise ConfigError(
+            "parameters 'engine' and 'channels_last': Horovod's broadcast and all-reduce take "
+            'contiguous tensors only ("Tensor is required to be contiguous"), and channels_last '
+            "weights and gradients are not; use channels_last=false with engine=horovod (its default)"
+        )
     if cfg.hvd_fusion_mb < 0 or cfg.hvd_cycle_ms < 0:
         raise ConfigError("parameters 'hvd_fusion_mb' and 'hvd_cycle_ms' must be >= 0")
 
@@ -92,8 +100,17 @@ def horovodrun_command(cfg, command: list[str]) -> list[str]:
     exe = shutil.which("horovodrun") or str(Path(sys.executable).parent / "horovodrun")
     if not Path(exe).exists():
         raise ConfigError(f"launcher: horovodrun is not installed next to {sys.executable}; {BUILD_HINT}")
-    return [exe, "-np", str(cfg.gpus), "-H", f"localhost:{cfg.gpus}", "--gloo",
-            "--gloo-timeout-seconds", str(int(cfg.startup_timeout_min * 60)), *command]
+    return [
+        exe,
+        "-np",
+        str(cfg.gpus),
+        "-H",
+        f"localhost:{cfg.gpus}",
+        "--gloo",
+        "--gloo-timeout-seconds",
+        str(int(cfg.startup_timeout_min * 60)),
+        *command,
+    ]
 
 
 # ------------------------------------------------------------------ in a rank
@@ -114,8 +131,10 @@ class HorovodEngine(Engine):
 
     def check_world(self, rank: int, world: int) -> None:
         if (self.hvd.rank(), self.hvd.size()) != (rank, world):
-            raise ConfigError(f"engine horovod: Horovod sees rank {self.hvd.rank()} of {self.hvd.size()} but the lab "
-                              f"rank {rank} of {world}; start the ranks with one launcher (horovodrun or srun)")
+            raise ConfigError(
+                f"engine horovod: Horovod sees rank {self.hvd.rank()} of {self.hvd.size()} but the lab "
+                f"rank {rank} of {world}; start the ranks with one launcher (horovodrun or srun)"
+            )
 
     def wrap_model(self, model, device):
         """Horovod averages the gradients in its optimizer: the model itself is not wrapped."""
@@ -135,11 +154,14 @@ class HorovodEngine(Engine):
         match DDP's from the same seed."""
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        dist_opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                            backward_passes_per_step=micro_batches, op=hvd.Average)
+        dist_opt = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=micro_batches, op=hvd.Average
+        )
         if any(a is not b for a, b in zip(dist_opt.param_groups, optimizer.param_groups)):
-            raise RuntimeError("horovod's DistributedOptimizer copied the parameter groups: the learning-rate "
-                               "schedule would not reach it")
+            raise RuntimeError(
+                "horovod's DistributedOptimizer copied the parameter groups: the learning-rate "
+                "schedule would not reach it"
+            )
         return dist_opt
 
     def step(self, optimizer, scaler, phase, clip: tuple | None = None) -> None:
@@ -149,7 +171,7 @@ class HorovodEngine(Engine):
         if synced:
             with phase("communication"):
                 optimizer.synchronize()
-        with (optimizer.skip_synchronize() if synced else nullcontext()):
+        with optimizer.skip_synchronize() if synced else nullcontext():
             super().step(optimizer, scaler, phase, clip)
 
     def broadcast_state(self, optimizer) -> None:
@@ -163,9 +185,13 @@ class HorovodEngine(Engine):
     def facts(self) -> dict:
         import horovod
 
-        return {"engine": "horovod", "horovod": getattr(horovod, "__version__", VERSION),
-                "controller": self.controller, "fusion_threshold_bytes": int(os.environ["HOROVOD_FUSION_THRESHOLD"]),
-                "cycle_time_ms": float(os.environ["HOROVOD_CYCLE_TIME"])}
+        return {
+            "engine": "horovod",
+            "horovod": getattr(horovod, "__version__", VERSION),
+            "controller": self.controller,
+            "fusion_threshold_bytes": int(os.environ["HOROVOD_FUSION_THRESHOLD"]),
+            "cycle_time_ms": float(os.environ["HOROVOD_CYCLE_TIME"]),
+        }
 
     def run_end_lines(self, step_ms: list[float], batch: int, world: int, device) -> list[str]:
         return seed_lines([batch * 1e3 / x for x in step_ms if x > 0], world, device.type == "cuda")
@@ -186,9 +212,11 @@ def seed_lines(samples_per_s_per_step: list[float], world: int, on_gpu: bool) ->
         return []
     mean = statistics.fmean(per)
     conf = 1.96 * (statistics.stdev(per) if len(per) > 1 else 0.0)
-    return [f"Img/sec per {dev}: {mean:.1f} +-{conf:.1f}",
-            f"Total img/sec on {world} {dev}(s): {world * mean:.1f} +-{world * conf:.1f}",
-            f"Global Img/sec: {world * mean:.1f}"]
+    return [
+        f"Img/sec per {dev}: {mean:.1f} +-{conf:.1f}",
+        f"Total img/sec on {world} {dev}(s): {world * mean:.1f} +-{world * conf:.1f}",
+        f"Global Img/sec: {world * mean:.1f}",
+    ]
 
 
 # ------------------------------------------------------------------ the build
@@ -219,8 +247,10 @@ def patch_tree(src: Path) -> None:
         text = path.read_text()
         new, n = re.subn(pattern, repl, text)
         if n != count:
-            raise RuntimeError(f"patch of {rel}: expected {count} match(es) of {pattern!r}, found {n}; is this the "
-                               f"horovod {VERSION} sdist?")
+            raise RuntimeError(
+                f"patch of {rel}: expected {count} match(es) of {pattern!r}, found {n}; is this the "
+                f"horovod {VERSION} sdist?"
+            )
         path.write_text(new)
         _say(f"patched {rel}: {pattern.replace(chr(92), '')} -> {repl}")
 
@@ -291,8 +321,11 @@ def _keep_wheel(wheel: Path, key: str) -> None:
 
 
 def _install_wheel(wheel: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index",
-                        str(wheel)], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         raise ConfigError(f"pip could not install {wheel}: {p.stderr.strip()[-400:]}")
 
@@ -300,11 +333,27 @@ def _install_wheel(wheel: Path) -> None:
 def _fetch_sdist(sdist: Path | None, tmp: Path) -> Path:
     if sdist is None:
         _say(f"downloading the horovod {VERSION} sdist from the package index")
-        p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                            f"horovod=={VERSION}", "-d", str(tmp)], capture_output=True, text=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"horovod=={VERSION}",
+                "-d",
+                str(tmp),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if p.returncode != 0:
-            raise ConfigError(f"pip could not download horovod=={VERSION}: {p.stderr.strip()[-400:]}; "
-                              f"pass a downloaded sdist with --sdist FILE")
+            raise ConfigError(
+                f"pip could not download horovod=={VERSION}: {p.stderr.strip()[-400:]}; "
+                f"pass a downloaded sdist with --sdist FILE"
+            )
         sdist = tmp / f"horovod-{VERSION}.tar.gz"
     sdist = Path(sdist)
     if not sdist.is_file():
@@ -321,9 +370,24 @@ def _compile_wheel(src: Path, env: dict, out: Path) -> Path:
     t0 = time.time()
     log = out.parent / "build.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                                 "--no-cache-dir", "-v", "-w", str(out), str(src)], env=env, stdout=f,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-build-isolation",
+                "--no-deps",
+                "--no-cache-dir",
+                "-v",
+                "-w",
+                str(out),
+                str(src),
+            ],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
         while proc.poll() is None:
             time.sleep(15)
             built = len(re.findall(r"Building CXX object", log.read_text(errors="replace")))
@@ -331,8 +395,12 @@ def _compile_wheel(src: Path, env: dict, out: Path) -> Path:
     if proc.returncode != 0:
         text = log.read_text(errors="replace").splitlines()
         errors = [ln for ln in text if re.search(r"CMake Error|error:|Error \d", ln)][:20]
-        raise ConfigError(f"the horovod build failed (exit {proc.returncode}); its errors:\n" + "\n".join(errors) +
-                          "\nand the end of its log:\n" + "\n".join(text[-15:]))
+        raise ConfigError(
+            f"the horovod build failed (exit {proc.returncode}); its errors:\n"
+            + "\n".join(errors)
+            + "\nand the end of its log:\n"
+            + "\n".join(text[-15:])
+        )
     (wheel,) = out.glob("horovod-*.whl")
     _say(f"compiled in {time.time() - t0:.0f} s")
     return wheel
@@ -340,8 +408,14 @@ def _compile_wheel(src: Path, env: dict, out: Path) -> Path:
 
 def _build_env(jobs: int) -> dict:
     env = {**os.environ, **_cmake_env()}
-    env.update(HOROVOD_WITH_PYTORCH="1", HOROVOD_WITHOUT_TENSORFLOW="1", HOROVOD_WITHOUT_MXNET="1",
-               HOROVOD_WITH_GLOO="1", MAKEFLAGS=f"-j{jobs}", HOROVOD_BUILD_PARALLELISM=str(jobs))
+    env.update(
+        HOROVOD_WITH_PYTORCH="1",
+        HOROVOD_WITHOUT_TENSORFLOW="1",
+        HOROVOD_WITHOUT_MXNET="1",
+        HOROVOD_WITH_GLOO="1",
+        MAKEFLAGS=f"-j{jobs}",
+        HOROVOD_BUILD_PARALLELISM=str(jobs),
+    )
     if shutil.which("mpicxx") or shutil.which("mpicc"):
         env["HOROVOD_WITH_MPI"] = "1"
     import torch
@@ -389,9 +463,11 @@ def build(sdist: Path | None = None, jobs: int | None = None, force: bool = Fals
         patch_tree(src)
         import torch
 
-        _say(f"building with {jobs} job(s): torch {torch.__version__}, Gloo"
-             f"{', MPI' if 'HOROVOD_WITH_MPI' in env else ''}{', NCCL' if 'HOROVOD_GPU_OPERATIONS' in env else ''}"
-             f" (log: {tmp}/build.log while it runs)")
+        _say(
+            f"building with {jobs} job(s): torch {torch.__version__}, Gloo"
+            f"{', MPI' if 'HOROVOD_WITH_MPI' in env else ''}{', NCCL' if 'HOROVOD_GPU_OPERATIONS' in env else ''}"
+            f" (log: {tmp}/build.log while it runs)"
+        )
         wheel = _compile_wheel(src, env, tmp / "wheel")
         _install_wheel(wheel)
         _check_import()
@@ -406,15 +482,19 @@ def main(argv=None) -> int:
 
     from kernels.base.errors import exit_status
 
-    ap = argparse.ArgumentParser(prog="python -m kernels.engines.horovod",
-                                 description="build Horovod 0.28.1 for this torch (make horovod)")
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.engines.horovod", description="build Horovod 0.28.1 for this torch (make horovod)"
+    )
     ap.add_argument("command", choices=["build", "check"])
     ap.add_argument("--sdist", type=Path, help="a downloaded horovod-0.28.1.tar.gz (default: download it)")
     ap.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     ap.add_argument("--force", action="store_true", help="compile again even if horovod imports or a cached wheel fits")
-    ap.add_argument("--no-cache", dest="cache", action="store_false",
-                    help="neither install from nor keep a wheel in the cache ($LAB_WHEEL_CACHE, else "
-                         "~/.cache/scaling-lab/wheels)")
+    ap.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="neither install from nor keep a wheel in the cache ($LAB_WHEEL_CACHE, else ~/.cache/scaling-lab/wheels)",
+    )
     a = ap.parse_args(argv)
 
     def body() -> int:

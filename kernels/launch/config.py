@@ -9,6 +9,7 @@ visible, results dir writable, data present, the engine built), before any proce
 spawned or any file is written. It sits above the workloads, data sets and engines
 whose own checks it calls, and below the loop and the launchers that use it.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,16 @@ from pathlib import Path
 
 from kernels.base import params
 from kernels.base.errors import ConfigError
-from kernels.base.params import (COMMON, COMMON_BY_NAME, PER_DEVICE, PER_WORKLOAD, Param, RunConfig, coerce,
-                            unknown_name_error)
+from kernels.base.params import (
+    COMMON,
+    COMMON_BY_NAME,
+    PER_DEVICE,
+    PER_WORKLOAD,
+    Param,
+    RunConfig,
+    coerce,
+    unknown_name_error,
+)
 
 
 def table(workload: str | None = None) -> list[Param]:
@@ -49,8 +58,9 @@ def resolve(raw: dict) -> RunConfig:
             continue
         owner = owner_of(name)
         if owner:
-            raise ConfigError(f"'{name}' is a parameter of workload {owner}, not {wl.name}; remove it, or set "
-                              f"workload={owner}")
+            raise ConfigError(
+                f"'{name}' is a parameter of workload {owner}, not {wl.name}; remove it, or set workload={owner}"
+            )
         raise unknown_name_error(name, known=[*COMMON_BY_NAME, *own])
     values = {}
     for p in (*COMMON, *wl.params):
@@ -101,31 +111,55 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
 
     need(cfg.gpus >= 1, f"parameter 'gpus': world size must be >= 1, got {cfg.gpus}")
     need(cfg.batch >= 1, f"parameter 'batch': must be >= 1, got {cfg.batch}")
-    need(cfg.batch % cfg.gpus == 0,
-         f"parameter 'batch': the global batch {cfg.batch} is not divisible by gpus={cfg.gpus}; "
-         f"use a multiple of {cfg.gpus}, e.g. {cfg.gpus * max(1, round(cfg.batch / cfg.gpus))}")
+    need(
+        cfg.batch % cfg.gpus == 0,
+        f"parameter 'batch': the global batch {cfg.batch} is not divisible by gpus={cfg.gpus}; "
+        f"use a multiple of {cfg.gpus}, e.g. {cfg.gpus * max(1, round(cfg.batch / cfg.gpus))}",
+    )
     need(cfg.micro_batches >= 1, f"parameter 'micro_batches': must be >= 1, got {cfg.micro_batches}")
-    need(cfg.per_rank_batch % cfg.micro_batches == 0,
-         f"parameter 'micro_batches': the per-rank batch {cfg.per_rank_batch} (batch/gpus) is not "
-         f"divisible by micro_batches={cfg.micro_batches}")
+    need(
+        cfg.per_rank_batch % cfg.micro_batches == 0,
+        f"parameter 'micro_batches': the per-rank batch {cfg.per_rank_batch} (batch/gpus) is not "
+        f"divisible by micro_batches={cfg.micro_batches}",
+    )
     need(cfg.epochs >= 1, f"parameter 'epochs': must be >= 1, got {cfg.epochs}")
     need(0 <= cfg.seed < 2**32, f"parameter 'seed': must be in 0 .. 2**32 - 1 (numpy's seeds), got {cfg.seed}")
     need(cfg.lr > 0, f"parameter 'lr': must be > 0, got {cfg.lr}")
     need(cfg.bucket_cap_mb > 0, f"parameter 'bucket_cap_mb': must be > 0, got {cfg.bucket_cap_mb}")
-    for name in ("num_workers", "train_samples", "test_samples", "timing_warmup_steps", "eval_every", "eval_batch",
-                 "comm_probe_steps", "log_every", "checkpoint_every", "stop_after_steps", "profile_steps",
-                 "profile_wait", "profile_warmup", "sync_debug_steps"):
+    for name in (
+        "num_workers",
+        "train_samples",
+        "test_samples",
+        "timing_warmup_steps",
+        "eval_every",
+        "eval_batch",
+        "comm_probe_steps",
+        "log_every",
+        "checkpoint_every",
+        "stop_after_steps",
+        "profile_steps",
+        "profile_wait",
+        "profile_warmup",
+        "sync_debug_steps",
+    ):
         need(getattr(cfg, name) >= 0, f"parameter '{name}': must be >= 0, got {getattr(cfg, name)}")
-    need(0 <= cfg.monitor_hz <= 5, f"parameter 'monitor_hz': samples per second in 0 (off) .. 5, got "
-                                   f"{cfg.monitor_hz} (NVML refreshes utilisation every 1/6 to 1 s)")
-    need(cfg.profile_with != "external" or cfg.profile_steps > 0,
-         "parameter 'profile_with': external marks the capture window of the active steps; set profile_steps > 0")
+    need(
+        0 <= cfg.monitor_hz <= 5,
+        f"parameter 'monitor_hz': samples per second in 0 (off) .. 5, got "
+        f"{cfg.monitor_hz} (NVML refreshes utilisation every 1/6 to 1 s)",
+    )
+    need(
+        cfg.profile_with != "external" or cfg.profile_steps > 0,
+        "parameter 'profile_with': external marks the capture window of the active steps; set profile_steps > 0",
+    )
     if cfg.profile_steps and cfg.stop_after_steps:
         end = cfg.profile_wait + cfg.profile_warmup + cfg.profile_steps
-        need(end <= cfg.stop_after_steps,
-             f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {cfg.profile_wait} + "
-             f"profile_warmup {cfg.profile_warmup} + profile_steps {cfg.profile_steps}) but stop_after_steps="
-             f"{cfg.stop_after_steps} stops the run before; lower profile_wait or profile_steps")
+        need(
+            end <= cfg.stop_after_steps,
+            f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {cfg.profile_wait} + "
+            f"profile_warmup {cfg.profile_warmup} + profile_steps {cfg.profile_steps}) but stop_after_steps="
+            f"{cfg.stop_after_steps} stops the run before; lower profile_wait or profile_steps",
+        )
     need(cfg.prefetch_factor >= 1, "parameter 'prefetch_factor': must be >= 1")
     need(cfg.window_mb > 0, f"parameter 'window_mb': must be > 0, got {cfg.window_mb}")
     need(cfg.read_mb >= 1, f"parameter 'read_mb': reads of at least 1 MiB, got {cfg.read_mb}")
@@ -134,35 +168,50 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     for name in ("startup_timeout_min", "hang_timeout_min"):
         need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
     need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
-    need(not cfg.cuda_graphs or cfg.compile,
-         "parameter 'cuda_graphs': the graphs are captured through torch.compile (mode reduce-overhead); set "
-         "compile=true, or cuda_graphs=false")
-    need(not cfg.cuda_graphs or cfg.micro_batches == 1,
-         "parameter 'cuda_graphs': with micro_batches > 1 each micro-batch's backward replays the same captured graph "
-         "and would overwrite the gradient the one before left; set cuda_graphs=false (or leave it unset)")
-    need(not cfg.cuda_graphs or params.device_type(cfg) == "cuda",
-         "parameter 'cuda_graphs': CUDA graphs need a GPU; set cuda_graphs=false (or leave it unset) on a CPU")
-    need(cfg.backend != "nccl" or params.device_type(cfg) == "cuda",
-         "parameter 'backend': nccl needs GPUs and none is in use here; use backend=auto or gloo")
-    need(cfg.device != "cpu" or cfg.precision != "fp16",
-         "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
-         "use precision=bf16 or fp32 on CPU")
+    need(
+        not cfg.cuda_graphs or cfg.compile,
+        "parameter 'cuda_graphs': the graphs are captured through torch.compile (mode reduce-overhead); set "
+        "compile=true, or cuda_graphs=false",
+    )
+    need(
+        not cfg.cuda_graphs or cfg.micro_batches == 1,
+        "parameter 'cuda_graphs': with micro_batches > 1 each micro-batch's backward replays the same captured graph "
+        "and would overwrite the gradient the one before left; set cuda_graphs=false (or leave it unset)",
+    )
+    need(
+        not cfg.cuda_graphs or params.device_type(cfg) == "cuda",
+        "parameter 'cuda_graphs': CUDA graphs need a GPU; set cuda_graphs=false (or leave it unset) on a CPU",
+    )
+    need(
+        cfg.backend != "nccl" or params.device_type(cfg) == "cuda",
+        "parameter 'backend': nccl needs GPUs and none is in use here; use backend=auto or gloo",
+    )
+    need(
+        cfg.device != "cpu" or cfg.precision != "fp16",
+        "parameter 'precision': fp16 needs a GPU (GradScaler and fp16 autocast are CUDA-only); "
+        "use precision=bf16 or fp32 on CPU",
+    )
     _check_run_id(cfg.run_id)
-    need(_plain(cfg.label),
-         f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
-    need(cfg.dataset in wl.datasets,
-         f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'")
+    need(_plain(cfg.label), f"parameter 'label': {cfg.label!r} may hold letters, digits, '-', '_' and '.' only")
+    need(
+        cfg.dataset in wl.datasets,
+        f"parameter 'dataset': workload '{cfg.workload}' takes {', '.join(wl.datasets)}, not '{cfg.dataset}'",
+    )
     from kernels.data import DATASETS
 
     ds = DATASETS.get(cfg.dataset)
     if ds is not None and ds.streamed:
-        need(cfg.pipeline in ("stream", "dataloader"),
-             f"parameter 'pipeline': data set '{cfg.dataset}' is streamed from disk (it need not fit in memory): "
-             f"use pipeline=stream (the default) or dataloader (the per-sample baseline), not {cfg.pipeline}")
+        need(
+            cfg.pipeline in ("stream", "dataloader"),
+            f"parameter 'pipeline': data set '{cfg.dataset}' is streamed from disk (it need not fit in memory): "
+            f"use pipeline=stream (the default) or dataloader (the per-sample baseline), not {cfg.pipeline}",
+        )
     elif ds is not None:
-        need(cfg.pipeline != "stream",
-             f"parameter 'pipeline': stream reads a set of shards from disk and '{cfg.dataset}' is held in memory; "
-             f"use pipeline=device or dataloader, or dataset=bigmnist")
+        need(
+            cfg.pipeline != "stream",
+            f"parameter 'pipeline': stream reads a set of shards from disk and '{cfg.dataset}' is held in memory; "
+            f"use pipeline=device or dataloader, or dataset=bigmnist",
+        )
     from kernels.engines.horovod import check_config
 
     check_config(cfg)
@@ -177,8 +226,9 @@ def _plain(name: str) -> bool:
 
 def _check_run_id(run_id: str) -> None:
     if not _plain(run_id) or run_id in (".", ".."):
-        raise ConfigError(f"parameter 'run_id': {run_id!r} must be a plain directory name of letters, digits, '-', "
-                          "'_' and '.'")
+        raise ConfigError(
+            f"parameter 'run_id': {run_id!r} must be a plain directory name of letters, digits, '-', '_' and '.'"
+        )
 
 
 def replace(cfg: RunConfig, **changes) -> RunConfig:
@@ -222,10 +272,10 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None, 
                 f"parameter 'gpus': {local} ranks on this node but only {n} GPU(s) visible "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
                 f"ask for fewer gpus or run across nodes with srun (backend=gloo lets ranks share a GPU: a check of "
-                f"the multi-rank path, not for speed)")
+                f"the multi-rank path, not for speed)"
+            )
     elif cfg.precision == "fp16":
-        raise ConfigError(
-            "parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
+        raise ConfigError("parameter 'precision': fp16 needs a GPU and none is visible; use precision=bf16 or fp32")
     else:
         local = cfg.gpus if ranks_on_this_node is None else ranks_on_this_node
         from kernels.base.sysinfo import usable_cores
@@ -234,7 +284,8 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None, 
         if local > cores and not cfg.oversubscribe:
             raise ConfigError(
                 f"parameter 'gpus': {local} CPU ranks on this node but only {cores} core(s) are available to this "
-                f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores")
+                f"process; ask for fewer, run across nodes with srun, or pass oversubscribe=true to share cores"
+            )
     if cfg.engine == "horovod":
         from kernels.engines.horovod import check_built
 
@@ -247,8 +298,10 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None, 
         from kernels.profiling import hta
 
         if not hta.installed():
-            raise ConfigError(f"parameter 'profile_hta': on, but HolisticTraceAnalysis is not installed; "
-                              f"`{hta.INSTALL}` into this environment, or use profile_hta=auto")
+            raise ConfigError(
+                f"parameter 'profile_hta': on, but HolisticTraceAnalysis is not installed; "
+                f"`{hta.INSTALL}` into this environment, or use profile_hta=auto"
+            )
     from kernels.workloads import get_workload
 
     wl = get_workload(cfg.workload)
@@ -264,4 +317,5 @@ def _check_writable(path: Path, name: str = "results_dir") -> None:
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(
             f"parameter '{name}': {path} is not writable (nearest existing: {probe}); "
-            f"pass {name}=<a writable directory>")
+            f"pass {name}=<a writable directory>"
+        )

@@ -13,6 +13,7 @@ Launchers (choose_launcher):
           salloc), in-process for one rank, else local.
 A launcher marks a record its ranks left "running" as failed when they die without a word.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ LAUNCHER_ENV = "LAB_LAUNCHER"  # set by the local launchers, so the record names
 RANK_WRAPPER_ENV = "LAB_RANK_WRAPPER"  # a command prefix for every srun rank (the Nsight wrappers set it)
 # variables that say "this process is a rank": torchrun's pair, srun's step, horovodrun's, Open MPI's and PMI's
 RANK_ENV = ("SLURM_STEP_ID", "HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
-EXIT_PREEMPTED = 75   # the ranks checkpointed and stopped on request (USR1/TERM): resumable (EX_TEMPFAIL)
+EXIT_PREEMPTED = 75  # the ranks checkpointed and stopped on request (USR1/TERM): resumable (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # the same after Ctrl-C (SIGINT; 128 + 2, as a shell reports it)
 FAILURE_GRACE_S = 10  # after a rank failed, the others get this long to leave before SIGKILL
 # libkineto (torch.profiler) prints these at every profiler start and stop, whatever KINETO_LOG_LEVEL says
@@ -47,6 +48,7 @@ KINETO_MARK = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cp
 class RankJob:
     """One launch: `ranks` processes of `command`, whose record goes to `run_dir`; on a stop they get
     `term_grace_s` to checkpoint; `env` is added to every rank's environment."""
+
     ranks: int
     command: tuple[str, ...]
     run_dir: Path
@@ -118,7 +120,7 @@ def core_sets(ranks: int, environ=None) -> list[list[int]] | None:
         return None
     usable = sorted(os.sched_getaffinity(0))
     per = len(usable) // ranks
-    return [usable[r * per:(r + 1) * per] for r in range(ranks)] if per else None
+    return [usable[r * per : (r + 1) * per] for r in range(ranks)] if per else None
 
 
 def _span(cores: list[int]) -> str:
@@ -161,21 +163,44 @@ def spawn_local(job: RankJob, stdout=None) -> int:
         print(f"launcher: LAB_CPU_BIND=cores: {bound}", file=stdout, flush=True)
     procs = []
     for rank in range(job.ranks):
-        env = {**os.environ, **extra, "RANK": str(rank), "WORLD_SIZE": str(job.ranks), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(job.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "local", **job.env}
-        procs.append(subprocess.Popen(job.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, bufsize=1, preexec_fn=partial(_rank_start, cores and cores[rank])))
-    pumps = [threading.Thread(target=pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
-             for r, p in enumerate(procs)]
+        env = {
+            **os.environ,
+            **extra,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(job.ranks),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(job.ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+            LAUNCHER_ENV: "local",
+            **job.env,
+        }
+        procs.append(
+            subprocess.Popen(
+                job.command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                preexec_fn=partial(_rank_start, cores and cores[rank]),
+            )
+        )
+    pumps = [
+        threading.Thread(target=pump, args=(p.stdout, "" if r == 0 else f"[rank {r}] ", stdout), daemon=True)
+        for r, p in enumerate(procs)
+    ]
     for t in pumps:
         t.start()
     stop = {"signal": None, "now": False}
     previous = {}
     if threading.current_thread() is threading.main_thread():
+
         def on_signal(signum, frame):  # TERM or a first Ctrl-C: the ranks checkpoint; a second Ctrl-C: stop now
             stop["now"] = signum == signal.SIGINT and stop["signal"] == signal.SIGINT
             stop["signal"] = signum
+
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         rc = _wait_all(procs, stdout, stop, job.term_grace_s + 15)
@@ -193,8 +218,9 @@ def spawn_local(job: RankJob, stdout=None) -> int:
 
 def mark_if_died(run_dir, rc: int, seen_by: str, stdout) -> None:
     """A launcher whose ranks ended badly marks a record they left 'running' as failed, with the cause."""
-    if rc not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED) and records.mark_failed(run_dir, f"a rank {exit_cause(rc)} "
-                                                                                        f"(seen by {seen_by})"):
+    if rc not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED) and records.mark_failed(
+        run_dir, f"a rank {exit_cause(rc)} (seen by {seen_by})"
+    ):
         print(f"launcher: marked {run_dir} failed", file=stdout, flush=True)
 
 
@@ -224,9 +250,11 @@ def _wait_all(procs: list, stdout, stop: dict | None = None, stop_grace_s: float
     forwarded = None
     while remaining:
         if stop and stop["signal"] and forwarded is None:
-            print(f"launcher: got {signal.Signals(stop['signal']).name}; asking the ranks to checkpoint and stop",
-                  file=stdout,
-                  flush=True)
+            print(
+                f"launcher: got {signal.Signals(stop['signal']).name}; asking the ranks to checkpoint and stop",
+                file=stdout,
+                flush=True,
+            )
             for r in remaining:
                 procs[r].send_signal(signal.SIGTERM)
             forwarded = time.monotonic()
@@ -259,8 +287,10 @@ def geometry(gpus: int, per_node: int) -> tuple[int, int]:
         return 1, gpus
     if gpus % per_node:
         lo, hi = gpus - gpus % per_node, gpus - gpus % per_node + per_node
-        raise ConfigError(f"parameter 'gpus': {gpus} ranks do not fill nodes of {per_node} evenly; "
-                          f"use gpus={lo} or {hi} (or fewer than {per_node} on one node)")
+        raise ConfigError(
+            f"parameter 'gpus': {gpus} ranks do not fill nodes of {per_node} evenly; "
+            f"use gpus={lo} or {hi} (or fewer than {per_node} on one node)"
+        )
     return gpus // per_node, per_node
 
 
@@ -279,8 +309,10 @@ def check_allocation(ranks: int, environ=None) -> None:
     """The current Slurm allocation can hold `ranks` ranks (and GPUs, on GPU nodes); else say what to ask for."""
     env = os.environ if environ is None else environ
     if "SLURM_JOB_ID" not in env:
-        raise ConfigError("parameter 'launcher': srun needs a Slurm allocation (no SLURM_JOB_ID); "
-                          "submit with sbatch/salloc, or use launcher=local")
+        raise ConfigError(
+            "parameter 'launcher': srun needs a Slurm allocation (no SLURM_JOB_ID); "
+            "submit with sbatch/salloc, or use launcher=local"
+        )
     nodes = allocation_nodes(env)
     slots = int(env.get("SLURM_NTASKS") or nodes)
     gpus_on_node = int(env.get("SLURM_GPUS_ON_NODE") or 0)
@@ -295,10 +327,12 @@ def check_allocation(ranks: int, environ=None) -> None:
             hint = "sbatch " + " ".join(sbatch_geometry_args(ranks, per_node, with_gpus=bool(gpus_on_node)))
         except ConfigError as e:
             hint = str(e)
-        raise ConfigError(f"parameter 'gpus': gpus={ranks} but the allocation (job {env['SLURM_JOB_ID']}, "
-                          f"{nodes} node(s)) has only {' and '.join(short)}; resubmit with `{hint} ...` "
-                          f"or use `lab submit notebooks/01_train.ipynb --gpus {ranks} --gpus-per-node {per_node} "
-                          "...`")
+        raise ConfigError(
+            f"parameter 'gpus': gpus={ranks} but the allocation (job {env['SLURM_JOB_ID']}, "
+            f"{nodes} node(s)) has only {' and '.join(short)}; resubmit with `{hint} ...` "
+            f"or use `lab submit notebooks/01_train.ipynb --gpus {ranks} --gpus-per-node {per_node} "
+            "...`"
+        )
 
 
 def srun_command(job: RankJob, environ=None, extra=()) -> list[str]:
@@ -339,9 +373,14 @@ def run_srun(job: RankJob, stdout=None, cmd: list[str] | None = None) -> int:
     from kernels.base.ports import free_port
 
     port = {} if os.environ.get("MASTER_PORT") else {"MASTER_PORT": str(free_port())}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **port, "LAB_RUN_DIR": str(job.run_dir),
-                                 **job.env})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **port, "LAB_RUN_DIR": str(job.run_dir), **job.env},
+    )
     pump(proc.stdout, "", stdout)
     rc = proc.wait()
     mark_if_died(job.run_dir, rc, cmd[0], stdout)  # ranks killed without a word (NCCL's watchdog) leave no "running"
@@ -360,4 +399,3 @@ def leave(rc: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
-

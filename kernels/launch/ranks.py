@@ -2,6 +2,7 @@
 environment (job), and the start through the chosen launcher (kernels/launch/launchers.py), horovodrun for
 engine=horovod. Used by the training CLI (kernels/train.py), the notebooks' runner, study and submit.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,21 @@ import sys
 
 from kernels.base.params import RunConfig
 from kernels.launch.config import check_environment, settled
-from kernels.launch.launchers import (EXIT_INTERRUPTED, EXIT_PREEMPTED, FAILURE_GRACE_S, LAUNCHER_ENV, RankJob,
-                                      pump, check_allocation, choose_launcher, mark_if_died, run_srun, spawn_local,
-                                      srun_command, thread_env)
+from kernels.launch.launchers import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    FAILURE_GRACE_S,
+    LAUNCHER_ENV,
+    RankJob,
+    pump,
+    check_allocation,
+    choose_launcher,
+    mark_if_died,
+    run_srun,
+    spawn_local,
+    srun_command,
+    thread_env,
+)
 from kernels.records import schema as records
 from kernels.records.schema import ensure_not_complete
 
@@ -28,8 +41,13 @@ def worker_command(cfg: RunConfig) -> list[str]:
 def rank_job(cfg: RunConfig) -> RankJob:
     """The training run's ranks as a launch: its PREPARED_ENV tells each rank that the driver has resolved and
     checked the run."""
-    return RankJob(cfg.gpus, tuple(worker_command(cfg)), cfg.results_root / cfg.run_id, cfg.term_grace_s,
-                   {PREPARED_ENV: cfg.run_id})
+    return RankJob(
+        cfg.gpus,
+        tuple(worker_command(cfg)),
+        cfg.results_root / cfg.run_id,
+        cfg.term_grace_s,
+        {PREPARED_ENV: cfg.run_id},
+    )
 
 
 def prepare(cfg: RunConfig, launcher: str | None = None) -> tuple[str, RunConfig]:
@@ -61,12 +79,25 @@ def spawn_horovodrun(cfg: RunConfig, ranks: RankJob, stdout=None) -> int:
     from kernels.base.ports import free_port
 
     stdout = stdout or sys.stdout
-    extra = {**thread_env(cfg.gpus), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-             "PYTHONUNBUFFERED": "1", LAUNCHER_ENV: "horovodrun", **ranks.env}
+    extra = {
+        **thread_env(cfg.gpus),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+        LAUNCHER_ENV: "horovodrun",
+        **ranks.env,
+    }
     cmd = horovodrun_command(cfg, list(ranks.command))
     print("launcher: " + shlex.join(cmd), file=stdout, flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, **extra}, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env={**os.environ, **extra},
+        start_new_session=True,
+    )
     try:
         pump(proc.stdout, "", stdout)
         rc = proc.wait()
@@ -98,8 +129,12 @@ def steps_past_stop(cfg: RunConfig) -> int | None:
 def start(launcher: str, cfg: RunConfig, stdout=None) -> int:
     done = steps_past_stop(cfg)  # every rank of a launch reads the same record: all go on, or none
     if done is not None:
-        print(f"run {cfg.run_id} has already done {done} steps, stop_after_steps={cfg.stop_after_steps}: nothing to "
-              f"do (a larger stop_after_steps goes further, 0 runs to the end)", file=stdout or sys.stdout, flush=True)
+        print(
+            f"run {cfg.run_id} has already done {done} steps, stop_after_steps={cfg.stop_after_steps}: nothing to "
+            f"do (a larger stop_after_steps goes further, 0 runs to the end)",
+            file=stdout or sys.stdout,
+            flush=True,
+        )
         return 0
     if launcher == "none":
         from kernels import ddp_core

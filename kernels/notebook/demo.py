@@ -10,6 +10,7 @@ point, and its record says whether it was contended.
 
     python -m kernels.notebook.demo [--reruns N] -p NAME VALUE ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,19 +48,26 @@ def run_scale(notebook: str, gpus: int, args: list[str], reruns: int, runs_dir: 
         if why is None:
             return 0
         if attempt < reruns:
-            print(f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why}); running it again "
-                  f"({attempt + 1} of {reruns})", file=out, flush=True)
+            print(
+                f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why}); running it again "
+                f"({attempt + 1} of {reruns})",
+                file=out,
+                flush=True,
+            )
         else:
-            print(f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why})"
-                  + (f" in all {reruns + 1} tries" if reruns else "")
-                  + "; the analysis sets the point aside and says why", file=out, flush=True)
+            print(
+                f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why})"
+                + (f" in all {reruns + 1} tries" if reruns else "")
+                + "; the analysis sets the point aside and says why",
+                file=out,
+                flush=True,
+            )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.notebook.demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--reruns", type=int, default=1,
-                    help="times a contended training run is run again (0: never)")
+    ap.add_argument("--reruns", type=int, default=1, help="times a contended training run is run again (0: never)")
     args, papermill = ap.parse_known_args(argv)
     if args.reruns < 0:
         print(f"error: --reruns {args.reruns}: give 0 or more", file=sys.stderr)

@@ -14,6 +14,7 @@ BeautifulSoup reads it (tests/test_notebooks.py).
 
     python -m kernels.notebook.html NOTEBOOK.ipynb    # render one page (what the runner falls back to)
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ SERVE = "--serve"
 
 
 NO_ALT = "No description has been provided for this image"  # HTMLExporter's placeholder
-START_TAG = re.compile(r"<(div|img)\b((?:\s+[^\s=/>]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*)\s*(/?)>",
-                       re.IGNORECASE)
+START_TAG = re.compile(
+    r"<(div|img)\b((?:\s+[^\s=/>]+(?:\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'=<>`]+))?)*)\s*(/?)>", re.IGNORECASE
+)
 ATTRIBUTE = re.compile(r"""([^\s=/>]+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s"'=<>`]+))?""")
 FOCUSABLE = {"jp-Cell-inputWrapper", "jp-OutputArea-output"}  # the divs HTMLExporter gives tabindex="0"
 
@@ -53,8 +55,9 @@ def accessible(html: str) -> tuple[str, int]:
             if "tabindex" not in found:
                 attrs += ' tabindex="0"'
             elif found["tabindex"] != "0":  # set in place, where BeautifulSoup keeps an existing attribute
-                attrs = ATTRIBUTE.sub(lambda a: 'tabindex="0"' if a.group(1).lower() == "tabindex" else a.group(0),
-                                      attrs)
+                attrs = ATTRIBUTE.sub(
+                    lambda a: 'tabindex="0"' if a.group(1).lower() == "tabindex" else a.group(0), attrs
+                )
             else:
                 return m.group(0)
         else:
@@ -82,8 +85,9 @@ def exporter():
             lexer = langinfo.get("pygments_lexer", langinfo.get("name", None))
             highlight_code = self.filters.get("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
             resources = self._init_resources(resources)
-            filter_data_type = WidgetsDataTypeFilter(notebook_metadata=self._nb_metadata, parent=self,
-                                                     resources=resources)
+            filter_data_type = WidgetsDataTypeFilter(
+                notebook_metadata=self._nb_metadata, parent=self, resources=resources
+            )
             self.register_filter("highlight_code", highlight_code)
             self.register_filter("filter_data_type", filter_data_type)
             html, resources = TemplateExporter.from_notebook_node(self, nb, resources, **kw)
@@ -108,8 +112,12 @@ class HtmlRenderer:
     """A helper process that has imported nbconvert by the time the notebook ends; one page per helper."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "kernels.notebook.html", SERVE], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernels.notebook.html", SERVE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def render(self, notebook: Path) -> Path:
         try:
@@ -118,8 +126,11 @@ class HtmlRenderer:
                 return Path(out.strip())
         except (OSError, subprocess.TimeoutExpired):
             self.close()
-        print(f"notebook: the HTML helper failed (exit status {self.proc.returncode}); rendering in a new process",
-              file=sys.stderr, flush=True)
+        print(
+            f"notebook: the HTML helper failed (exit status {self.proc.returncode}); rendering in a new process",
+            file=sys.stderr,
+            flush=True,
+        )
         subprocess.run([sys.executable, "-m", "kernels.notebook.html", str(notebook)], check=True)
         return Path(notebook).with_suffix(".html")
 

@@ -15,6 +15,7 @@ import debugpy as always. The launcher can also import libraries the notebook wi
 in a thread, while the kernel waits for Papermill and runs the notebook's first cells: the runner asks for pandas
 for the lab's own notebooks, whose first imports it is (0.3-0.6 s on a 2-core machine).
 """
+
 from __future__ import annotations
 
 import os
@@ -66,15 +67,26 @@ class Kernel:
     def take(self, kernel_name: str | None, arguments: list[str]):
         """The manager, for a client that would start `kernel_name` with `arguments` in this process's working
         directory and environment; None for any other, this kernel stopped and the difference printed."""
-        differs = [what for what, same in (("kernel name", kernel_name == NAME), ("arguments", arguments == ARGUMENTS),
-                                           ("working directory", os.getcwd() == self.cwd),
-                                           ("environment", dict(os.environ) == self.env),
-                                           ("kernel alive", self.km.has_kernel)) if not same]
+        differs = [
+            what
+            for what, same in (
+                ("kernel name", kernel_name == NAME),
+                ("arguments", arguments == ARGUMENTS),
+                ("working directory", os.getcwd() == self.cwd),
+                ("environment", dict(os.environ) == self.env),
+                ("kernel alive", self.km.has_kernel),
+            )
+            if not same
+        ]
         if not differs:
             return self.km
         self.stop()
-        print(f"notebook: the kernel started ahead differs from the one asked for ({', '.join(differs)}); "
-              f"Papermill starts its own", file=sys.stderr, flush=True)
+        print(
+            f"notebook: the kernel started ahead differs from the one asked for ({', '.join(differs)}); "
+            f"Papermill starts its own",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
     def stop(self) -> None:
@@ -103,7 +115,7 @@ def launch() -> None:
         del sys.path[0]
     preload = []
     if len(sys.argv) > 1 and sys.argv[1].startswith(PRELOAD):
-        preload = [m for m in sys.argv.pop(1)[len(PRELOAD):].split(",") if m]
+        preload = [m for m in sys.argv.pop(1)[len(PRELOAD) :].split(",") if m]
     blocked = "debugpy" not in sys.modules
     if blocked:
         sys.modules["debugpy"] = None

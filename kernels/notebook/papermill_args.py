@@ -6,6 +6,7 @@ merged in Papermill's order). `defaults(notebook)`: the literal assignments of t
 "parameters". Together they let the runner refuse a misspelt or malformed parameter with the CLI's one-line error
 before a kernel, an executed copy or an HTML page exists.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,26 +32,30 @@ def injected(args: list[str]) -> dict:
         return {}  # --help and the like: Papermill prints and injects nothing
     p = ctx.params
     out: dict = {}
-    sources = [(f"-b {t[:20]}", lambda t=t: yaml.load(base64.b64decode(t), Loader=cli.NoDatesSafeLoader))
-               for t in p.get("parameters_base64") or []]
+    sources = [
+        (f"-b {t[:20]}", lambda t=t: yaml.load(base64.b64decode(t), Loader=cli.NoDatesSafeLoader))
+        for t in p.get("parameters_base64") or []
+    ]
     sources += [(f"-f {f}", lambda f=f: read_yaml_file(f)) for f in p.get("parameters_file") or []]
-    sources += [(f"-y {t[:40]!r}", lambda t=t: yaml.load(t, Loader=cli.NoDatesSafeLoader))
-                for t in p.get("parameters_yaml") or []]
+    sources += [
+        (f"-y {t[:40]!r}", lambda t=t: yaml.load(t, Loader=cli.NoDatesSafeLoader))
+        for t in p.get("parameters_yaml") or []
+    ]
     for where, read in sources:
         try:
             values = read() or {}
         except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8, not base64
             raise ConfigError(f"papermill parameters {where}: {str(e).splitlines()[0][:200]}") from None
         if not isinstance(values, dict):
-            raise ConfigError(f"papermill parameters {where}: holds a {type(values).__name__}, not a mapping of "
-                              f"name: value")
+            raise ConfigError(
+                f"papermill parameters {where}: holds a {type(values).__name__}, not a mapping of name: value"
+            )
         out.update(values)
     seen: dict = {}
     for flag, key in (("-p", "parameters"), ("-r", "parameters_raw")):
         for name, value in p.get(key) or []:
             if name in seen:
-                raise ConfigError(f"parameter '{name}' is given twice ({seen[name]}, {flag} {name} {value}); keep "
-                                  f"one")
+                raise ConfigError(f"parameter '{name}' is given twice ({seen[name]}, {flag} {name} {value}); keep one")
             seen[name] = f"{flag} {name} {value}"
             out[name] = cli._resolve_type(value) if flag == "-p" else value
     return out
@@ -61,9 +66,11 @@ def defaults(notebook: Path) -> dict:
     try:
         cells = json.loads(Path(notebook).read_text()).get("cells", [])
     except (ValueError, AttributeError) as e:  # not UTF-8, not JSON, or JSON that is not a notebook
-        raise ConfigError(f"{notebook}: not a Jupyter notebook ({str(e).splitlines()[0][:120]}); pass an .ipynb "
-                          f"file (notebooks/*.ipynb, or `lab notebooks sync` to write them from the .py "
-                          f"sources)") from None
+        raise ConfigError(
+            f"{notebook}: not a Jupyter notebook ({str(e).splitlines()[0][:120]}); pass an .ipynb "
+            f"file (notebooks/*.ipynb, or `lab notebooks sync` to write them from the .py "
+            f"sources)"
+        ) from None
     cell = next((c for c in cells if "parameters" in (c.get("metadata", {}).get("tags") or [])), None)
     if cell is None:
         raise ConfigError(f"{notebook}: no cell is tagged 'parameters', so Papermill cannot inject parameters into it")

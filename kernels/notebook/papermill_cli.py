@@ -13,6 +13,7 @@ arrow and dateutil, and the others their own modules: 0.06 s more. No notebook n
 no "format" keyword, and nbformat validates without a format checker. `without_format_checkers()` skips them; the
 runner and the HTML helper (kernels/notebook/html.py) call it before anything imports nbformat.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,15 +29,25 @@ import traceback
 
 # Papermill's lines that say nothing about the run: cell markers, the paths papermill echoes that the runner
 # prints itself, and a figure's text form (the figure is in the HTML).
-NOISE = re.compile(r"^(Executing|Ending) Cell \d+-*\s*$"
-                   r"|^Executing notebook with kernel: |^(Input|Output) Notebook: "
-                   r"|^<Figure size \d+x\d+ with \d+ Axes>\s*$")
+NOISE = re.compile(
+    r"^(Executing|Ending) Cell \d+-*\s*$"
+    r"|^Executing notebook with kernel: |^(Input|Output) Notebook: "
+    r"|^<Figure size \d+x\d+ with \d+ Axes>\s*$"
+)
 
 
 # jsonschema's optional format checkers (jsonschema/_format.py) that nothing else the runner or the HTML helper
 # imports. Not idna (requests needs it) nor jsonpointer (under 1 ms).
-FORMAT_CHECKERS = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc3339_validator", "isoduration", "webcolors",
-                   "uri_template", "fqdn")
+FORMAT_CHECKERS = (
+    "rfc3987_syntax",
+    "rfc3987",
+    "rfc3986_validator",
+    "rfc3339_validator",
+    "isoduration",
+    "webcolors",
+    "uri_template",
+    "fqdn",
+)
 
 
 def without_format_checkers() -> None:
@@ -134,8 +145,12 @@ def _ctrl_c_lets_the_cell_end(client):
             raise KeyboardInterrupt
         client.interrupted += 1
         if client.interrupted == 2:
-            print("papermill: Ctrl-C again: the kernel is interrupted once more; a third Ctrl-C stops it without "
-                  "waiting for its cell", file=sys.__stderr__, flush=True)
+            print(
+                "papermill: Ctrl-C again: the kernel is interrupted once more; a third Ctrl-C stops it without "
+                "waiting for its cell",
+                file=sys.__stderr__,
+                flush=True,
+            )
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(ensure_async(client.km.interrupt_kernel())))
 
     previous = signal.signal(signal.SIGINT, on_int)
@@ -190,15 +205,33 @@ def register_engine(stop_now: bool = False, kernel=None) -> None:
 
     class LabEngine(NBClientEngine):
         @classmethod
-        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
-                                     stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
+        def execute_managed_notebook(
+            cls,
+            nb_man,
+            kernel_name,
+            log_output=False,
+            stdout_file=None,
+            stderr_file=None,
+            start_timeout=60,
+            execution_timeout=None,
+            **kwargs,
+        ):
             """NBClientEngine's, with LabClient and the kernel's arguments."""
             timeout = execution_timeout or kwargs.get("timeout")
             for unused in ("input_path", "timeout", "startup_timeout"):  # as NBClientEngine drops them
                 kwargs.pop(unused, None)
-            return LabClient(nb_man, timeout=timeout, startup_timeout=start_timeout, kernel_name=kernel_name,
-                             log=logger, log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file,
-                             extra_arguments=list(notebook_kernel.ARGUMENTS), **kwargs).execute()
+            return LabClient(
+                nb_man,
+                timeout=timeout,
+                startup_timeout=start_timeout,
+                kernel_name=kernel_name,
+                log=logger,
+                log_output=log_output,
+                stdout_file=stdout_file,
+                stderr_file=stderr_file,
+                extra_arguments=list(notebook_kernel.ARGUMENTS),
+                **kwargs,
+            ).execute()
 
     papermill_engines.register(ENGINE, LabEngine)
 

@@ -14,6 +14,7 @@ never a record that looks complete.
     lab notebooks parameters   # prints 01_train's parameters cell from kernels/base/params.py
     lab notebooks sync         # rewrites it in notebooks/01_train.py, then the .ipynb twins
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,13 @@ def parameters_cell(params=None) -> str:
     for p, code in zip(params, codes):
         if p.group != group:
             group = p.group
-            lines.append("# --- common parameters" if group == "common" else
-                         "# --- communication benchmark (lab comm bench --help)" if group == "commbench" else
-                         f"# --- workload {group}: its own parameters, used only when workload is '{group}'")
+            lines.append(
+                "# --- common parameters"
+                if group == "common"
+                else "# --- communication benchmark (lab comm bench --help)"
+                if group == "commbench"
+                else f"# --- workload {group}: its own parameters, used only when workload is '{group}'"
+            )
         if len(code) > width:
             lines += [*(f"# {d}" for d in textwrap.wrap(p.doc, CELL_WIDTH - 2)), code]
             continue
@@ -92,12 +97,14 @@ def resolve_notebook_parameters(namespace: dict, new_names: set) -> RunConfig:
 
     workload = namespace.get("workload") or COMMON[0].default
     params = table(workload)
-    check_parameter_names(new_names, [p.name for p in params],
-                          where=" (injected into the notebook, e.g. by papermill -p)")
+    check_parameter_names(
+        new_names, [p.name for p in params], where=" (injected into the notebook, e.g. by papermill -p)"
+    )
     missing = [p.name for p in table() if p.name not in namespace]
     if missing:
-        raise ConfigError(f"the notebook's parameters cell lacks {', '.join(missing)}; "
-                          f"regenerate it with `lab notebooks sync`")
+        raise ConfigError(
+            f"the notebook's parameters cell lacks {', '.join(missing)}; regenerate it with `lab notebooks sync`"
+        )
     own = {p.name for p in get_workload(workload).params}
     raw = {}
     for p in params:
@@ -156,16 +163,21 @@ def launch_from_notebook(cfg: RunConfig, stdout=None) -> Path:
     print(f"run {cfg.run_id}: {cfg.gpus} rank(s) via {launcher}; record in {run_dir}", flush=True)
     rc = launch.start(launcher, cfg, stdout or sys.stdout)
     if rc == EXIT_INTERRUPTED:
-        raise KeyboardInterrupt(f"interrupted: the ranks checkpointed and stopped; running the same run_id again "
-                                f"({cfg.run_id}) resumes it")
+        raise KeyboardInterrupt(
+            f"interrupted: the ranks checkpointed and stopped; running the same run_id again ({cfg.run_id}) resumes it"
+        )
     if rc == EXIT_PREEMPTED:
-        raise Preempted(f"the run was preempted: its ranks checkpointed and stopped on request; running the "
-                        f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)")
+        raise Preempted(
+            f"the run was preempted: its ranks checkpointed and stopped on request; running the "
+            f"same run_id again ({cfg.run_id}) resumes it (a requeued Slurm job does so by itself)"
+        )
     if rc != 0:
         if records.mark_failed(run_dir, f"the ranks {exit_cause(rc)} (seen by the notebook driver)"):
             print(f"marked {run_dir} failed", flush=True)
-        raise RuntimeError(f"training failed (exit status {rc}); the reason is in the output above "
-                           f"and in {run_dir / 'summary.json'} if the run got that far")
+        raise RuntimeError(
+            f"training failed (exit status {rc}); the reason is in the output above "
+            f"and in {run_dir / 'summary.json'} if the run got that far"
+        )
     return run_dir
 
 
@@ -221,8 +233,7 @@ def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
     from kernels.comm.bench import PARAMS as COMM_PARAMS
 
-    for name, params in (("01_train.py", None), ("02_profile.py", profile_params()),
-                         ("03_commbench.py", COMM_PARAMS)):
+    for name, params in (("01_train.py", None), ("02_profile.py", profile_params()), ("03_commbench.py", COMM_PARAMS)):
         src = directory / name
         src.write_text(with_parameters_cell(src.read_text(), params))
     written = []
@@ -246,6 +257,7 @@ def profile_params():
 
 
 # ------------------------------------------------------------------- runner
+
 
 def slurm_time_left_s(environ=None) -> int | None:
     """Seconds left in the current Slurm job (squeue %L), or None."""
@@ -272,8 +284,11 @@ def _comm_parameters(namespace: dict, names: set) -> None:
 
 
 # How each notebook checks its parameters (its resolve cell); any other notebook: names only, against its cell
-PARAMETER_CHECKS = {"01_train": resolve_notebook_parameters, "02_profile": resolve_notebook_parameters,
-                    "03_commbench": _comm_parameters}
+PARAMETER_CHECKS = {
+    "01_train": resolve_notebook_parameters,
+    "02_profile": resolve_notebook_parameters,
+    "03_commbench": _comm_parameters,
+}
 
 
 def precheck(notebook: Path, papermill_args: list[str]) -> None:
@@ -292,16 +307,20 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
         check({**cell, **given}, set(cell) | set(given))
 
 
-def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "",
-        staging: Path | None = None) -> int:
+def run(
+    notebook: Path, papermill_args: list[str], timeout_s: int | None = None, name: str = "", staging: Path | None = None
+) -> int:
     """Execute `notebook` with Papermill; file the executed copy and HTML with the run record.
 
     staging: where the executed notebook waits for its run directory (default: $LAB_RESULTS/notebooks).
     """
     notebook = Path(notebook)
     if not notebook.is_file():
-        print(f"error: notebook {notebook} not found (cwd {Path.cwd()}); "
-              f"pass a path such as notebooks/01_train.ipynb", file=sys.stderr, flush=True)
+        print(
+            f"error: notebook {notebook} not found (cwd {Path.cwd()}); pass a path such as notebooks/01_train.ipynb",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     if notebook.suffix != ".ipynb":
         print(f"error: {notebook} is not an .ipynb; run the .ipynb twin of a jupytext source", file=sys.stderr)
@@ -320,8 +339,15 @@ def run(notebook: Path, papermill_args: list[str], timeout_s: int | None = None,
             kernel.stop()
 
 
-def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | None, staged: Path, handoff_file: Path,
-                 env: dict[str, str], kernel: notebook_kernel.Kernel | None) -> int:
+def _checked_run(
+    notebook: Path,
+    papermill_args: list[str],
+    timeout_s: int | None,
+    staged: Path,
+    handoff_file: Path,
+    env: dict[str, str],
+    kernel: notebook_kernel.Kernel | None,
+) -> int:
     try:
         precheck(notebook, papermill_args)
     except ConfigError as e:
@@ -332,8 +358,17 @@ def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | Non
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
-    args = [str(notebook), str(staged), "--log-output", "--no-progress-bar", "--execution-timeout", str(timeout_s),
-            "--kernel", notebook_kernel.NAME, *papermill_args]
+    args = [
+        str(notebook),
+        str(staged),
+        "--log-output",
+        "--no-progress-bar",
+        "--execution-timeout",
+        str(timeout_s),
+        "--kernel",
+        notebook_kernel.NAME,
+        *papermill_args,
+    ]
     print("notebook: papermill " + " ".join(args), flush=True)
     html = HtmlRenderer()  # imports nbconvert while the kernel starts, renders when the notebook ends
     try:
@@ -342,8 +377,15 @@ def _checked_run(notebook: Path, papermill_args: list[str], timeout_s: int | Non
         html.close()
 
 
-def _execute(args: list[str], env: dict[str, str], kernel: notebook_kernel.Kernel | None, notebook: Path,
-             staged: Path, handoff_file: Path, renderer: HtmlRenderer) -> int:
+def _execute(
+    args: list[str],
+    env: dict[str, str],
+    kernel: notebook_kernel.Kernel | None,
+    notebook: Path,
+    staged: Path,
+    handoff_file: Path,
+    renderer: HtmlRenderer,
+) -> int:
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     from kernels.notebook import papermill_cli
 
@@ -366,14 +408,20 @@ def _execute(args: list[str], env: dict[str, str], kernel: notebook_kernel.Kerne
     if rc != 0 and run_dir is not None and _status(run_dir) == "preempted":
         from kernels.launch.launchers import EXIT_PREEMPTED
 
-        print(f"notebook: the run was preempted and checkpointed; exit status {EXIT_PREEMPTED} "
-              f"(the batch script requeues the job)", flush=True)
+        print(
+            f"notebook: the run was preempted and checkpointed; exit status {EXIT_PREEMPTED} "
+            f"(the batch script requeues the job)",
+            flush=True,
+        )
         return EXIT_PREEMPTED
     state = "complete" if rc == 0 else f"FAILED (exit status {rc})"
     print(f"notebook {state}: {final}\nhtml: {html}", flush=True)
     if rc != 0:
-        print(f"error: the notebook failed; the failing cell and its error are in {final} and in the log above",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: the notebook failed; the failing cell and its error are in {final} and in the log above",
+            file=sys.stderr,
+            flush=True,
+        )
     return rc
 
 
@@ -401,10 +449,15 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="execute a notebook with papermill and file its outputs with the run record")
     r.add_argument("notebook", type=Path)
-    r.add_argument("--timeout", type=int, default=None,
-                   help="per-cell execution timeout, s (default: the Slurm job's time left - 120 s, else 24 h)")
-    r.add_argument("--name", default="", help="file name (without .ipynb) of the executed notebook "
-                                              "(default: <notebook>-<job id>)")
+    r.add_argument(
+        "--timeout",
+        type=int,
+        default=None,
+        help="per-cell execution timeout, s (default: the Slurm job's time left - 120 s, else 24 h)",
+    )
+    r.add_argument(
+        "--name", default="", help="file name (without .ipynb) of the executed notebook (default: <notebook>-<job id>)"
+    )
     sub.add_parser("parameters", help="print 01_train's parameters cell, generated from kernels/base/params.py")
     sub.add_parser("sync", help="regenerate the parameters cell and write the .ipynb twins of notebooks/*.py")
     args, rest = ap.parse_known_args(argv)

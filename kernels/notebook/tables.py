@@ -7,6 +7,7 @@ table as HTML in the notebook and gives the log a plain text with every row and 
 plain numbers (thousands separated), and blanks for missing values. Pass `log=` to put
 something shorter in the log.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,11 @@ class Table:
             return f"<p><em>{html.escape(self.none)}</em></p>"
         frame = self.df.to_frame() if isinstance(self.df, pd.Series) else self.df
         # a wide table scrolls inside the page instead of running off its right edge
-        body = ('<div style="overflow-x: auto; max-width: 100%;">'
-                + frame.to_html(max_rows=None, max_cols=None, na_rep="", float_format=readable) + "</div>")
+        body = (
+            '<div style="overflow-x: auto; max-width: 100%;">'
+            + frame.to_html(max_rows=None, max_cols=None, na_rep="", float_format=readable)
+            + "</div>"
+        )
         if self.fold:  # folded: one line until the reader opens it
             return f"<details><summary>{html.escape(self.fold)}</summary>{body}</details>"
         return body

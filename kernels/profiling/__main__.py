@@ -1,5 +1,6 @@
 """python -m kernels.profiling wrapper nsys|ncu [--print]   the rank prefix of an Nsight wrapper
 python -m kernels.profiling breakdown RUN_DIR [...]          (re)compute a run's breakdown from its traces"""
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,11 @@ def main(argv=None) -> int:
     for run in args.run_dir:
         traces = sorted((run / "traces").glob("*.pt.trace.json*")) if run.is_dir() else [run] if run.is_file() else []
         if not traces:
-            print(f"error: {run} has no traces/*.pt.trace.json.gz (a run directory of a run with profile_steps > 0, "
-                  f"or a trace file)", file=sys.stderr)
+            print(
+                f"error: {run} has no traces/*.pt.trace.json.gz (a run directory of a run with profile_steps > 0, "
+                f"or a trace file)",
+                file=sys.stderr,
+            )
             rc = 2
             continue
         try:
@@ -47,12 +51,15 @@ def main(argv=None) -> int:
             rc = 2
             continue
         comb = breakdown.combine(per)
-        print(f"{run}: {comb['ranks']} rank(s), {comb['steps']} profiled steps, "
-              f"{comb['profiled_ms_per_step']:.2f} ms per step ({comb['timeline']} timeline)")
+        print(
+            f"{run}: {comb['ranks']} rank(s), {comb['steps']} profiled steps, "
+            f"{comb['profiled_ms_per_step']:.2f} ms per step ({comb['timeline']} timeline)"
+        )
         for c, s in sorted(comb["share"].items(), key=lambda kv: -kv[1]):
             lo, hi = comb["share_range"][c]
-            print(f"  {c:<24} {comb['ms_per_step'][c]:9.2f} ms  {100 * s:5.1f} %  (ranks "
-                  f"{100 * lo:.1f}-{100 * hi:.1f} %)")
+            print(
+                f"  {c:<24} {comb['ms_per_step'][c]:9.2f} ms  {100 * s:5.1f} %  (ranks {100 * lo:.1f}-{100 * hi:.1f} %)"
+            )
         print("  top operators by self time per step:")
         for o in comb["top_ops"][:10]:
             print(f"    {o['self_ms_per_step']:9.3f} ms  {o['category']:<22} {o['name']}")

@@ -21,6 +21,7 @@ overlapping NCCL counts as compute: the communication is hidden), where only an
 NCCL kernel runs is `communication` (exposed), only a copy is `memory copy`,
 nothing is `idle`. Hidden communication is reported beside it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -30,33 +31,73 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-CATEGORIES = ("convolution", "gemm/linear", "normalisation", "elementwise/activation", "pooling", "optimizer",
-              "communication", "memory copy", "data pipeline", "other ops", "idle")
+CATEGORIES = (
+    "convolution",
+    "gemm/linear",
+    "normalisation",
+    "elementwise/activation",
+    "pooling",
+    "optimizer",
+    "communication",
+    "memory copy",
+    "data pipeline",
+    "other ops",
+    "idle",
+)
 
-_COMM = re.compile(r"^(c10d::|gloo:|nccl:|nccl|ncclKernel|ncclDevKernel|record_param_comms|"
-                   r"torch\.distributed\.ddp\.reducer|torch::distributed::reducer|DistributedDataParallel\.sync)"
-                   r"|allreduce|all_reduce|allgather|all_gather|reduce_scatter|broadcast_coalesced", re.I)
+_COMM = re.compile(
+    r"^(c10d::|gloo:|nccl:|nccl|ncclKernel|ncclDevKernel|record_param_comms|"
+    r"torch\.distributed\.ddp\.reducer|torch::distributed::reducer|DistributedDataParallel\.sync)"
+    r"|allreduce|all_reduce|allgather|all_gather|reduce_scatter|broadcast_coalesced",
+    re.I,
+)
 _RULES = (  # (pattern on an operator or kernel name, category), first match wins
     (re.compile(r"conv|cudnn|winograd|implicit_gemm|fprop|dgrad|wgrad|im2col|col2im", re.I), "convolution"),
-    (re.compile(r"batch_norm|batchnorm|layer_norm|layernorm|group_norm|groupnorm|instance_norm|bn_fw|bn_bw|"
-                r"NativeBatchNorm|welford", re.I), "normalisation"),
+    (
+        re.compile(
+            r"batch_norm|batchnorm|layer_norm|layernorm|group_norm|groupnorm|instance_norm|bn_fw|bn_bw|"
+            r"NativeBatchNorm|welford",
+            re.I,
+        ),
+        "normalisation",
+    ),
     (re.compile(r"pool", re.I), "pooling"),
-    (re.compile(r"\b(aten::)?(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|einsum)\b|gemm|cublas|cutlass|sm\d+_xmma|"
-                r"AddmmBackward|MmBackward|BmmBackward|LinearBackward", re.I), "gemm/linear"),
+    (
+        re.compile(
+            r"\b(aten::)?(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|einsum)\b|gemm|cublas|cutlass|sm\d+_xmma|"
+            r"AddmmBackward|MmBackward|BmmBackward|LinearBackward",
+            re.I,
+        ),
+        "gemm/linear",
+    ),
     (re.compile(r"multi_tensor_apply|fused_adam|fused_sgd|_foreach_|adam|sgd|lamb|lars", re.I), "optimizer"),
-    (re.compile(r"relu|threshold|gelu|silu|sigmoid|tanh|softmax|nll_loss|cross_entropy|dropout|elementwise|"
-                r"\b(aten::)?(add|add_|sub|mul|mul_|div|div_|where|clamp|clamp_min|neg|exp|log|pow|sqrt|rsqrt|"
-                r"sum|mean|addcmul_|addcdiv_|lerp_|abs|sign|masked_fill|reciprocal)\b|reduce_kernel|"
-                r"AccumulateGrad", re.I), "elementwise/activation"),
-    (re.compile(r"memcpy|memset|\b(aten::)?(copy_|_to_copy|to|clone|contiguous|cat|stack|pin_memory|"
-                r"_copy_from|index_select|gather)\b|Memcpy|Memset", re.I), "memory copy"),
+    (
+        re.compile(
+            r"relu|threshold|gelu|silu|sigmoid|tanh|softmax|nll_loss|cross_entropy|dropout|elementwise|"
+            r"\b(aten::)?(add|add_|sub|mul|mul_|div|div_|where|clamp|clamp_min|neg|exp|log|pow|sqrt|rsqrt|"
+            r"sum|mean|addcmul_|addcdiv_|lerp_|abs|sign|masked_fill|reciprocal)\b|reduce_kernel|"
+            r"AccumulateGrad",
+            re.I,
+        ),
+        "elementwise/activation",
+    ),
+    (
+        re.compile(
+            r"memcpy|memset|\b(aten::)?(copy_|_to_copy|to|clone|contiguous|cat|stack|pin_memory|"
+            r"_copy_from|index_select|gather)\b|Memcpy|Memset",
+            re.I,
+        ),
+        "memory copy",
+    ),
 )
 # operators that do no work of their own here: they take their caller's category
-_GENERIC = re.compile(r"^(aten::)?(empty|empty_strided|empty_like|view|as_strided|as_strided_|reshape|"
-                      r"_reshape_alias|t|transpose|permute|expand|slice|select|narrow|unsqueeze|squeeze|flatten|"
-                      r"detach|detach_|resolve_conj|resolve_neg|alias|lift_fresh|zeros|zeros_like|ones_like|"
-                      r"zero_|fill_|resize_|result_type|item|_local_scalar_dense|is_nonzero|size|stride|"
-                      r"contiguous|set_)$|^detach$|^autograd::engine::evaluate_function|Backward0$|Backward1$")
+_GENERIC = re.compile(
+    r"^(aten::)?(empty|empty_strided|empty_like|view|as_strided|as_strided_|reshape|"
+    r"_reshape_alias|t|transpose|permute|expand|slice|select|narrow|unsqueeze|squeeze|flatten|"
+    r"detach|detach_|resolve_conj|resolve_neg|alias|lift_fresh|zeros|zeros_like|ones_like|"
+    r"zero_|fill_|resize_|result_type|item|_local_scalar_dense|is_nonzero|size|stride|"
+    r"contiguous|set_)$|^detach$|^autograd::engine::evaluate_function|Backward0$|Backward1$"
+)
 _DATA = re.compile(r"^lab:data$|DataLoader|enumerate\(DataLoader\)")
 _OPT = re.compile(r"^lab:optimizer$|^Optimizer\.(step|zero_grad)#")
 
@@ -103,8 +144,11 @@ def _complete(events):
 
 def _steps(trace: dict):
     """(main thread key, [(start, end) of each ProfilerStep#N]) in microseconds."""
-    steps = [e for e in _complete(trace["traceEvents"]) if str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") in ("cpu_op", "user_annotation", None)]
+    steps = [
+        e
+        for e in _complete(trace["traceEvents"])
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") in ("cpu_op", "user_annotation", None)
+    ]
     if not steps:
         raise ValueError("the trace has no ProfilerStep#N ranges: was it recorded with a schedule and prof.step()?")
     by_thread = defaultdict(list)
@@ -155,11 +199,19 @@ def _clip(a, b, windows):
 def host_breakdown(trace: dict) -> dict:
     """The host timeline's categories (us), top operators by self time, and the step count."""
     (pid, tid), windows = _steps(trace)
-    events = [e for e in _complete(trace["traceEvents"]) if (e.get("pid"), e.get("tid")) == (pid, tid)
-              and not str(e.get("name", "")).startswith("ProfilerStep#")]
+    events = [
+        e
+        for e in _complete(trace["traceEvents"])
+        if (e.get("pid"), e.get("tid")) == (pid, tid) and not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     # collectives of this process running on other threads (gloo): main-thread idle overlapping them is waiting
-    comm_other = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in _complete(trace["traceEvents"])
-                         if e.get("pid") == pid and e.get("tid") != tid and _COMM.search(str(e.get("name", "")))])
+    comm_other = _union(
+        [
+            (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in _complete(trace["traceEvents"])
+            if e.get("pid") == pid and e.get("tid") != tid and _COMM.search(str(e.get("name", "")))
+        ]
+    )
     events.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
     cats = defaultdict(float)
     self_by_op = defaultdict(lambda: [0.0, 0, None])
@@ -208,10 +260,17 @@ def host_breakdown(trace: dict) -> dict:
     total = sum(b - a for a, b in windows)
     covered = sum(cats.values())
     cats["idle"] += max(0.0, total - covered)  # step time outside every event: the loop's own Python
-    top = sorted(({"name": k, "category": v[2], "self_us": v[0], "calls": v[1]} for k, v in self_by_op.items()),
-                 key=lambda r: -r["self_us"])
-    return {"timeline": "host", "steps": len(windows), "profiled_us": total,
-            "categories": {c: cats.get(c, 0.0) for c in CATEGORIES}, "top_ops": top}
+    top = sorted(
+        ({"name": k, "category": v[2], "self_us": v[0], "calls": v[1]} for k, v in self_by_op.items()),
+        key=lambda r: -r["self_us"],
+    )
+    return {
+        "timeline": "host",
+        "steps": len(windows),
+        "profiled_us": total,
+        "categories": {c: cats.get(c, 0.0) for c in CATEGORIES},
+        "top_ops": top,
+    }
 
 
 def _device_steps(evs: list, kern: list, host: list) -> list:
@@ -222,9 +281,13 @@ def _device_steps(evs: list, kern: list, host: list) -> list:
     launched from the annotated thread, so they miss the backward pass, which the autograd engine launches from
     its device thread (pytorch/kineto#1022: on an H200, 0.56 ms of each 25-27 ms profiled step of a compiled
     ResNet-18). Traces without runtime events fall back to those spans, then to the host windows."""
-    launch = {e["args"]["correlation"]: float(e["ts"]) for e in evs
-              if e.get("cat") in ("cuda_runtime", "cuda_driver") and isinstance(e.get("args"), dict)
-              and "correlation" in e["args"]}
+    launch = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in evs
+        if e.get("cat") in ("cuda_runtime", "cuda_driver")
+        and isinstance(e.get("args"), dict)
+        and "correlation" in e["args"]
+    }
     starts, ends = [w0 for w0, _ in host], [w1 for _, w1 in host]
     matched = False
     for e in kern:
@@ -236,8 +299,11 @@ def _device_steps(evs: list, kern: list, host: list) -> list:
             ends[i] = max(ends[i], float(e["ts"]) + float(e["dur"]))
             matched = True
     if not matched:
-        gsteps = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs
-                        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"))
+        gsteps = sorted(
+            (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in evs
+            if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+        )
         return _union(gsteps or host)
     out, prev = [], float("-inf")
     for (w0, _), end in zip(host, ends):
@@ -255,8 +321,11 @@ def device_breakdown(trace: dict) -> dict | None:
         return None
     _, host = _steps(trace)
     windows = _device_steps(evs, kern, host)
-    ops_by_ext = {e["args"].get("External id"): str(e.get("name", "")) for e in evs
-                  if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)}
+    ops_by_ext = {
+        e["args"].get("External id"): str(e.get("name", ""))
+        for e in evs
+        if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)
+    }
     items = []
     for e in kern:
         name = str(e.get("name", ""))
@@ -297,10 +366,18 @@ def device_breakdown(trace: dict) -> dict | None:
         if best[2] != "communication" and any(t[2] == "communication" for t in active):
             hidden += d
     total = sum(b - a for a, b in windows)
-    top = sorted(({"name": k, "category": v[2], "self_us": v[0], "calls": v[1]} for k, v in kernel_us.items()),
-                 key=lambda r: -r["self_us"])
-    return {"timeline": "device", "steps": len(host), "profiled_us": total,
-            "categories": {c: cats.get(c, 0.0) for c in CATEGORIES}, "hidden_comm_us": hidden, "top_ops": top}
+    top = sorted(
+        ({"name": k, "category": v[2], "self_us": v[0], "calls": v[1]} for k, v in kernel_us.items()),
+        key=lambda r: -r["self_us"],
+    )
+    return {
+        "timeline": "device",
+        "steps": len(host),
+        "profiled_us": total,
+        "categories": {c: cats.get(c, 0.0) for c in CATEGORIES},
+        "hidden_comm_us": hidden,
+        "top_ops": top,
+    }
 
 
 def analyse(path: Path, top_n: int = 15) -> dict:
@@ -311,13 +388,17 @@ def analyse(path: Path, top_n: int = 15) -> dict:
     dev = device_breakdown(trace)
     main = dev or host
     steps = max(1, main["steps"])
-    out = {"trace": Path(path).name, "rank": rank_of(trace), "timeline": main["timeline"], "steps": main["steps"],
-           "profiled_ms_per_step": main["profiled_us"] / 1e3 / steps,
-           "ms_per_step": {c: v / 1e3 / steps for c, v in main["categories"].items()},
-           "share": {c: (v / main["profiled_us"] if main["profiled_us"] else 0.0)
-                     for c, v in main["categories"].items()},
-           "top_ops": [{**r, "self_ms_per_step": r["self_us"] / 1e3 / steps} for r in main["top_ops"][:top_n]],
-           "gpu_kernels": dev is not None}
+    out = {
+        "trace": Path(path).name,
+        "rank": rank_of(trace),
+        "timeline": main["timeline"],
+        "steps": main["steps"],
+        "profiled_ms_per_step": main["profiled_us"] / 1e3 / steps,
+        "ms_per_step": {c: v / 1e3 / steps for c, v in main["categories"].items()},
+        "share": {c: (v / main["profiled_us"] if main["profiled_us"] else 0.0) for c, v in main["categories"].items()},
+        "top_ops": [{**r, "self_ms_per_step": r["self_us"] / 1e3 / steps} for r in main["top_ops"][:top_n]],
+        "gpu_kernels": dev is not None,
+    }
     if dev is not None:
         out["hidden_comm_ms_per_step"] = dev["hidden_comm_us"] / 1e3 / steps
         out["host_share"] = {c: v / host["profiled_us"] for c, v in host["categories"].items()}
@@ -342,14 +423,24 @@ def combine(per_rank: list[dict]) -> dict:
             a[0] += o["self_ms_per_step"] / n
             a[1] += o["calls"]
             a[2] = o["category"]
-    top = sorted(({"name": k, "category": v[2], "self_ms_per_step": v[0], "calls": v[1]} for k, v in ops.items()),
-                 key=lambda o: -o["self_ms_per_step"])
-    return {"ranks": n, "timeline": per_rank[0]["timeline"], "steps": per_rank[0]["steps"],
-            "profiled_ms_per_step": total, "ms_per_step": ms, "share": shares, "share_range": spread,
-            "top_ops": top[:15],
-            "hidden_comm_ms_per_step": (sum(r.get("hidden_comm_ms_per_step", 0.0) for r in per_rank) / n
-                                        if per_rank[0]["gpu_kernels"] else None),
-            "gpu_kernels": per_rank[0]["gpu_kernels"]}
+    top = sorted(
+        ({"name": k, "category": v[2], "self_ms_per_step": v[0], "calls": v[1]} for k, v in ops.items()),
+        key=lambda o: -o["self_ms_per_step"],
+    )
+    return {
+        "ranks": n,
+        "timeline": per_rank[0]["timeline"],
+        "steps": per_rank[0]["steps"],
+        "profiled_ms_per_step": total,
+        "ms_per_step": ms,
+        "share": shares,
+        "share_range": spread,
+        "top_ops": top[:15],
+        "hidden_comm_ms_per_step": (
+            sum(r.get("hidden_comm_ms_per_step", 0.0) for r in per_rank) / n if per_rank[0]["gpu_kernels"] else None
+        ),
+        "gpu_kernels": per_rank[0]["gpu_kernels"],
+    }
 
 
 def rows(per_rank: list[dict], combined: dict) -> list[dict]:
@@ -357,9 +448,17 @@ def rows(per_rank: list[dict], combined: dict) -> list[dict]:
     out = []
     for r in [*per_rank, {**combined, "rank": "all"}]:
         for c in CATEGORIES:
-            out.append({"rank": r["rank"], "timeline": r["timeline"], "category": c,
-                        "ms_per_step": round(r["ms_per_step"][c], 4), "share": round(r["share"][c], 5),
-                        "profiled_ms_per_step": round(r["profiled_ms_per_step"], 4), "steps": r["steps"]})
+            out.append(
+                {
+                    "rank": r["rank"],
+                    "timeline": r["timeline"],
+                    "category": c,
+                    "ms_per_step": round(r["ms_per_step"][c], 4),
+                    "share": round(r["share"][c], 5),
+                    "profiled_ms_per_step": round(r["profiled_ms_per_step"], 4),
+                    "steps": r["steps"],
+                }
+            )
     return out
 
 
@@ -382,8 +481,9 @@ def plot(per_rank: list[dict], combined: dict, path: Path, title: str = "") -> P
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlabel(f"ms per profiled step ({combined['timeline']} timeline)")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / max(1, len(bars))),
-              frameon=False)
+    ax.legend(
+        fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / max(1, len(bars))), frameon=False
+    )
     if title:
         ax.set_title(title, fontsize=8)
     fig.tight_layout()

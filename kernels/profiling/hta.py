@@ -5,6 +5,7 @@ get_idle_time_breakdown raise and get_comm_comp_overlap returns NaN), so it runs
 the traces have kernels, and says why when it does not. Its tables go to <run>/hta/*.csv and
 a short summary into summary.json's profile.hta.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,11 @@ def analyse(trace_files: dict[int, Path], out_dir: Path, gpu_kernels: bool, mode
     overlap.to_csv(out_dir / "comm_comp_overlap.csv", index=False)
     idle.to_csv(out_dir / "idle_time_breakdown.csv", index=False)
     pick = lambda df, col: {int(r["rank"]): round(float(r[col]), 3) for _, r in df.iterrows() if col in df}  # noqa: E731
-    return {"status": "done", "idle_pctg": pick(temporal, "idle_time_pctg"),
-            "compute_pctg": pick(temporal, "compute_time_pctg"),
-            "non_compute_pctg": pick(temporal, "non_compute_time_pctg"),
-            "comm_comp_overlap_pctg": pick(overlap, "comp_comm_overlap_pctg"),
-            "files": sorted(p.name for p in out_dir.glob("*.csv"))}
+    return {
+        "status": "done",
+        "idle_pctg": pick(temporal, "idle_time_pctg"),
+        "compute_pctg": pick(temporal, "compute_time_pctg"),
+        "non_compute_pctg": pick(temporal, "non_compute_time_pctg"),
+        "comm_comp_overlap_pctg": pick(overlap, "comp_comm_overlap_pctg"),
+        "files": sorted(p.name for p in out_dir.glob("*.csv")),
+    }

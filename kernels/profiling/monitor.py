@@ -23,6 +23,7 @@ run's use plus the foreign use at least BUSY_SHARE of them), when a GPU of the r
 compute processes that are not its ranks, or when the allocation put more compute
 threads on a host than the ranks there may run on.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,11 +36,28 @@ from kernels.base import files
 from kernels.base.sysinfo import cpu_set
 
 MAX_HZ = 5.0
-COLUMNS = ("unix_s", "t_s", "node", "gpu", "gpu_util_pct", "gpu_mem_used_mib", "gpu_power_w", "gpu_temp_c",
-           "sm_clock_mhz", "gpu_foreign_procs", "cpu_util_pct", "host_mem_used_gib", "net_rx_bytes", "net_tx_bytes",
-           "disk_read_bytes", "disk_write_bytes", "own_cpu_cores", "foreign_cpu_cores")
+COLUMNS = (
+    "unix_s",
+    "t_s",
+    "node",
+    "gpu",
+    "gpu_util_pct",
+    "gpu_mem_used_mib",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "sm_clock_mhz",
+    "gpu_foreign_procs",
+    "cpu_util_pct",
+    "host_mem_used_gib",
+    "net_rx_bytes",
+    "net_tx_bytes",
+    "disk_read_bytes",
+    "disk_write_bytes",
+    "own_cpu_cores",
+    "foreign_cpu_cores",
+)
 FOREIGN_MIN_CORES = 0.25  # foreign CPU use below this is the operating system's own noise
-BUSY_SHARE = 0.75         # ... and it takes cores from the run only on a host this full
+BUSY_SHARE = 0.75  # ... and it takes cores from the run only on a host this full
 
 
 def _gpu_handles(visible: str | None):
@@ -182,12 +200,16 @@ class Monitor(threading.Thread):
                 nxt = max(nxt + self.period, now + self.period / 2)
                 net, disk = psutil.net_io_counters(), psutil.disk_io_counters()
                 own_pids, own, foreign = share.sample()
-                host = [round(psutil.cpu_percent(None), 1), round(psutil.virtual_memory().used / 2**30, 3),
-                        net.bytes_recv - net0.bytes_recv if net else "",
-                        net.bytes_sent - net0.bytes_sent if net else "",
-                        disk.read_bytes - disk0.read_bytes if disk and disk0 else "",
-                        disk.write_bytes - disk0.write_bytes if disk and disk0 else "", round(own, 3),
-                        round(foreign, 3)]
+                host = [
+                    round(psutil.cpu_percent(None), 1),
+                    round(psutil.virtual_memory().used / 2**30, 3),
+                    net.bytes_recv - net0.bytes_recv if net else "",
+                    net.bytes_sent - net0.bytes_sent if net else "",
+                    disk.read_bytes - disk0.read_bytes if disk and disk0 else "",
+                    disk.write_bytes - disk0.write_bytes if disk and disk0 else "",
+                    round(own, 3),
+                    round(foreign, 3),
+                ]
                 head = [round(time.time(), 3), round(now - t0, 3), self.node]
                 if not gpus:
                     w.writerow(head + ["", "", "", "", "", "", ""] + host)
@@ -198,11 +220,19 @@ class Monitor(threading.Thread):
                     temp = _nvml(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
                     clock = _nvml(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
                     foreign_gpu = _foreign_gpu_procs(nvml, h, own_pids)
-                    w.writerow(head + [i, "" if util is None else util.gpu,
-                                       "" if mem is None else round(mem.used / 2**20, 1),
-                                       "" if power is None else round(power / 1e3, 2), "" if temp is None else temp,
-                                       "" if clock is None else clock, "" if foreign_gpu is None else foreign_gpu]
-                               + host)
+                    w.writerow(
+                        head
+                        + [
+                            i,
+                            "" if util is None else util.gpu,
+                            "" if mem is None else round(mem.used / 2**20, 1),
+                            "" if power is None else round(power / 1e3, 2),
+                            "" if temp is None else temp,
+                            "" if clock is None else clock,
+                            "" if foreign_gpu is None else foreign_gpu,
+                        ]
+                        + host
+                    )
                 f.flush()
                 self.samples += 1
 
@@ -247,13 +277,18 @@ def contention(mon: dict | None, ranks: list[dict], host_cores: int | None) -> d
         cores = len(rank_cpus(ranks, "node", node)) or host_cores
         full = cores and (own or 0) + foreign >= BUSY_SHARE * cores
         if foreign >= FOREIGN_MIN_CORES and full:
-            evidence.append(f"foreign processes used {foreign:.2f} of the {cores} cores of this run on "
-                            f"{node} beside this run's {own or 0:.2f} (mean over training)")
+            evidence.append(
+                f"foreign processes used {foreign:.2f} of the {cores} cores of this run on "
+                f"{node} beside this run's {own or 0:.2f} (mean over training)"
+            )
     gpu = (mon or {}).get("gpu_foreign_procs_max")
     if gpu is not None:
         measured = True
         if gpu > 0:
             evidence.append(f"{gpu} compute process(es) that are not ranks of this run shared its GPUs")
-    return {"contended": bool(evidence) if measured else None, "evidence": evidence,
-            "rule": f"foreign CPU >= {FOREIGN_MIN_CORES} cores of the run's cores while they are >= {BUSY_SHARE:.0%} "
-                    f"busy, a foreign GPU process, or more compute threads than cores"}
+    return {
+        "contended": bool(evidence) if measured else None,
+        "evidence": evidence,
+        "rule": f"foreign CPU >= {FOREIGN_MIN_CORES} cores of the run's cores while they are >= {BUSY_SHARE:.0%} "
+        f"busy, a foreign GPU process, or more compute threads than cores",
+    }

@@ -4,6 +4,7 @@ Plain csv and numpy, no pandas: rank 0 does this at the end of every run, where 
 of CPU on the project's 2-core VM. Columns are kernels.profiling.monitor.COLUMNS; an empty cell is a value the
 sampler could not read (NaN here), never zero.
 """
+
 from __future__ import annotations
 
 import csv
@@ -73,8 +74,13 @@ class Samples:
 
     @classmethod
     def parse(cls, head: list[str], rows: list[list[str]]) -> "Samples":
-        return cls({c: [r[i] for r in rows] if c in TEXT else np.array([_float(r[i]) for r in rows], dtype=float)
-                    for i, c in enumerate(head)}, len(rows))
+        return cls(
+            {
+                c: [r[i] for r in rows] if c in TEXT else np.array([_float(r[i]) for r in rows], dtype=float)
+                for i, c in enumerate(head)
+            },
+            len(rows),
+        )
 
     def __contains__(self, col: str) -> bool:
         return col in self.cols
@@ -84,8 +90,10 @@ class Samples:
 
     def take(self, keep) -> "Samples":
         """The rows where the boolean array `keep` is true."""
-        return Samples({c: [v for v, k in zip(a, keep) if k] if c in TEXT else a[keep] for c, a in self.cols.items()},
-                       int(np.count_nonzero(keep)))
+        return Samples(
+            {c: [v for v, k in zip(a, keep) if k] if c in TEXT else a[keep] for c, a in self.cols.items()},
+            int(np.count_nonzero(keep)),
+        )
 
     def first_per(self, *keys: str) -> "Samples":
         """The first row of each distinct value of `keys` (a GPU node writes one row per GPU per sample)."""
@@ -123,16 +131,23 @@ def summarise(path: Path | None, window: tuple[float, float] | None = None) -> d
         return {"samples": 0}
     host = df.first_per("node", "unix_s")
     gpu = df.take(~np.isnan(df["gpu_util_pct"]))
-    return {"samples": host.n, "nodes": len(set(host["node"])), "hz": _r(_rate(host)),
-            "gpus": len(gpu.groups("node", "gpu")),
-            "gpu_util_mean_pct": _r(_mean(gpu["gpu_util_pct"])),
-            "gpu_util_p95_pct": _r(_quantile(gpu["gpu_util_pct"], 95)),
-            "gpu_mem_peak_mib": _r(_max(df["gpu_mem_used_mib"])), "gpu_power_mean_w": _r(_mean(df["gpu_power_w"])),
-            "energy_j": _energy(df), "cpu_util_mean_pct": _r(_mean(host["cpu_util_pct"])),
-            "cpu_util_p95_pct": _r(_quantile(host["cpu_util_pct"], 95)),
-            "host_mem_peak_gib": _r(_max(host["host_mem_used_gib"])),
-            "net_bytes": _sum_last(host, ("net_rx_bytes", "net_tx_bytes")),
-            "disk_bytes": _sum_last(host, ("disk_read_bytes", "disk_write_bytes")), **_shares(host, gpu)}
+    return {
+        "samples": host.n,
+        "nodes": len(set(host["node"])),
+        "hz": _r(_rate(host)),
+        "gpus": len(gpu.groups("node", "gpu")),
+        "gpu_util_mean_pct": _r(_mean(gpu["gpu_util_pct"])),
+        "gpu_util_p95_pct": _r(_quantile(gpu["gpu_util_pct"], 95)),
+        "gpu_mem_peak_mib": _r(_max(df["gpu_mem_used_mib"])),
+        "gpu_power_mean_w": _r(_mean(df["gpu_power_w"])),
+        "energy_j": _energy(df),
+        "cpu_util_mean_pct": _r(_mean(host["cpu_util_pct"])),
+        "cpu_util_p95_pct": _r(_quantile(host["cpu_util_pct"], 95)),
+        "host_mem_peak_gib": _r(_max(host["host_mem_used_gib"])),
+        "net_bytes": _sum_last(host, ("net_rx_bytes", "net_tx_bytes")),
+        "disk_bytes": _sum_last(host, ("disk_read_bytes", "disk_write_bytes")),
+        **_shares(host, gpu),
+    }
 
 
 def _rate(host: Samples) -> float | None:
@@ -180,14 +195,21 @@ def _energy(df: Samples) -> float | None:
 
 def _shares(host: Samples, gpu: Samples) -> dict:
     """The busiest node's mean foreign CPU use and this run's own (cores), and the most foreign GPU processes."""
-    out = {"own_cpu_cores_mean": None, "foreign_cpu_cores_mean": None, "foreign_cpu_node": None,
-           "gpu_foreign_procs_max": None}
+    out = {
+        "own_cpu_cores_mean": None,
+        "foreign_cpu_cores_mean": None,
+        "foreign_cpu_node": None,
+        "gpu_foreign_procs_max": None,
+    }
     if "foreign_cpu_cores" in host and len(_present(host["foreign_cpu_cores"])):
-        means = {k[0]: (_mean(host["own_cpu_cores"][i]), _mean(host["foreign_cpu_cores"][i]))
-                 for k, i in host.groups("node").items()}
+        means = {
+            k[0]: (_mean(host["own_cpu_cores"][i]), _mean(host["foreign_cpu_cores"][i]))
+            for k, i in host.groups("node").items()
+        }
         node = max((n for n in sorted(means) if means[n][1] is not None), key=lambda n: means[n][1])  # a tie: first
-        out.update(own_cpu_cores_mean=_r(means[node][0]), foreign_cpu_cores_mean=_r(means[node][1]),
-                   foreign_cpu_node=str(node))
+        out.update(
+            own_cpu_cores_mean=_r(means[node][0]), foreign_cpu_cores_mean=_r(means[node][1]), foreign_cpu_node=str(node)
+        )
     if "gpu_foreign_procs" in gpu and len(_present(gpu["gpu_foreign_procs"])):
         out["gpu_foreign_procs_max"] = int(_max(gpu["gpu_foreign_procs"]))
     return out

@@ -14,6 +14,7 @@ the start of the same range (--profile-from-start off).
 
     python -m kernels.profiling wrapper nsys|ncu [--print]   # the prefix, or an error when the tool is missing
 """
+
 from __future__ import annotations
 
 import os
@@ -25,10 +26,17 @@ OUT = "%q{LAB_RUN_DIR}"  # set by the driver before it starts the ranks
 
 def nsys_prefix(environ=None) -> list[str]:
     env = os.environ if environ is None else environ
-    return ["nsys", "profile", f"--trace={env.get('LAB_NSYS_TRACE', 'cuda,nvtx,osrt,cudnn,cublas')}",
-            "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--cuda-memory-usage=false",
-            "--sample=none", "--force-overwrite=true",
-            f"--output={OUT}/nsys/rank%q{{SLURM_PROCID}}-j%q{{SLURM_JOB_ID}}"]
+    return [
+        "nsys",
+        "profile",
+        f"--trace={env.get('LAB_NSYS_TRACE', 'cuda,nvtx,osrt,cudnn,cublas')}",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--cuda-memory-usage=false",
+        "--sample=none",
+        "--force-overwrite=true",
+        f"--output={OUT}/nsys/rank%q{{SLURM_PROCID}}-j%q{{SLURM_JOB_ID}}",
+    ]
 
 
 def ncu_prefix(environ=None) -> list[str]:
@@ -36,11 +44,24 @@ def ncu_prefix(environ=None) -> list[str]:
     rank = env.get("LAB_NCU_RANK", "0")
     if not rank.isdigit():
         raise ValueError(f"LAB_NCU_RANK={rank!r}: give one rank number (ncu profiles one rank)")
-    ncu = ["ncu", "--target-processes", "all", "--profile-from-start", "off",
-           "--kernel-name", f"regex:{env.get('LAB_NCU_KERNELS', '.')}",
-           "--launch-skip", env.get("LAB_NCU_SKIP", "0"), "--launch-count", env.get("LAB_NCU_COUNT", "20"),
-           "--set", env.get("LAB_NCU_SET", "full"), "--force-overwrite",
-           "--export", f"{OUT}/ncu/rank{rank}-j%q{{SLURM_JOB_ID}}"]
+    ncu = [
+        "ncu",
+        "--target-processes",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--kernel-name",
+        f"regex:{env.get('LAB_NCU_KERNELS', '.')}",
+        "--launch-skip",
+        env.get("LAB_NCU_SKIP", "0"),
+        "--launch-count",
+        env.get("LAB_NCU_COUNT", "20"),
+        "--set",
+        env.get("LAB_NCU_SET", "full"),
+        "--force-overwrite",
+        "--export",
+        f"{OUT}/ncu/rank{rank}-j%q{{SLURM_JOB_ID}}",
+    ]
     for k in ("LAB_NCU_SKIP", "LAB_NCU_COUNT"):
         if not env.get(k, "0").isdigit():
             raise ValueError(f"{k}={env[k]!r}: a launch count, a whole number")
@@ -62,5 +83,7 @@ def missing(tool: str) -> str | None:
     if shutil.which(tool):
         return None
     what = {"nsys": "Nsight Systems", "ncu": "Nsight Compute"}[tool]
-    return (f"{tool} ({what}) is not on PATH on {os.uname().nodename}; load it (e.g. `module load cuda` or "
-            f"`module load nsight-{'systems' if tool == 'nsys' else 'compute'}`) or put its bin/ on PATH")
+    return (
+        f"{tool} ({what}) is not on PATH on {os.uname().nodename}; load it (e.g. `module load cuda` or "
+        f"`module load nsight-{'systems' if tool == 'nsys' else 'compute'}`) or put its bin/ on PATH"
+    )

@@ -17,6 +17,7 @@ Compute wrap the ranks) no torch.profiler runs (CUPTI has one user at a time):
 cudaProfilerStart/Stop mark the same active window for `nsys --capture-range=
 cudaProfilerApi`, and the NVTX ranges are emitted on every step.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -61,11 +62,15 @@ class StepProfiler:
             from torch.profiler import ProfilerActivity, profile, schedule
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-            self.prof = profile(activities=acts, record_shapes=cfg.profile_shapes,
-                                profile_memory=cfg.profile_memory, with_stack=False, acc_events=False,
-                                schedule=schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup,
-                                                  active=cfg.profile_steps, repeat=1),
-                                on_trace_ready=self._save)
+            self.prof = profile(
+                activities=acts,
+                record_shapes=cfg.profile_shapes,
+                profile_memory=cfg.profile_memory,
+                with_stack=False,
+                acc_events=False,
+                schedule=schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_steps, repeat=1),
+                on_trace_ready=self._save,
+            )
             self.prof.start()
 
     # ------------------------------------------------------------- phases
@@ -115,9 +120,11 @@ class StepProfiler:
         if self.prof is not None:
             prof, self.prof = self.prof, None
             if self.n < self.first + self.cfg.profile_steps:
-                self.log(f"profile: the run ended after {self.n} steps of this attempt, before the profiled window "
-                         f"({self.cfg.profile_wait} wait + {self.cfg.profile_warmup} warm-up + "
-                         f"{self.cfg.profile_steps} active steps) closed; no trace is kept")
+                self.log(
+                    f"profile: the run ended after {self.n} steps of this attempt, before the profiled window "
+                    f"({self.cfg.profile_wait} wait + {self.cfg.profile_warmup} warm-up + "
+                    f"{self.cfg.profile_steps} active steps) closed; no trace is kept"
+                )
                 prof.on_trace_ready = None
             try:
                 prof.stop()

@@ -20,11 +20,12 @@ The seed studies' targets: the data loader idle < 5 % of the step, communication
 When both data and communication exceed their limits, the larger share (relative to its limit) wins
 and the other is named in the evidence.
 """
+
 from __future__ import annotations
 
-DATA_WAIT = 0.05      # data-wait share of the step
-COMM = 0.20           # exposed communication share of the step
-UTILISATION = 0.80    # device busy share (GPU utilisation)
+DATA_WAIT = 0.05  # data-wait share of the step
+COMM = 0.20  # exposed communication share of the step
+UTILISATION = 0.80  # device busy share (GPU utilisation)
 
 THRESHOLDS = {"data_wait_frac": DATA_WAIT, "comm_frac": COMM, "device_util": UTILISATION}
 LAUNCH = "host-bound (launch)"
@@ -62,20 +63,29 @@ def launch_bound(wait: float | None, comm: float | None, util: float | None, uti
     idle, explained = 1 - util, (wait or 0.0) + (comm or 0.0)
     if explained >= idle / 2:
         return None
-    return (f"the GPU is busy only {100 * util:.0f} % of the time ({util_src}) < {100 * UTILISATION:.0f} %; of its "
-            f"{100 * idle:.0f} % idle, data wait ({'unmeasured' if wait is None else f'{100 * wait:.1f} %'}) and "
-            f"exposed communication ({'unmeasured' if comm is None else f'{100 * comm:.1f} %'}) explain "
-            f"{100 * explained:.1f} points: the host does not launch kernels as fast as the GPU runs them")
+    return (
+        f"the GPU is busy only {100 * util:.0f} % of the time ({util_src}) < {100 * UTILISATION:.0f} %; of its "
+        f"{100 * idle:.0f} % idle, data wait ({'unmeasured' if wait is None else f'{100 * wait:.1f} %'}) and "
+        f"exposed communication ({'unmeasured' if comm is None else f'{100 * comm:.1f} %'}) explain "
+        f"{100 * explained:.1f} points: the host does not launch kernels as fast as the GPU runs them"
+    )
 
 
 def decide(summary: dict, monitor: dict | None = None, profile: dict | None = None) -> dict:
     """{verdict, reason, evidence, thresholds} for one run's summary (and its monitor and profile summaries)."""
-    ev: dict = {"data_wait_frac": summary.get("data_wait_frac"), "mfu": summary.get("mfu"),
-                "device_type": "cuda" if monitor and monitor.get("gpus") else summary.get("device_type")}
+    ev: dict = {
+        "data_wait_frac": summary.get("data_wait_frac"),
+        "mfu": summary.get("mfu"),
+        "device_type": "cuda" if monitor and monitor.get("gpus") else summary.get("device_type"),
+    }
     comm, comm_src = comm_share(summary, profile)
     util, util_src = device_util(summary, monitor, profile)
-    ev.update(comm_frac=None if comm is None else round(comm, 5), comm_source=comm_src,
-              device_util=None if util is None else round(util, 5), device_util_source=util_src)
+    ev.update(
+        comm_frac=None if comm is None else round(comm, 5),
+        comm_source=comm_src,
+        device_util=None if util is None else round(util, 5),
+        device_util_source=util_src,
+    )
     out = {"thresholds": dict(THRESHOLDS), "evidence": ev}
     if not summary.get("timed_steps"):
         return {**out, "verdict": "unknown", "reason": "no timed steps: nothing to decide from"}
@@ -88,19 +98,30 @@ def decide(summary: dict, monitor: dict | None = None, profile: dict | None = No
     if wait is not None and wait > DATA_WAIT:
         over.append(("data", wait / DATA_WAIT, f"data wait {100 * wait:.1f} % of the step > {100 * DATA_WAIT:.0f} %"))
     if comm is not None and comm > COMM:
-        over.append(("communication", comm / COMM,
-                     f"exposed communication {100 * comm:.1f} % of the step ({comm_src}) > {100 * COMM:.0f} %"))
+        over.append(
+            (
+                "communication",
+                comm / COMM,
+                f"exposed communication {100 * comm:.1f} % of the step ({comm_src}) > {100 * COMM:.0f} %",
+            )
+        )
     if over:
         over.sort(key=lambda t: -t[1])
         reason = "; ".join(t[2] for t in over)
         return {**out, "verdict": over[0][0], "reason": reason}
     if wait is None and comm is None:
         return {**out, "verdict": "unknown", "reason": "neither data wait nor communication was measured"}
-    below = [f"data wait {100 * wait:.1f} % <= {100 * DATA_WAIT:.0f} %" if wait is not None else "data wait unmeasured",
-             f"communication {100 * comm:.1f} % <= {100 * COMM:.0f} %" if comm is not None else
-             "communication unmeasured"]
-    tail = (f"; GPU busy {100 * util:.0f} % ({util_src})" if gpu and util is not None else
-            "; the device computes through the step" if not gpu else "; GPU utilisation not measured")
+    below = [
+        f"data wait {100 * wait:.1f} % <= {100 * DATA_WAIT:.0f} %" if wait is not None else "data wait unmeasured",
+        f"communication {100 * comm:.1f} % <= {100 * COMM:.0f} %" if comm is not None else "communication unmeasured",
+    ]
+    tail = (
+        f"; GPU busy {100 * util:.0f} % ({util_src})"
+        if gpu and util is not None
+        else "; the device computes through the step"
+        if not gpu
+        else "; GPU utilisation not measured"
+    )
     if summary.get("mfu") is not None:
         tail += f"; MFU {100 * summary['mfu']:.1f} %"
     return {**out, "verdict": "compute", "reason": "; ".join(below) + tail}

@@ -31,6 +31,7 @@ no checksum is refused unless the run passes resume_unverified=true.
 Fault injection (the fault suite): LAB_CHECKPOINT_FAULT=POINT[@N] kills the writing
 process with SIGKILL at POINT of its N-th write (default 1); POINTS lists them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,9 +88,15 @@ def _feed(h, obj) -> None:
     if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:  # sparse (DCRNN's supports): its parts
         h.update(f"S{obj.layout}{tuple(obj.shape)}".encode())
         t = obj.detach().cpu()
-        parts = ((t.crow_indices(), t.col_indices(), t.values()) if t.layout == torch.sparse_csr else
-                 (t.ccol_indices(), t.row_indices(), t.values()) if t.layout == torch.sparse_csc else
-                 (t.coalesce().indices(), t.coalesce().values()) if t.layout == torch.sparse_coo else None)
+        parts = (
+            (t.crow_indices(), t.col_indices(), t.values())
+            if t.layout == torch.sparse_csr
+            else (t.ccol_indices(), t.row_indices(), t.values())
+            if t.layout == torch.sparse_csc
+            else (t.coalesce().indices(), t.coalesce().values())
+            if t.layout == torch.sparse_coo
+            else None
+        )
         if parts is None:
             raise TypeError(f"checkpoint: cannot checksum a tensor of layout {t.layout}")
         for part in parts:
@@ -138,8 +145,13 @@ def safe_globals() -> list:
     """What a checkpoint may hold beyond tensors, numbers, strings and containers: numpy's RNG state (an
     array of uint32 and its dtype), under numpy 2's module names and numpy 1's."""
     reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
-    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), (reconstruct, "numpy._core.multiarray._reconstruct"),
-            (reconstruct, "numpy.core.multiarray._reconstruct")]
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        (reconstruct, "numpy._core.multiarray._reconstruct"),
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+    ]
 
 
 def load_bytes(data: bytes, what: str) -> dict:
@@ -153,8 +165,10 @@ def load_bytes(data: bytes, what: str) -> dict:
 
         named = re.search(r"GLOBAL ([\w.]+)", str(e))
         what_it_asks = f"it asks for {named.group(1)}" if named else str(e).splitlines()[0][:200]
-        raise ValueError(f"{what} holds something other than data ({what_it_asks}); it was not written by the lab, "
-                         f"or by a plug-in that saves objects in it rather than state_dicts") from None
+        raise ValueError(
+            f"{what} holds something other than data ({what_it_asks}); it was not written by the lab, "
+            f"or by a plug-in that saves objects in it rather than state_dicts"
+        ) from None
 
 
 # ------------------------------------------------------------------ writing
@@ -234,7 +248,7 @@ def read_state(path: Path, allow_unverified: bool = False) -> tuple[dict | None,
     end = data.find(b"\n", len(MAGIC), len(MAGIC) + 80)
     if end < 0:
         return None, "has a damaged first line (no checksum to check it by)"
-    want, body = data[len(MAGIC):end].decode("ascii", "replace"), memoryview(data)[end + 1:]
+    want, body = data[len(MAGIC) : end].decode("ascii", "replace"), memoryview(data)[end + 1 :]
     got = hashlib.sha256(body).hexdigest()
     if got != want:
         return None, f"checksum mismatch (sha256 {got[:12]}... of its bytes, its first line says {want[:12]}...)"
@@ -270,8 +284,10 @@ def _earlier_format(path: Path, data: bytes, allow_unverified: bool) -> tuple[di
         if got != want:
             return None, f"content checksum mismatch (sha256 {got[:12]}... of what it holds, it says {want[:12]}...)"
     elif not side.exists() and not allow_unverified:
-        return None, ("carries no checksum (a lab before checksums wrote it, or something else did): nothing "
-                      "vouches for it. If it is your own run's, resume with resume_unverified=true")
+        return None, (
+            "carries no checksum (a lab before checksums wrote it, or something else did): nothing "
+            "vouches for it. If it is your own run's, resume with resume_unverified=true"
+        )
     return state, None
 
 
@@ -290,8 +306,11 @@ def load(run_dir: Path, allow_unverified: bool = False) -> tuple[dict, Path, lis
                 os.replace(cur, prev)
             os.replace(nxt, cur)
             _fsync_dir(run_dir)
-            return state, cur, [f"a checkpoint write was interrupted after {NEXT} was complete; its renames are "
-                                f"finished now"]
+            return (
+                state,
+                cur,
+                [f"a checkpoint write was interrupted after {NEXT} was complete; its renames are finished now"],
+            )
         notes.append(f"{nxt} is an interrupted write ({problem}); passed over")
     for path in (cur, prev):
         if not path.exists():
@@ -300,5 +319,7 @@ def load(run_dir: Path, allow_unverified: bool = False) -> tuple[dict, Path, lis
         if state is not None:
             return state, path, notes
         notes.append(f"{path} is unusable: {problem}")
-    raise ConfigError(f"no usable checkpoint in {run_dir}: {'; '.join(notes) or 'none found'}. To start the run "
-                      f"over, remove {run_dir} (or pass another run_id)")
+    raise ConfigError(
+        f"no usable checkpoint in {run_dir}: {'; '.join(notes) or 'none found'}. To start the run "
+        f"over, remove {run_dir} (or pass another run_id)"
+    )

@@ -20,6 +20,7 @@ file. Only `status == "complete"` marks a finished run: a run that failed says
 `lab records-doc` prints this schema as Markdown (results/README.md is
 that output; a test keeps them equal).
 """
+
 from __future__ import annotations
 
 import csv
@@ -41,12 +42,12 @@ METRICS_COLUMNS: dict[str, str] = {
     "epoch": "epoch number, from 1",
     "steps": "optimizer steps in this epoch",
     "timed_steps": "steps counted in the timing (the first timing_warmup_steps of each process start, fresh or "
-                   "resumed, are excluded)",
+    "resumed, are excluded)",
     "samples": "training samples processed in this epoch, all ranks",
     "epoch_s": "wall time of the epoch's training steps, slowest rank, seconds (evaluation excluded)",
     "eval_s": "wall time of the evaluation after the epoch, seconds",
     "samples_per_s": "training throughput, all ranks: global batch / median step time of the epoch's timed steps (a "
-                     "step's time is its slowest rank's)",
+    "step's time is its slowest rank's)",
     "samples_per_s_p10": "10th percentile of the per-step throughput (global batch / 90th percentile step time)",
     "samples_per_s_p90": "90th percentile of the per-step throughput (global batch / 10th percentile step time)",
     "samples_per_s_per_device": "samples_per_s / world size",
@@ -61,10 +62,10 @@ METRICS_COLUMNS: dict[str, str] = {
     "eval_loss": "mean loss over the whole test set (sharded over ranks, summed exactly)",
     "lr": "learning rate at the end of the epoch",
     "peak_mem_gib": "peak memory, GiB (CUDA: max allocated on the "
-                    "device; CPU: max resident set of the process), max over ranks",
+    "device; CPU: max resident set of the process), max over ranks",
     "tflops_per_device": "achieved training TFLOP/s per device (counted FLOPs x samples/s per device)",
     "mfu": "model FLOPs utilisation: tflops_per_device / the device's "
-           "dense peak for the precision; empty when the peak is unknown",
+    "dense peak for the precision; empty when the peak is unknown",
 }
 
 SUMMARY_FIELDS: dict[str, str] = {
@@ -97,44 +98,44 @@ SUMMARY_FIELDS: dict[str, str] = {
     "fwd_flops_per_sample": "forward FLOPs per sample, counted by torch.utils.flop_counter (2 per MAC)",
     "train_flops_per_sample": "forward + backward FLOPs per sample, counted",
     "peak_tflops": "the device's dense peak TFLOP/s for the precision (empty when unknown or a MIG slice: "
-                   "config.json's peak_note says why)",
+    "config.json's peak_note says why)",
     "tflops_per_device": "achieved TFLOP/s per device at the headline throughput",
     "mfu": "tflops_per_device / peak_tflops (empty when the peak is unknown)",
     "comm_probe_sync_ms": "fwd+bwd per step with gradient all-reduce (probe after training; empty if not run, and "
-                          "with engine=horovod, whose hooks cannot be switched off)",
+    "with engine=horovod, whose hooks cannot be switched off)",
     "comm_probe_nosync_ms": "fwd+bwd per step without gradient sync (DDP no_sync)",
     "exposed_comm_ms": "communication not hidden behind backward: the median over the probe's pairs of (with sync - "
-                       "without), each pair after a barrier, in alternating order; empty when not distinguishable "
-                       "from zero (exposed_comm_status), never negative",
+    "without), each pair after a barrier, in alternating order; empty when not distinguishable "
+    "from zero (exposed_comm_status), never negative",
     "exposed_comm_status": "measured (the 90 % CI of the median difference lies above zero) or below noise",
     "exposed_comm_ci_ms": "distribution-free 90 % confidence interval [low, high] of the median difference, ms",
     "comm_probe_pairs": "timed pairs behind the probe's medians (comm_probe_steps)",
     "device_type": "cuda or cpu",
     "profile": "profile_steps > 0: the breakdown over the ranks' traces (timeline host|device, steps, "
-               "profiled_ms_per_step, share and ms_per_step by category, share_range over ranks, top_ops, "
-               "hidden_comm_ms_per_step on GPUs, traces, comm_crosscheck, hta status and results); see breakdown.csv",
+    "profiled_ms_per_step, share and ms_per_step by category, share_range over ranks, top_ops, "
+    "hidden_comm_ms_per_step on GPUs, traces, comm_crosscheck, hta status and results); see breakdown.csv",
     "monitor": "the resource monitor over the training loop: samples, hz, gpus, gpu_util_mean_pct, gpu_util_p95_pct, "
-               "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
-               "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
+    "gpu_mem_peak_mib, gpu_power_mean_w, energy_j (GPU power integrated), cpu_util_mean_pct, "
+    "cpu_util_p95_pct, host_mem_peak_gib, net_bytes, disk_bytes; GPU values empty without GPUs",
     "bottleneck": "the verdict (data | communication | compute | host-bound (launch) | unknown), its reason, the "
-                  "evidence (data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the "
-                  "thresholds (kernels/profiling/verdict.py)",
+    "evidence (data_wait_frac, comm_frac and its source, device_util and its source, mfu) and the "
+    "thresholds (kernels/profiling/verdict.py)",
     "requeues": "times Slurm requeued the job of this run (SLURM_RESTART_COUNT)",
     "host_syncs_per_step": "CUDA with sync_debug_steps > 0: host-device synchronisations per training step "
-                           "(torch.cuda.set_sync_debug_mode), else empty",
+    "(torch.cuda.set_sync_debug_mode), else empty",
     "host_sync_sites": "with host_syncs_per_step: the source lines (file:line) that made those syncs, with counts",
     "cuda_graphs": "CUDA graphs of the compiled step (kernels/run/capture.py): mode (reduce-overhead or off), "
-                   "graphs_not_captured (compiled graphs Inductor ran without capture) and status in words",
+    "graphs_not_captured (compiled graphs Inductor ran without capture) and status in words",
     "checkpoints": "this attempt's checkpoints: count, async (written in a background thread), bytes, "
-                   "snapshot_ms_median/max (copying the state to host memory: the training loop waits for this) and "
-                   "write_ms_median/max (the file write and checksum: in the background when async)",
+    "snapshot_ms_median/max (copying the state to host memory: the training loop waits for this) and "
+    "write_ms_median/max (the file write and checksum: in the background when async)",
     "grad_param_bytes": "bytes of each trainable parameter's gradient, in registration order (DDP's buckets are made "
-                        "of them; the scaling predictor reads them)",
+    "of them; the scaling predictor reads them)",
     "attempts": "the run's attempts: start, end, status and cause of each (a resumed run has several)",
     "checksum": "sha256 of the rest of the file; a reader refuses a file whose content does not match",
     "io": "the input pipeline's I/O over the whole run (all attempts), per rank and in total: see below",
     "ranks": "per rank: rank, host, peak_mem_gib (this rank's peak memory: device memory on a GPU, resident set on "
-             "a CPU), and the workload's own per-rank figures (see below)",
+    "a CPU), and the workload's own per-rank figures (see below)",
     "workload": "what the workload reports about the run beyond the metrics (see below; empty for most)",
 }
 
@@ -152,7 +153,7 @@ IO_FIELDS = {
     "data_wait_frac_max": "the largest rank's share of its step time spent waiting for data",
     "data_wait_frac_min": "the smallest rank's",
     "ranks": "per rank: rank, host, device_name, samples, bytes_read, read_s, read_calls, read_mb_s, "
-             "data_wait_frac, bytes_by_epoch",
+    "data_wait_frac, bytes_by_epoch",
 }
 
 
@@ -165,8 +166,8 @@ SACCT_FIELDS = {
     "source": "accounting database (the job and its steps) or job completion log (sacct -c: the job only, once ended)",
     "command": "the sacct command line",
     "rows": "the job, its batch step and its srun steps: job_id, name, state, exit_code, start, end, elapsed_s, nodes, "
-            "tasks, cpus, max_rss_bytes and max_rss_node (empty without jobacct_gather), energy_j (ConsumedEnergyRaw; "
-            "empty without acct_gather_energy)",
+    "tasks, cpus, max_rss_bytes and max_rss_node (empty without jobacct_gather), energy_j (ConsumedEnergyRaw; "
+    "empty without acct_gather_energy)",
 }
 
 
@@ -196,24 +197,42 @@ def read_json(path: Path) -> dict:
     try:
         obj = json.loads(path.read_text())
     except ValueError as e:
-        raise RecordError(f"{path} is not valid JSON ({e}); the file is truncated or corrupt: restore it, or "
-                          f"remove the run directory {path.parent} and run again") from None
+        raise RecordError(
+            f"{path} is not valid JSON ({e}); the file is truncated or corrupt: restore it, or "
+            f"remove the run directory {path.parent} and run again"
+        ) from None
     if not isinstance(obj, dict):
         raise RecordError(f"{path} does not hold a record (a JSON object)")
     if "checksum" in obj and obj["checksum"] != _checksum(obj):
-        raise RecordError(f"{path}: checksum mismatch, the file was altered or damaged after it was written; "
-                          f"restore it, or remove the run directory {path.parent} and run again")
+        raise RecordError(
+            f"{path}: checksum mismatch, the file was altered or damaged after it was written; "
+            f"restore it, or remove the run directory {path.parent} and run again"
+        )
     if "checksum" not in obj and isinstance(obj.get("schema_version"), int) and obj["schema_version"] >= 2:
-        raise RecordError(f"{path}: no checksum, which every record of schema {obj['schema_version']} carries: it "
-                          f"was edited by hand or written by another program; restore it, or remove the run "
-                          f"directory {path.parent} and run again")
+        raise RecordError(
+            f"{path}: no checksum, which every record of schema {obj['schema_version']} carries: it "
+            f"was edited by hand or written by another program; restore it, or remove the run "
+            f"directory {path.parent} and run again"
+        )
     return obj
 
 
 # summary.json's figures the analysis computes with: a number (finite) or null in any record it reads
-SUMMARY_NUMBERS = ("samples_per_s", "samples_per_s_per_device", "samples_per_s_p10", "samples_per_s_p90",
-                   "final_eval_acc", "data_wait_frac", "epoch_s_median", "exposed_comm_ms",
-                   "mfu", "peak_mem_gib", "step_ms_p50", "step_ms_p90", "train_flops_per_sample")
+SUMMARY_NUMBERS = (
+    "samples_per_s",
+    "samples_per_s_per_device",
+    "samples_per_s_p10",
+    "samples_per_s_p90",
+    "final_eval_acc",
+    "data_wait_frac",
+    "epoch_s_median",
+    "exposed_comm_ms",
+    "mfu",
+    "peak_mem_gib",
+    "step_ms_p50",
+    "step_ms_p90",
+    "train_flops_per_sample",
+)
 METRICS_REQUIRED = ("epoch", "steps", "samples", "epoch_s")  # every metrics.csv has these
 
 
@@ -225,21 +244,27 @@ def check_types(path: Path, obj: dict, numbers=SUMMARY_NUMBERS) -> None:
     for key in numbers:
         v = obj.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise RecordError(f"{path}: '{key}' is {v!r}, not a finite number; the record was damaged or edited: "
-                              f"restore it, or remove the run directory {path.parent} and run again")
+            raise RecordError(
+                f"{path}: '{key}' is {v!r}, not a finite number; the record was damaged or edited: "
+                f"restore it, or remove the run directory {path.parent} and run again"
+            )
 
 
 def check_metrics(path: Path, rows: list[dict], header: list[str]) -> None:
     """metrics.csv has the lab's columns and numbers (or empty cells) only."""
     missing = [c for c in METRICS_REQUIRED if c not in header]
     if missing:
-        raise RecordError(f"{path}: not a metrics file of the lab (no {', '.join(missing)} column); restore it, or "
-                          f"remove the record {path.parent} and run again")
+        raise RecordError(
+            f"{path}: not a metrics file of the lab (no {', '.join(missing)} column); restore it, or "
+            f"remove the record {path.parent} and run again"
+        )
     for i, row in enumerate(rows, 2):
         bad = [k for k, v in row.items() if isinstance(v, str)]
         if bad:
-            raise RecordError(f"{path}: line {i}: '{bad[0]}' is {row[bad[0]]!r}, not a number; restore the file, or "
-                              f"remove the record {path.parent} and run again")
+            raise RecordError(
+                f"{path}: line {i}: '{bad[0]}' is {row[bad[0]]!r}, not a number; restore the file, or "
+                f"remove the record {path.parent} and run again"
+            )
 
 
 def write_metrics(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -291,14 +316,17 @@ def read_csv_rows(path: Path, typed: bool = True) -> list[dict]:
             reader = csv.DictReader(f)
             for row in reader:
                 if None in row or None in row.values():
-                    raise RecordError(f"{path}: line {reader.line_num} does not have the header's "
-                                      f"{len(reader.fieldnames)} fields; the file is cut short or damaged: restore it, "
-                                      f"or remove the record {path.parent} and run again")
+                    raise RecordError(
+                        f"{path}: line {reader.line_num} does not have the header's "
+                        f"{len(reader.fieldnames)} fields; the file is cut short or damaged: restore it, "
+                        f"or remove the record {path.parent} and run again"
+                    )
                 if typed:
                     rows.append({k: _num(v) for k, v in row.items()})
     except (UnicodeDecodeError, csv.Error) as e:
-        raise RecordError(f"{path} is not a readable CSV ({e}); restore it, or remove the record {path.parent} "
-                          f"and run again") from None
+        raise RecordError(
+            f"{path} is not a readable CSV ({e}); restore it, or remove the record {path.parent} and run again"
+        ) from None
     return rows
 
 
@@ -320,12 +348,16 @@ def refuse_foreign(results_root: Path, run_dir: Path) -> None:
 
     why = files.foreign(results_root, own_link_ok=True)
     if why:
-        raise ConfigError(f"parameter 'results_dir': {why}: the lab writes only into directories of yours; pass "
-                          f"results_dir=<a directory you own>")
+        raise ConfigError(
+            f"parameter 'results_dir': {why}: the lab writes only into directories of yours; pass "
+            f"results_dir=<a directory you own>"
+        )
     why = files.foreign(run_dir)
     if why:
-        raise ConfigError(f"parameter 'run_id': {why}: a run directory is one the lab made for you, never a link; "
-                          f"remove it if it is yours, or pass another run_id")
+        raise ConfigError(
+            f"parameter 'run_id': {why}: a run directory is one the lab made for you, never a link; "
+            f"remove it if it is yours, or pass another run_id"
+        )
 
 
 def ensure_not_complete(run_dir: Path) -> None:
@@ -337,8 +369,9 @@ def ensure_not_complete(run_dir: Path) -> None:
     except RecordError as e:
         raise ConfigError(str(e)) from None
     if complete:
-        raise ConfigError(f"parameter 'run_id': {run_dir} is already a complete run; "
-                          f"pass a new run_id (or none) to start another")
+        raise ConfigError(
+            f"parameter 'run_id': {run_dir} is already a complete run; pass a new run_id (or none) to start another"
+        )
 
 
 def mark_failed(run_dir: Path, cause: str) -> bool:
@@ -378,6 +411,7 @@ class RunLock:
     Taking over is serialised by a second lock, `.lock.break`: whoever holds it reads the lock again and
     removes it only if it is the stale one it judged, so two runs that both found it stale never both win.
     """
+
     NAME = ".lock"
     UNREADABLE_STALE_S = 60.0
     BREAK_STALE_S = 30.0
@@ -392,8 +426,12 @@ class RunLock:
         import socket
         from datetime import datetime, timezone
 
-        return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-                "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
 
     def owner(self) -> dict | None:
         try:
@@ -418,8 +456,9 @@ class RunLock:
         if not owner:  # unreadable: damaged, or being written by a lab before locks were linked whole
             return self._age(self.path) > self.UNREADABLE_STALE_S
         if owner.get("slurm_job") and shutil.which("squeue"):
-            p = subprocess.run(["squeue", "-h", "-j", str(owner["slurm_job"]), "-o", "%T"], capture_output=True,
-                               text=True)
+            p = subprocess.run(
+                ["squeue", "-h", "-j", str(owner["slurm_job"]), "-o", "%T"], capture_output=True, text=True
+            )
             if p.returncode == 0 and p.stdout.strip() in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
                 return owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
             return True
@@ -427,16 +466,19 @@ class RunLock:
 
     def describe(self, owner: dict | None) -> str:
         if not owner:
-            return (f"its lock is unreadable, {self._age(self.path):.0f} s old; stale after "
-                    f"{self.UNREADABLE_STALE_S:.0f} s")
+            return (
+                f"its lock is unreadable, {self._age(self.path):.0f} s old; stale after {self.UNREADABLE_STALE_S:.0f} s"
+            )
         job = f", Slurm job {owner['slurm_job']}" if owner.get("slurm_job") else ""
         return f"host {owner.get('host')} pid {owner.get('pid')}{job}, since {owner.get('started_utc')}"
 
     def _in_use(self, owner: dict | None):
         from kernels.base.errors import ConfigError
 
-        return ConfigError(f"parameter 'run_id': {self.path.parent} is in use by another run ({self.describe(owner)}); "
-                           f"wait for it, pass another run_id, or remove {self.path} if that run is dead")
+        return ConfigError(
+            f"parameter 'run_id': {self.path.parent} is in use by another run ({self.describe(owner)}); "
+            f"wait for it, pass another run_id, or remove {self.path} if that run is dead"
+        )
 
     def _link_whole(self) -> bool:
         """Make the lock, content and all, in one step; False when it exists."""
@@ -482,9 +524,11 @@ class RunLock:
         except OSError as e:  # read-only, immutable (chattr +i), another user's: nothing can be written there
             from kernels.base.errors import ConfigError
 
-            raise ConfigError(f"parameter 'run_id': cannot write in {self.path.parent} ({e.strerror or e}): the "
-                              f"directory is read-only, immutable (lsattr shows 'i') or not yours; pass another "
-                              f"run_id or results_dir") from None
+            raise ConfigError(
+                f"parameter 'run_id': cannot write in {self.path.parent} ({e.strerror or e}): the "
+                f"directory is read-only, immutable (lsattr shows 'i') or not yours; pass another "
+                f"run_id or results_dir"
+            ) from None
 
     def _acquire(self) -> None:
         import time
@@ -564,9 +608,12 @@ def schema_markdown(workload_fields: dict[str, dict[str, str]] | None = None) ->
         "|---|---|",
     ]
     lines += [f"| `{k}` | {v} |" for k, v in METRICS_COLUMNS.items()]
-    lines += ["| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
-              "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed "
-              "squares over the summed count) |", ""]
+    lines += [
+        "| `train_<metric>`, `eval_<metric>` | the workload's metrics (e.g. `eval_acc`, a fraction; a metric "
+        "with labels has one column per label, e.g. `eval_mae_15min`; an RMSE is the root of the summed "
+        "squares over the summed count) |",
+        "",
+    ]
     lines += ["## summary.json", "", "| field | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in SUMMARY_FIELDS.items()]
     lines += ["| `final_eval_<metric>` | the workload's metrics after the last epoch |", ""]
@@ -575,9 +622,17 @@ def schema_markdown(workload_fields: dict[str, dict[str, str]] | None = None) ->
     for title, fields in (workload_fields or {}).items():
         lines += ["", f"### summary.json: workload and ranks ({title})", "", "| field | meaning |", "|---|---|"]
         lines += [f"| `{k}` | {v} |" for k, v in fields.items()]
-    lines += ["", "## sacct.json", "", "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
-              "accounting of the job in its record when it ends, as `{\"jobs\": {<job id>: entry}}`; a cluster "
-              "without accounting gives an entry that says so.", "", "| field | meaning |", "|---|---|"]
+    lines += [
+        "",
+        "## sacct.json",
+        "",
+        "A notebook run in a Slurm job (`slurm/papermill_run.sbatch`) stores Slurm's "
+        'accounting of the job in its record when it ends, as `{"jobs": {<job id>: entry}}`; a cluster '
+        "without accounting gives an entry that says so.",
+        "",
+        "| field | meaning |",
+        "|---|---|",
+    ]
     lines += [f"| `{k}` | {v} |" for k, v in SACCT_FIELDS.items()]
     lines += [""]
     return "\n".join(lines)

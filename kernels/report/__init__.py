@@ -14,6 +14,7 @@ under "Not yet measured" and typesets a float only when its file holds measureme
 rewritten only when their content changes, so documents rebuild only when an
 input really changed.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,14 +26,20 @@ from kernels.analysis import runs as analysis
 from kernels.report import comm, criteria_table, io, lab, profiling_section, request, scaling, workplan
 from kernels.report.context import Context
 from kernels.report.planned import describe, planned_points
-from kernels.analysis.tex import (booktabs, macros_file, not_measured_list, presence_file, tex_escape,
-                                write_if_changed)
+from kernels.analysis.tex import booktabs, macros_file, not_measured_list, presence_file, tex_escape, write_if_changed
 
 # criteria and request use the scaling results, request the I/O ones too: keep them last; the workloads' own
 # sections come after I/O
-SECTIONS = (("Setup", lab), ("Scaling and optimisations", scaling), ("Input and output", io),
-            ("Communication", comm), ("Profiling", profiling_section), ("Targets", criteria_table),
-            ("Resource request", request), ("Work plan", workplan))
+SECTIONS = (
+    ("Setup", lab),
+    ("Scaling and optimisations", scaling),
+    ("Input and output", io),
+    ("Communication", comm),
+    ("Profiling", profiling_section),
+    ("Targets", criteria_table),
+    ("Resource request", request),
+    ("Work plan", workplan),
+)
 
 
 def sections() -> list[tuple[str, object]]:
@@ -41,20 +48,29 @@ def sections() -> list[tuple[str, object]]:
 
     own = [(m.TITLE, m) for m in map(reporting_of, registered()) if m is not None and hasattr(m, "section")]
     return [*SECTIONS[:3], *own, *SECTIONS[3:]]
-IDENTITY = {"author": "author line of the paper and the slides", "affiliation": "affiliation line of the paper",
-            "pi": "the proposal's principal investigator", "institution": "the proposal's applicant institution",
-            "repository": "where the code and the run records are published"}
-PLAN_KEYS = {"system": "a key of paper/systems.yaml", **IDENTITY,
-             "select": "records the documents use: labels, studies",
-             "workloads": "workloads the proposed study covers (objectives)",
-             "studies": "the study files whose runs the request costs (studies/*.yaml)",
-             "profiling_overhead": "extra share for profiled and failed runs",
-             "assumed_efficiency": "efficiency assumed where a point is not measured yet",
-             "margin": "share added to the computed node-hours in the request",
-             "round_to": "the request is rounded up to a multiple of this",
-             "io_study": "the planned I/O study (MNIST vs bigMNIST): gpus, epochs, samples, runs_per_point, repeats",
-             "work_plan": "the proposal's work packages: package, work, months [first, last], milestone",
-             "support": "what the proposal asks of the centre besides node-hours (support needed)"}
+
+
+IDENTITY = {
+    "author": "author line of the paper and the slides",
+    "affiliation": "affiliation line of the paper",
+    "pi": "the proposal's principal investigator",
+    "institution": "the proposal's applicant institution",
+    "repository": "where the code and the run records are published",
+}
+PLAN_KEYS = {
+    "system": "a key of paper/systems.yaml",
+    **IDENTITY,
+    "select": "records the documents use: labels, studies",
+    "workloads": "workloads the proposed study covers (objectives)",
+    "studies": "the study files whose runs the request costs (studies/*.yaml)",
+    "profiling_overhead": "extra share for profiled and failed runs",
+    "assumed_efficiency": "efficiency assumed where a point is not measured yet",
+    "margin": "share added to the computed node-hours in the request",
+    "round_to": "the request is rounded up to a multiple of this",
+    "io_study": "the planned I/O study (MNIST vs bigMNIST): gpus, epochs, samples, runs_per_point, repeats",
+    "work_plan": "the proposal's work packages: package, work, months [first, last], milestone",
+    "support": "what the proposal asks of the centre besides node-hours (support needed)",
+}
 
 
 def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.DataFrame:
@@ -64,14 +80,19 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.
 
     for k in plan:
         if k not in PLAN_KEYS:
-            raise ConfigError(str(unknown_name_error(k, where=f" in {where}", known=PLAN_KEYS)).replace(
-                "unknown parameter", "unknown key"))
+            raise ConfigError(
+                str(unknown_name_error(k, where=f" in {where}", known=PLAN_KEYS)).replace(
+                    "unknown parameter", "unknown key"
+                )
+            )
     missing = [k for k in PLAN_KEYS if k not in plan and k not in ("select", "affiliation", "io_study")]
     if missing:
         raise ConfigError(f"{where}: missing key(s) {', '.join(missing)} ({'; '.join(PLAN_KEYS[k] for k in missing)})")
     if plan["system"] not in systems:
-        raise ConfigError(f"{where}: key 'system': unknown system '{plan['system']}'; "
-                          f"choose one of {', '.join(systems)} (paper/systems.yaml)")
+        raise ConfigError(
+            f"{where}: key 'system': unknown system '{plan['system']}'; "
+            f"choose one of {', '.join(systems)} (paper/systems.yaml)"
+        )
     for k in ("margin", "profiling_overhead"):
         if not 0 <= float(plan[k]) <= 5:
             raise ConfigError(f"{where}: key '{k}' must be a fraction such as 0.2, got {plan[k]!r}")
@@ -81,8 +102,10 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.
     if io is not None:
         need = {"gpus", "epochs", "samples", "runs_per_point", "repeats"}
         if not isinstance(io, dict) or set(io) != need:
-            raise ConfigError(f"{where}: key 'io_study' needs exactly {', '.join(sorted(need))}, got "
-                              f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}")
+            raise ConfigError(
+                f"{where}: key 'io_study' needs exactly {', '.join(sorted(need))}, got "
+                f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}"
+            )
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
     points = planned_points(plan, where)  # every study file loads
@@ -99,9 +122,13 @@ def with_points(plan: dict, systems: dict, points: pd.DataFrame) -> dict:
     """The plan with what the sections read from its study files: every run (points), the GPU counts, the
     scaling studies' repeats; and the target's GPUs per node."""
     scaling = points[points["mode"].isin(("strong", "weak"))]
-    return {**plan, "points": points, "gpus": sorted(int(n) for n in points["gpus"].unique()),
-            "repeats": int((scaling if not scaling.empty else points)["repeat"].max()) + 1,
-            "gpus_per_node": systems[plan["system"]]["gpus_per_node"]}
+    return {
+        **plan,
+        "points": points,
+        "gpus": sorted(int(n) for n in points["gpus"].unique()),
+        "repeats": int((scaling if not scaling.empty else points)["repeat"].max()) + 1,
+        "gpus_per_node": systems[plan["system"]]["gpus_per_node"],
+    }
 
 
 def plan_macros(ctx: Context) -> None:
@@ -130,10 +157,21 @@ def plan_macros(ctx: Context) -> None:
     m("labPlanRoundTo", str(plan["round_to"]))
     rows = pd.DataFrame([{"key": k, **v} for k, v in ctx.systems.items()])
     rows["target"] = ["$\\leftarrow$" if k == plan["system"] else "" for k in rows["key"]]
-    ctx.put("systems_table.tex", booktabs(rows, {"name": ("System", "s"), "gpu": ("GPU", "s"),
-                                                 "gpus_per_node": ("GPUs/node", "d"), "network": ("Network", "s"),
-                                                 "target": ("", "raw")}, size="\\small",
-                                     spec="@{}p{0.28\\linewidth}p{0.3\\linewidth}rp{0.22\\linewidth}l@{}"))
+    ctx.put(
+        "systems_table.tex",
+        booktabs(
+            rows,
+            {
+                "name": ("System", "s"),
+                "gpu": ("GPU", "s"),
+                "gpus_per_node": ("GPUs/node", "d"),
+                "network": ("Network", "s"),
+                "target": ("", "raw"),
+            },
+            size="\\small",
+            spec="@{}p{0.28\\linewidth}p{0.3\\linewidth}rp{0.22\\linewidth}l@{}",
+        ),
+    )
 
 
 def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | None = None) -> dict:
@@ -145,8 +183,15 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
     select = plan.get("select") if select is None else select
     runs, problems, excluded = analysis.load_runs(runs_dir, select)
     plan = {**with_points(plan, systems, points), "select": select}
-    ctx = Context(runs=runs, problems=problems, excluded=excluded, plan=plan, systems=systems, out=Path(out),
-                  comm_dir=Path(runs_dir).parent / "comm")
+    ctx = Context(
+        runs=runs,
+        problems=problems,
+        excluded=excluded,
+        plan=plan,
+        systems=systems,
+        out=Path(out),
+        comm_dir=Path(runs_dir).parent / "comm",
+    )
     plan_macros(ctx)
     _ = ctx.comm_records  # read first: an unreadable commbench record joins the problems the lab section lists
     for title, part in sections():

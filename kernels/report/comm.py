@@ -1,5 +1,6 @@
 """The communication section: collective bandwidths per backend (one table, NCCL next to MPI and gloo), the
 alpha-beta fits, the step predictor checked against measured runs, and DDP against Horovod."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -10,20 +11,47 @@ from kernels.analysis.figures import figure_snippet, rank_axis, save_figure, sty
 from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 TARGET_ERROR = 0.15  # the predictor's goal on the local two-node Slurm
-COMPARE_COLUMNS = {"backend": ("Backend", "s"), "op": ("Collective", "s"), "ranks": ("Ranks", "d"),
-                   "nodes": ("Nodes", "d"), "system": ("System", "s"), "small_bytes": ("Small (B)", "d"),
-                   "small_us": ("Latency (us)", ",.4g"), "large_bytes": ("Large (B)", ",d"),
-                   "large_busbw": ("busbw (GB/s)", ".3g")}
-FIT_COLUMNS = {"backend": ("Backend", "s"), "op": ("Collective", "s"), "placement": ("Placement", "s"),
-               "system": ("System", "s"), "alpha_us": ("$\\alpha$ (us)", ",.4g"), "busbw_GBps": ("busbw (GB/s)", ".3g"),
-               "ranks": ("Ranks", "s"), "points": ("Points", "d"), "rms_rel_err": ("rms err.", ".2f"),
-               "status": ("Fit", "s")}
-VALIDATION_COLUMNS = {"series": ("Series", "s"), "gpus": ("Ranks", "d"), "nodes": ("Nodes", "d"),
-                      "repeats": ("Rep.", "d"), "measured_step_ms": ("Measured (ms)", ",.4g"),
-                      "predicted_step_ms": ("Predicted (ms)", ",.4g"), "error_pct": ("Error (\\%)", "+.1f"),
-                      "measured_efficiency": ("Eff. meas.", ".2f"), "predicted_efficiency": ("Eff. pred.", ".2f")}
-ENGINE_COLUMNS = {"series": ("Configuration", "s"), "gpus": ("Ranks", "d"), "ddp": ("DDP (samples/s)", ",.4g"),
-                  "horovod": ("Horovod (samples/s)", ",.4g"), "ratio": ("Horovod/DDP", ".2f")}
+COMPARE_COLUMNS = {
+    "backend": ("Backend", "s"),
+    "op": ("Collective", "s"),
+    "ranks": ("Ranks", "d"),
+    "nodes": ("Nodes", "d"),
+    "system": ("System", "s"),
+    "small_bytes": ("Small (B)", "d"),
+    "small_us": ("Latency (us)", ",.4g"),
+    "large_bytes": ("Large (B)", ",d"),
+    "large_busbw": ("busbw (GB/s)", ".3g"),
+}
+FIT_COLUMNS = {
+    "backend": ("Backend", "s"),
+    "op": ("Collective", "s"),
+    "placement": ("Placement", "s"),
+    "system": ("System", "s"),
+    "alpha_us": ("$\\alpha$ (us)", ",.4g"),
+    "busbw_GBps": ("busbw (GB/s)", ".3g"),
+    "ranks": ("Ranks", "s"),
+    "points": ("Points", "d"),
+    "rms_rel_err": ("rms err.", ".2f"),
+    "status": ("Fit", "s"),
+}
+VALIDATION_COLUMNS = {
+    "series": ("Series", "s"),
+    "gpus": ("Ranks", "d"),
+    "nodes": ("Nodes", "d"),
+    "repeats": ("Rep.", "d"),
+    "measured_step_ms": ("Measured (ms)", ",.4g"),
+    "predicted_step_ms": ("Predicted (ms)", ",.4g"),
+    "error_pct": ("Error (\\%)", "+.1f"),
+    "measured_efficiency": ("Eff. meas.", ".2f"),
+    "predicted_efficiency": ("Eff. pred.", ".2f"),
+}
+ENGINE_COLUMNS = {
+    "series": ("Configuration", "s"),
+    "gpus": ("Ranks", "d"),
+    "ddp": ("DDP (samples/s)", ",.4g"),
+    "horovod": ("Horovod (samples/s)", ",.4g"),
+    "ratio": ("Horovod/DDP", ".2f"),
+}
 
 
 def compare_rows(recs: list[dict]) -> pd.DataFrame:
@@ -39,13 +67,25 @@ def compare_rows(recs: list[dict]) -> pd.DataFrame:
                 by_op.setdefault(r["op"], []).append(r)
         for op, rs in by_op.items():
             rs = sorted(rs, key=lambda r: r["size_bytes"])
-            rows.append({"backend": rs[0]["backend"], "op": op, "ranks": int(rs[0]["ranks"]),
-                         "nodes": int(rs[0]["nodes"]), "system": system, "small_bytes": int(rs[0]["size_bytes"]),
-                         "small_us": _form(rs[0], "time_us"), "large_bytes": int(rs[-1]["size_bytes"]),
-                         "large_busbw": _form(rs[-1], "busbw")})
+            rows.append(
+                {
+                    "backend": rs[0]["backend"],
+                    "op": op,
+                    "ranks": int(rs[0]["ranks"]),
+                    "nodes": int(rs[0]["nodes"]),
+                    "system": system,
+                    "small_bytes": int(rs[0]["size_bytes"]),
+                    "small_us": _form(rs[0], "time_us"),
+                    "large_bytes": int(rs[-1]["size_bytes"]),
+                    "large_busbw": _form(rs[-1], "busbw"),
+                }
+            )
     cols = list(COMPARE_COLUMNS)
-    return pd.DataFrame(rows, columns=cols).sort_values(["op", "backend", "ranks", "nodes"]) if rows else \
-        pd.DataFrame(columns=cols)
+    return (
+        pd.DataFrame(rows, columns=cols).sort_values(["op", "backend", "ranks", "nodes"])
+        if rows
+        else pd.DataFrame(columns=cols)
+    )
 
 
 def _form(row: dict, column: str):
@@ -66,8 +106,15 @@ def engine_rows(runs: pd.DataFrame) -> pd.DataFrame:
         med = g.groupby("engine")["samples_per_s"].median()
         if {"ddp", "horovod"} <= set(med.index):
             key = dict(zip(keys, vals))
-            rows.append({"series": series_name(key, "batch", key["batch"]), "gpus": key["gpus"], "ddp": med["ddp"],
-                         "horovod": med["horovod"], "ratio": med["horovod"] / med["ddp"]})
+            rows.append(
+                {
+                    "series": series_name(key, "batch", key["batch"]),
+                    "gpus": key["gpus"],
+                    "ddp": med["ddp"],
+                    "horovod": med["horovod"],
+                    "ratio": med["horovod"] / med["ddp"],
+                }
+            )
     return pd.DataFrame(rows, columns=list(ENGINE_COLUMNS))
 
 
@@ -82,13 +129,24 @@ def predictor_figure(ctx: Context, v: pd.DataFrame) -> bool:
     for name, g in v.groupby("series", sort=True):
         g = g.sort_values("gpus")
         line = ax.plot(g["gpus"], g["measured_step_ms"], marker="o", label=f"measured: {name}")[0]
-        ax.fill_between(g["gpus"], g["measured_step_ms_min"], g["measured_step_ms_max"], color=line.get_color(),
-                        alpha=0.15, linewidth=0)
-        ax.plot(g["gpus"], g["predicted_step_ms"], marker="x", linestyle="--", color=line.get_color(),
-                label="predicted")
+        ax.fill_between(
+            g["gpus"],
+            g["measured_step_ms_min"],
+            g["measured_step_ms_max"],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
+        ax.plot(
+            g["gpus"], g["predicted_step_ms"], marker="x", linestyle="--", color=line.get_color(), label="predicted"
+        )
         for _, r in g[g["gpus"] > 1].iterrows():
-            ax.annotate(f"{100 * r['error']:+.0f}%", (r["gpus"], r["predicted_step_ms"]),
-                        textcoords="offset points", xytext=(4, -8))
+            ax.annotate(
+                f"{100 * r['error']:+.0f}%",
+                (r["gpus"], r["predicted_step_ms"]),
+                textcoords="offset points",
+                xytext=(4, -8),
+            )
     rank_axis(ax, v["gpus"])
     ax.set_ylabel("step time (ms)")
     ax.set_ylim(bottom=0)
@@ -101,40 +159,55 @@ def predictor_figure(ctx: Context, v: pd.DataFrame) -> bool:
 
 def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFrame) -> str:
     if not recs:
-        return gap_note("no commbench records are selected: run `python -m kernels.comm bench` or the study "
-                        "studies/commbench_local.yaml (03_commbench), and select its label in paper/plan.yaml")
+        return gap_note(
+            "no commbench records are selected: run `python -m kernels.comm bench` or the study "
+            "studies/commbench_local.yaml (03_commbench), and select its label in paper/plan.yaml"
+        )
     backends = sorted({r["config"]["params"]["backend"] for r in recs})
-    out = (f"The selected {len(recs)} commbench record{'s' if len(recs) > 1 else ''} cover "
-           f"{listing([tex_escape(b) for b in backends])}. ")
+    out = (
+        f"The selected {len(recs)} commbench record{'s' if len(recs) > 1 else ''} cover "
+        f"{listing([tex_escape(b) for b in backends])}. "
+    )
     ok = fits[fits["status"] == "resolved"] if not fits.empty else fits
     ar = ok[ok["op"] == "all_reduce"] if not ok.empty else ok
     if not ar.empty:
-        parts = [f"{tex_escape(r['backend'])} {tex_escape(r['placement'])} on {tex_escape(r['system'])}: "
-                 f"$\\alpha$ = {num(r['alpha_us'])}\\,us and {num(r['busbw_GBps'])}\\,GB/s bus bandwidth "
-                 f"(rms error of the fit {pct(r['rms_rel_err'])})" for _, r in ar.iterrows()]
+        parts = [
+            f"{tex_escape(r['backend'])} {tex_escape(r['placement'])} on {tex_escape(r['system'])}: "
+            f"$\\alpha$ = {num(r['alpha_us'])}\\,us and {num(r['busbw_GBps'])}\\,GB/s bus bandwidth "
+            f"(rms error of the fit {pct(r['rms_rel_err'])})"
+            for _, r in ar.iterrows()
+        ]
         out += "The all-reduce fits are " + listing(parts) + ". "
     if len(ok) < len(fits):
         n = len(fits) - len(ok)
-        out += (f"{n} fit{'s are' if n > 1 else ' is'} unresolved (too few message sizes, no bandwidth term, or an "
-                f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in "
-                f"\\inappendix{{Table}}{{tab:commfit}}, used "
-                f"by no prediction. ")
+        out += (
+            f"{n} fit{'s are' if n > 1 else ' is'} unresolved (too few message sizes, no bandwidth term, or an "
+            f"rms error above {pct(predict.MAX_FIT_RMS_REL_ERR)}): listed in "
+            f"\\inappendix{{Table}}{{tab:commfit}}, used "
+            f"by no prediction. "
+        )
     multi = v[v["gpus"] > 1] if not v.empty else v
     if multi.empty:
-        out += gap_note("no series has both a 1-rank run with gradient sizes and multi-rank runs on a system with "
-                        "all-reduce fits, so the predictor is not checked yet: run studies/predictor_local.yaml "
-                        "and studies/commbench_local.yaml on the local Slurm (or their equivalents on a cluster)")
+        out += gap_note(
+            "no series has both a 1-rank run with gradient sizes and multi-rank runs on a system with "
+            "all-reduce fits, so the predictor is not checked yet: run studies/predictor_local.yaml "
+            "and studies/commbench_local.yaml on the local Slurm (or their equivalents on a cluster)"
+        )
     else:
         worst = multi.loc[multi["error"].abs().idxmax()]
         within = (multi["error"].abs() <= TARGET_ERROR).sum()
-        out += (f"Predicted against measured step times (Table~\\ref{{tab:predictor}}, Fig.~\\ref{{fig:predictor}}): "
-                f"{within} of {len(multi)} multi-rank point{'s' if len(multi) > 1 else ''} within "
-                f"{pct(TARGET_ERROR)}; the largest error is {100 * worst['error']:+.1f}\\,\\% at "
-                f"{int(worst['gpus'])} ranks on {int(worst['nodes'])} node{'s' if worst['nodes'] > 1 else ''} "
-                f"({tex_escape(worst['system'])}, {tex_escape(worst['backend'])}). ")
+        out += (
+            f"Predicted against measured step times (Table~\\ref{{tab:predictor}}, Fig.~\\ref{{fig:predictor}}): "
+            f"{within} of {len(multi)} multi-rank point{'s' if len(multi) > 1 else ''} within "
+            f"{pct(TARGET_ERROR)}; the largest error is {100 * worst['error']:+.1f}\\,\\% at "
+            f"{int(worst['gpus'])} ranks on {int(worst['nodes'])} node{'s' if worst['nodes'] > 1 else ''} "
+            f"({tex_escape(worst['system'])}, {tex_escape(worst['backend'])}). "
+        )
     if not eng.empty:
-        parts = [f"{num(r['ratio'], 2)}$\\times$ DDP's throughput at {int(r['gpus'])} ranks "
-                 f"({tex_escape(r['series'])})" for _, r in eng.iterrows()]
+        parts = [
+            f"{num(r['ratio'], 2)}$\\times$ DDP's throughput at {int(r['gpus'])} ranks ({tex_escape(r['series'])})"
+            for _, r in eng.iterrows()
+        ]
         out += "Horovod reaches " + listing(parts) + ". "
     return out + "\n"
 
@@ -152,22 +225,38 @@ def section(ctx: Context) -> None:
     ctx.put("comm_table.tex", booktabs(cmp, COMPARE_COLUMNS, size="\\scriptsize") if not cmp.empty else gap_note(why))
     # the why: lab comm fit
     short = fits.assign(status=fits["status"].str.split(":").str[0]) if not fits.empty else fits
-    ctx.put("comm_fit_table.tex", booktabs(short, FIT_COLUMNS, size="\\scriptsize") if not fits.empty
-            else gap_note(why + " (or none has two sizes at more than one rank)"))
-    ctx.put("predictor_table.tex", booktabs(v, VALIDATION_COLUMNS, size="\\scriptsize") if not v.empty
-            else gap_note("no series with a 1-rank run and commbench fits on the same system"))
+    ctx.put(
+        "comm_fit_table.tex",
+        booktabs(short, FIT_COLUMNS, size="\\scriptsize")
+        if not fits.empty
+        else gap_note(why + " (or none has two sizes at more than one rank)"),
+    )
+    ctx.put(
+        "predictor_table.tex",
+        booktabs(v, VALIDATION_COLUMNS, size="\\scriptsize")
+        if not v.empty
+        else gap_note("no series with a 1-rank run and commbench fits on the same system"),
+    )
     made = predictor_figure(ctx, v) if not v.empty else False
     ctx.put("fig_predictor.tex", figure_snippet("predictor", made, "no predicted-against-measured points yet"))
-    ctx.put("engine_table.tex", booktabs(eng, ENGINE_COLUMNS, size="\\scriptsize") if not eng.empty
-            else gap_note("no configuration ran with both engines (engine=ddp and engine=horovod)"))
+    ctx.put(
+        "engine_table.tex",
+        booktabs(eng, ENGINE_COLUMNS, size="\\scriptsize")
+        if not eng.empty
+        else gap_note("no configuration ran with both engines (engine=ddp and engine=horovod)"),
+    )
     ctx.put("comm_text.tex", text(recs, fits, v, eng))
-    ctx.put("comm_section.tex", "% commbench or engine-comparison records are selected\n" if recs or not eng.empty
-            else "")  # \\ifhas{comm_section}: the paper's Communication section stands only then
+    ctx.put(
+        "comm_section.tex", "% commbench or engine-comparison records are selected\n" if recs or not eng.empty else ""
+    )  # \\ifhas{comm_section}: the paper's Communication section stands only then
     multi = v[v["gpus"] > 1] if not v.empty else v
     goal = f"{100 * TARGET_ERROR:.0f}\\,\\%"
-    ctx.put("predictor_goal.tex",  # a sentence with its numbers, or without the one that does not exist yet
-            f"the goal on the local two-node Slurm is {goal} (largest error here: "
-            f"{100 * multi['error'].abs().max():.1f}\\,\\%).\n" if not multi.empty else
-            f"the goal on the local two-node Slurm is {goal}; no multi-rank point has been predicted here yet.\n")
+    ctx.put(
+        "predictor_goal.tex",  # a sentence with its numbers, or without the one that does not exist yet
+        f"the goal on the local two-node Slurm is {goal} (largest error here: "
+        f"{100 * multi['error'].abs().max():.1f}\\,\\%).\n"
+        if not multi.empty
+        else f"the goal on the local two-node Slurm is {goal}; no multi-rank point has been predicted here yet.\n",
+    )
     ctx.macro("labFitMinSizes", str(predict.MIN_FIT_SIZES))
     ctx.macro("labFitMaxErr", f"{100 * predict.MAX_FIT_RMS_REL_ERR:.0f}")

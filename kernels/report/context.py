@@ -1,4 +1,5 @@
 """What every section of the report reads (the selected records, the plan) and writes (files, macros)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,19 +13,19 @@ from kernels.analysis.tex import gaps_in, write_if_changed
 
 @dataclass
 class Context:
-    runs: pd.DataFrame          # complete, selected run records (kernels/analysis/runs.load_runs)
-    problems: pd.DataFrame      # selected records that are not complete
-    excluded: pd.DataFrame      # records outside the selection
-    plan: dict                  # paper/plan.yaml (with gpus_per_node of the target system)
-    systems: dict               # paper/systems.yaml
-    out: Path                   # <results>: figures/ and tables/ go here
+    runs: pd.DataFrame  # complete, selected run records (kernels/analysis/runs.load_runs)
+    problems: pd.DataFrame  # selected records that are not complete
+    excluded: pd.DataFrame  # records outside the selection
+    plan: dict  # paper/plan.yaml (with gpus_per_node of the target system)
+    systems: dict  # paper/systems.yaml
+    out: Path  # <results>: figures/ and tables/ go here
     comm_dir: Path | None = None  # commbench records (results/comm beside results/runs)
     macros: dict[str, str] = field(default_factory=dict)
     written: dict[str, bool] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)   # what each generated .tex file holds (gaps, presence)
-    section: str = ""                                     # the section writing now (its gaps are listed under it)
+    texts: dict[str, str] = field(default_factory=dict)  # what each generated .tex file holds (gaps, presence)
+    section: str = ""  # the section writing now (its gaps are listed under it)
     gaps: dict[str, list[str]] = field(default_factory=dict)  # section -> the gap texts of the files it wrote
-    results: dict = field(default_factory=dict)   # data frames for the notebook
+    results: dict = field(default_factory=dict)  # data frames for the notebook
 
     @property
     def system(self) -> dict:
@@ -58,8 +59,9 @@ class Context:
         """The devices of the selected run and commbench records: Table I's hardware, the only hardware whose
         numbers the documents quote."""
         devs = set(self.runs["device"].dropna()) if not self.runs.empty else set()
-        return devs | {r["device"] for rec in self.selected_comm for r in rec["config"].get("rank_list") or []
-                       if r.get("device")}
+        return devs | {
+            r["device"] for rec in self.selected_comm for r in rec["config"].get("rank_list") or [] if r.get("device")
+        }
 
     @property
     def tables(self) -> Path:

@@ -5,6 +5,7 @@ Writes tables/criteria_table.tex (the tabular; the paper and the proposal float 
 \\labCriteriaMet, \\labCriteriaNotMet, \\labCriteriaNotMeasured. Set-aside points and
 contended runs never judge a criterion.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -14,10 +15,17 @@ from kernels.analysis.trust import quiet
 from kernels.report.context import Context
 from kernels.analysis.tex import tex_escape
 
-COLUMNS = {"short": ("Criterion", "raw"), "target": ("Target", "raw"), "status": ("Verdict", "raw"),
-           "detail": ("Measured, or the study that measures it", "raw")}
-STATUS_TEX = {criteria.MET: "\\textbf{met}", criteria.NOT_MET: "\\textbf{not met}",
-              criteria.NOT_MEASURED: "not measured"}
+COLUMNS = {
+    "short": ("Criterion", "raw"),
+    "target": ("Target", "raw"),
+    "status": ("Verdict", "raw"),
+    "detail": ("Measured, or the study that measures it", "raw"),
+}
+STATUS_TEX = {
+    criteria.MET: "\\textbf{met}",
+    criteria.NOT_MET: "\\textbf{not met}",
+    criteria.NOT_MEASURED: "not measured",
+}
 
 
 def all_criteria() -> list:
@@ -28,8 +36,12 @@ def all_criteria() -> list:
 
 def table(ctx: Context) -> pd.DataFrame:
     runs = quiet(ctx.runs)
-    tables = {"runs": runs, "scaling": ctx.results.get("scaling", pd.DataFrame()),
-              "gains": ctx.results.get("gains", pd.DataFrame()), "together": analysis.optimisations_together(runs)}
+    tables = {
+        "runs": runs,
+        "scaling": ctx.results.get("scaling", pd.DataFrame()),
+        "gains": ctx.results.get("gains", pd.DataFrame()),
+        "together": analysis.optimisations_together(runs),
+    }
     return criteria.judge(all_criteria(), tables)
 
 
@@ -44,16 +56,27 @@ def target_tex(threshold: str) -> str:
 def tabular(t: pd.DataFrame) -> str:
     """The criteria as a tabular, grouped by the brief that sets them (a row naming it), each with its line."""
     rag = ">{\\raggedright\\arraybackslash}"
-    lines = [f"\\begin{{tabular}}{{@{{}}{rag}p{{0.27\\linewidth}}{rag}p{{0.2\\linewidth}}l"
-             f"{rag}p{{0.3\\linewidth}}@{{}}}}", "\\toprule",
-             " & ".join(h for h, _ in COLUMNS.values()) + r" \\"]
+    lines = [
+        f"\\begin{{tabular}}{{@{{}}{rag}p{{0.27\\linewidth}}{rag}p{{0.2\\linewidth}}l{rag}p{{0.3\\linewidth}}@{{}}}}",
+        "\\toprule",
+        " & ".join(h for h, _ in COLUMNS.values()) + r" \\",
+    ]
     for brief, g in t.groupby(t["source"].str.rsplit(", line", n=1).str[0], sort=False):
         lines += ["\\midrule", f"\\multicolumn{{4}}{{@{{}}l}}{{\\textit{{{tex_escape(brief)}}}, line}} \\\\"]
         for r in g.itertuples():
-            detail = (r.value if r.value else r.evidence.removeprefix("lab study submit ")
-                      if r.evidence.startswith("lab ") else r.evidence)
-            cells = [f"{r.short} {{\\tiny {r.brief.rsplit(':', 1)[1]}}}", target_tex(r.threshold),
-                     STATUS_TEX[r.status], tex_escape(detail)]
+            detail = (
+                r.value
+                if r.value
+                else r.evidence.removeprefix("lab study submit ")
+                if r.evidence.startswith("lab ")
+                else r.evidence
+            )
+            cells = [
+                f"{r.short} {{\\tiny {r.brief.rsplit(':', 1)[1]}}}",
+                target_tex(r.threshold),
+                STATUS_TEX[r.status],
+                tex_escape(detail),
+            ]
             lines.append(" & ".join(cells) + r" \\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "{\\scriptsize\n" + "\n".join(lines) + "\n}\n"

@@ -17,6 +17,7 @@
    --no-appendix builds the paper without it, within a conference's page limit, and its text then points to the
    full version instead of to the tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,16 @@ from kernels.base.files import PROJECT_ROOT
 from kernels.base.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
-DOCUMENTS = {"paper": PROJECT_ROOT / "paper" / "paper.tex", "proposal": PROJECT_ROOT / "paper" / "proposal.tex",
-             "pitch": PROJECT_ROOT / "slides" / "pitch.tex"}
+DOCUMENTS = {
+    "paper": PROJECT_ROOT / "paper" / "paper.tex",
+    "proposal": PROJECT_ROOT / "paper" / "proposal.tex",
+    "pitch": PROJECT_ROOT / "slides" / "pitch.tex",
+}
 BIB = PROJECT_ROOT / "paper" / "refs.bib"
-TEX_PACKAGES = ("texlive-latex-base texlive-latex-recommended texlive-fonts-recommended texlive-pictures "
-                "texlive-publishers texlive-science latexmk")
+TEX_PACKAGES = (
+    "texlive-latex-base texlive-latex-recommended texlive-fonts-recommended texlive-pictures "
+    "texlive-publishers texlive-science latexmk"
+)
 
 
 def fingerprint(files: list[Path], extra: str = "") -> str:
@@ -63,20 +69,31 @@ def reporting_modules() -> list[Path]:
 
 
 def analysis_inputs(runs: Path) -> list[Path]:
-    records = sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv")
-                     for p in runs.glob(pattern)) if runs.is_dir() else []
+    records = (
+        sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv") for p in runs.glob(pattern))
+        if runs.is_dir()
+        else []
+    )
     kernels = PROJECT_ROOT / "kernels"  # the code that turns records into the documents' numbers
-    code = [*sorted((kernels / "analysis").glob("*.py")), kernels / "base" / "stats.py", ANALYSIS_NOTEBOOK,
-            *sorted((kernels / "report").glob("*.py")), *reporting_modules(),
-            PROJECT_ROOT / "paper" / "plan.yaml", PROJECT_ROOT / "paper" / "systems.yaml"]
+    code = [
+        *sorted((kernels / "analysis").glob("*.py")),
+        kernels / "base" / "stats.py",
+        ANALYSIS_NOTEBOOK,
+        *sorted((kernels / "report").glob("*.py")),
+        *reporting_modules(),
+        PROJECT_ROOT / "paper" / "plan.yaml",
+        PROJECT_ROOT / "paper" / "systems.yaml",
+    ]
     return records + code
 
 
 def check_tex() -> None:
     missing = [t for t in ("latexmk", "pdflatex", "bibtex") if not shutil.which(t)]
     if missing:
-        raise ConfigError(f"building the documents needs TeX Live ({', '.join(missing)} not found); on Debian/Ubuntu: "
-                          f"apt-get install --no-install-recommends {TEX_PACKAGES}")
+        raise ConfigError(
+            f"building the documents needs TeX Live ({', '.join(missing)} not found); on Debian/Ubuntu: "
+            f"apt-get install --no-install-recommends {TEX_PACKAGES}"
+        )
 
 
 def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool, out=sys.stdout) -> bool:
@@ -88,13 +105,30 @@ def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool
     if not force and stamp.exists() and stamp.read_text() == fp and (results / "tables" / "numbers.tex").exists():
         print("analysis: inputs unchanged, not rerun", file=out, flush=True)
         return False
-    rc = notebooks.run(ANALYSIS_NOTEBOOK, ["-p", "runs_dir", str(runs.resolve()),
-                                           "-p", "out_dir", str(results.resolve()),
-                                           "-p", "system", system, "-p", "study", study],
-                       name="10_analyse_scaling", staging=results / "notebooks")
+    rc = notebooks.run(
+        ANALYSIS_NOTEBOOK,
+        [
+            "-p",
+            "runs_dir",
+            str(runs.resolve()),
+            "-p",
+            "out_dir",
+            str(results.resolve()),
+            "-p",
+            "system",
+            system,
+            "-p",
+            "study",
+            study,
+        ],
+        name="10_analyse_scaling",
+        staging=results / "notebooks",
+    )
     if rc != 0:
-        raise ConfigError(f"the analysis notebook failed (exit status {rc}); the failing cell is in "
-                          f"{results / 'notebooks' / '10_analyse_scaling.ipynb'} or {results / 'analysis'}")
+        raise ConfigError(
+            f"the analysis notebook failed (exit status {rc}); the failing cell is in "
+            f"{results / 'notebooks' / '10_analyse_scaling.ipynb'} or {results / 'analysis'}"
+        )
     stamp.write_text(fp)
     return True
 
@@ -105,7 +139,7 @@ def _latex_error(log: Path) -> str:
     lines = log.read_text(errors="replace").splitlines()
     for i, line in enumerate(lines):
         if line.startswith("!"):
-            return "\n".join(lines[i:i + 6])
+            return "\n".join(lines[i : i + 6])
     return "\n".join(lines[-15:])
 
 
@@ -127,15 +161,21 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
         for f in inputs:
             shutil.copy2(f, Path(tmp) / f.name)
         (Path(tmp) / "build_options.tex").write_text(options)
-        p = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name], cwd=tmp,
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         log = Path(tmp) / f"{name}.log"
         if p.returncode != 0 or not (Path(tmp) / f"{name}.pdf").exists():
             if log.exists():
                 shutil.copy2(log, out_dir / f"{name}.log")
-            raise ConfigError(f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: "
-                              f"{out_dir / (name + '.log')}):\n"
-                              f"{_latex_error(log)}")
+            raise ConfigError(
+                f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: "
+                f"{out_dir / (name + '.log')}):\n"
+                f"{_latex_error(log)}"
+            )
         part = out_dir / f".{name}.pdf.part"
         shutil.copyfile(Path(tmp) / f"{name}.pdf", part)
         part.replace(pdf)
@@ -144,8 +184,16 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
     return True
 
 
-def make(results: Path, system: str = "", study: str = "", paper_out: Path | None = None,
-         slides_out: Path | None = None, force: bool = False, out=sys.stdout, appendix: bool = True) -> dict[str, Path]:
+def make(
+    results: Path,
+    system: str = "",
+    study: str = "",
+    paper_out: Path | None = None,
+    slides_out: Path | None = None,
+    force: bool = False,
+    out=sys.stdout,
+    appendix: bool = True,
+) -> dict[str, Path]:
     check_tex()
     results = Path(results)
     runs = results / "runs"
@@ -156,17 +204,23 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
 
     systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")
     if system and system not in systems:
-        raise ConfigError(f"--system: unknown system '{system}'; choose one of {', '.join(systems)} "
-                          f"(paper/systems.yaml)")
+        raise ConfigError(
+            f"--system: unknown system '{system}'; choose one of {', '.join(systems)} (paper/systems.yaml)"
+        )
     plan = yamlfile.read(PROJECT_ROOT / "paper" / "plan.yaml", "plan")
     check_plan({**plan, "system": system or plan.get("system")}, systems)
     left = placeholders(plan)
     if left:
-        print(f"warning: paper/plan.yaml: {', '.join(left)} still hold placeholders in <angle brackets>, which the "
-              f"documents print as they are; edit them before you share the documents", file=out, flush=True)
+        print(
+            f"warning: paper/plan.yaml: {', '.join(left)} still hold placeholders in <angle brackets>, which the "
+            f"documents print as they are; edit them before you share the documents",
+            file=out,
+            flush=True,
+        )
     if study and not re.fullmatch(r"[A-Za-z0-9_.,-]+", study):
-        raise ConfigError(f"--study: {study!r} must be study ids or "
-                          f"labels (letters, digits, '-', '_', '.'), comma-separated")
+        raise ConfigError(
+            f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), comma-separated"
+        )
     run_analysis(results, runs, system, study, force, out)
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
@@ -174,8 +228,10 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     # LaTeX runs on one core: the three documents are built side by side (each in its own temporary directory),
     # then reported in a fixed order; the first failure, in that order, is the one raised
     with ThreadPoolExecutor(max_workers=max(1, min(len(targets), usable_cores()))) as pool:
-        jobs = {name: pool.submit(build_document, name, tex, results, target, force, appendix)
-                for name, (tex, target) in targets.items()}
+        jobs = {
+            name: pool.submit(build_document, name, tex, results, target, force, appendix)
+            for name, (tex, target) in targets.items()
+        }
     built = {}
     for name, job in jobs.items():
         changed = job.result()
@@ -185,28 +241,45 @@ def make(results: Path, system: str = "", study: str = "", paper_out: Path | Non
     if excluded.exists():
         n = max(0, len(excluded.read_text().splitlines()) - 1)
         if n:
-            print(f"{n} record(s) were not used (outside the selection, or not complete or unreadable; why is in "
-                  f"the file): {excluded}", file=out)
+            print(
+                f"{n} record(s) were not used (outside the selection, or not complete or unreadable; why is in "
+                f"the file): {excluded}",
+                file=out,
+            )
     return built
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab paper", description=__doc__.split("\n")[0])
-    ap.add_argument("--results", type=Path, default=Path(os.environ.get("LAB_RESULTS") or PROJECT_ROOT / "results"),
-                    help="results folder holding runs/ (default: <project>/results); figures/ and tables/ go there")
-    ap.add_argument("--system", default="", help="EuroHPC target system, a key of paper/systems.yaml "
-                                                 "(default: paper/plan.yaml's)")
-    ap.add_argument("--study", default="", help="use the records of these studies or labels, comma-separated "
-                                                "(default: paper/plan.yaml's select)")
-    ap.add_argument("--paper-out", type=Path, default=None, help="where paper.pdf and proposal.pdf go "
-                                                                 "(default: paper/build)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=Path(os.environ.get("LAB_RESULTS") or PROJECT_ROOT / "results"),
+        help="results folder holding runs/ (default: <project>/results); figures/ and tables/ go there",
+    )
+    ap.add_argument(
+        "--system", default="", help="EuroHPC target system, a key of paper/systems.yaml (default: paper/plan.yaml's)"
+    )
+    ap.add_argument(
+        "--study",
+        default="",
+        help="use the records of these studies or labels, comma-separated (default: paper/plan.yaml's select)",
+    )
+    ap.add_argument(
+        "--paper-out", type=Path, default=None, help="where paper.pdf and proposal.pdf go (default: paper/build)"
+    )
     ap.add_argument("--slides-out", type=Path, default=None, help="where pitch.pdf goes (default: slides/build)")
-    ap.add_argument("--no-appendix", dest="appendix", action="store_false",
-                    help="build the paper without its appendix of detail tables (within the page limit)")
+    ap.add_argument(
+        "--no-appendix",
+        dest="appendix",
+        action="store_false",
+        help="build the paper without its appendix of detail tables (within the page limit)",
+    )
     ap.add_argument("--force", action="store_true", help="rerun the analysis and rebuild every document")
     a = ap.parse_args(argv)
-    return exit_status(lambda: make(a.results, a.system, a.study, a.paper_out, a.slides_out, a.force,
-                                    appendix=a.appendix) and 0)
+    return exit_status(
+        lambda: make(a.results, a.system, a.study, a.paper_out, a.slides_out, a.force, appendix=a.appendix) and 0
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The I/O section: read bandwidth, samples/s and data wait against ranks, MNIST vs bigMNIST, per-rank spread."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -6,17 +7,32 @@ import pandas as pd
 from kernels.analysis import runs as analysis
 from kernels.data import DATASETS
 from kernels.report.context import Context
-from kernels.analysis.figures import (figure_snippet, finish_rank_plot, hardware_line, log_value_axis, save_figure,
-                                    style, wrapped)
+from kernels.analysis.figures import (
+    figure_snippet,
+    finish_rank_plot,
+    hardware_line,
+    log_value_axis,
+    save_figure,
+    style,
+    wrapped,
+)
 from kernels.report.quantities import DATA_WAIT_SLOWEST
 from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 
 STREAMED = frozenset(name for name, ds in DATASETS.items() if ds.streamed)  # data sets read from storage
 
-TABLE_COLUMNS = {"dataset": ("Data", "s"), "pipeline": ("Pipeline", "s"), "io_cache": ("Cache", "s"),
-                 "gpus": ("Ranks", "d"), "nodes": ("Nodes", "d"), "repeats": ("Rep.", "d"),
-                 "samples_per_s": ("Samples/s", ",.4g"), "read_mb_s": ("Read MB/s", ",.3g"),
-                 "wait_max_s": ("Wait (slowest)", "raw"), "wait_spread_s": ("Wait spread", "raw")}
+TABLE_COLUMNS = {
+    "dataset": ("Data", "s"),
+    "pipeline": ("Pipeline", "s"),
+    "io_cache": ("Cache", "s"),
+    "gpus": ("Ranks", "d"),
+    "nodes": ("Nodes", "d"),
+    "repeats": ("Rep.", "d"),
+    "samples_per_s": ("Samples/s", ",.4g"),
+    "read_mb_s": ("Read MB/s", ",.3g"),
+    "wait_max_s": ("Wait (slowest)", "raw"),
+    "wait_spread_s": ("Wait spread", "raw"),
+}
 
 
 def io_runs(ctx: Context) -> pd.DataFrame:
@@ -91,13 +107,17 @@ def figures(ctx: Context, t: pd.DataFrame) -> set[str]:
 
 def io_text(t: pd.DataFrame) -> str:
     if t.empty:
-        return gap_note("no records with I/O figures are selected: run the I/O study (studies/io_mnist.yaml, "
-                        "studies/io_bigmnist.yaml) and select it in paper/plan.yaml")
+        return gap_note(
+            "no records with I/O figures are selected: run the I/O study (studies/io_mnist.yaml, "
+            "studies/io_bigmnist.yaml) and select it in paper/plan.yaml"
+        )
     parts = []
     for name, g in _series(t):
         lo, hi = g.iloc[0], g.iloc[-1]
-        s = (f"{tex_escape(name)} delivers {num(lo['samples_per_s'])} samples/s on {int(lo['gpus'])} "
-             f"rank{'s' if lo['gpus'] > 1 else ''}")
+        s = (
+            f"{tex_escape(name)} delivers {num(lo['samples_per_s'])} samples/s on {int(lo['gpus'])} "
+            f"rank{'s' if lo['gpus'] > 1 else ''}"
+        )
         if hi["gpus"] != lo["gpus"]:
             s += f" and {num(hi['samples_per_s'])} on {int(hi['gpus'])}"
         if hi["read_mb_s"] is not None and not pd.isna(hi["read_mb_s"]):
@@ -108,12 +128,16 @@ def io_text(t: pd.DataFrame) -> str:
     text = "In the selected records, " + listing(parts) + ". "
     ratio = t["read_ratio"].dropna()
     if len(ratio):
-        text += (f"The streamed source read at most {ratio.max():.2f} times the data set's bytes in any epoch "
-                 f"(its own counters; 1 is each byte once). ")
+        text += (
+            f"The streamed source read at most {ratio.max():.2f} times the data set's bytes in any epoch "
+            f"(its own counters; 1 is each byte once). "
+        )
     mixed = t[t["devices"].str.contains(",")]  # a run's ranks on more than one device type
     if not mixed.empty:
-        text += ("Some points mix device types (" + tex_escape(mixed["devices"].iloc[0]) + "): the slowest rank "
-                 "bounds every step, so \\inappendix{Fig.}{fig:iowait} shows the per-rank data wait. ")
+        text += (
+            "Some points mix device types (" + tex_escape(mixed["devices"].iloc[0]) + "): the slowest rank "
+            "bounds every step, so \\inappendix{Fig.}{fig:iowait} shows the per-rank data wait. "
+        )
     return text + "\n"
 
 
@@ -122,12 +146,21 @@ def compare_sentence(t: pd.DataFrame) -> str:
     one kind is missing, a gap saying which (the paper lists it under "Not yet measured")."""
     streamed = t["dataset"].isin(STREAMED)
     if streamed.any() and not streamed.all():
-        return ("Table~\\ref{tab:io} and \\inappendix{Fig.}{fig:io} compare data sets held in memory with data "
-                "streamed from storage.\n")
-    have = ("no records with I/O figures" if t.empty else
-            "only streamed records" if streamed.all() else "only records of data held in memory")
-    return gap_note(f"the comparison of MNIST held in memory with bigMNIST streamed from storage: the selection has "
-                    f"{have}; run studies/io_mnist.yaml and studies/io_bigmnist.yaml and select both")
+        return (
+            "Table~\\ref{tab:io} and \\inappendix{Fig.}{fig:io} compare data sets held in memory with data "
+            "streamed from storage.\n"
+        )
+    have = (
+        "no records with I/O figures"
+        if t.empty
+        else "only streamed records"
+        if streamed.all()
+        else "only records of data held in memory"
+    )
+    return gap_note(
+        f"the comparison of MNIST held in memory with bigMNIST streamed from storage: the selection has "
+        f"{have}; run studies/io_mnist.yaml and studies/io_bigmnist.yaml and select both"
+    )
 
 
 def section(ctx: Context) -> None:
@@ -136,13 +169,19 @@ def section(ctx: Context) -> None:
     made = figures(ctx, t)
     why = "no records with I/O figures are selected"
     ctx.put("fig_io_samples.tex", figure_snippet("io_samples", "io_samples" in made, why))
-    ctx.put("fig_io_bandwidth.tex", figure_snippet("io_bandwidth", "io_bandwidth" in made,
-                                                   "no streamed (bigMNIST) records are selected"))
+    ctx.put(
+        "fig_io_bandwidth.tex",
+        figure_snippet("io_bandwidth", "io_bandwidth" in made, "no streamed (bigMNIST) records are selected"),
+    )
     ctx.put("fig_io_wait.tex", figure_snippet("io_wait", "io_wait" in made, why))
-    ctx.put("fig_io_ranks.tex", figure_snippet("io_ranks", "io_ranks" in made,
-                                               "no multi-rank record with I/O figures is selected"))
-    shown = t.assign(wait_max_s=[pct(v, 1) if not pd.isna(v) else None for v in t["wait_max"]],
-                     wait_spread_s=[pct(v, 1) if not pd.isna(v) else None for v in t["wait_spread"]])
+    ctx.put(
+        "fig_io_ranks.tex",
+        figure_snippet("io_ranks", "io_ranks" in made, "no multi-rank record with I/O figures is selected"),
+    )
+    shown = t.assign(
+        wait_max_s=[pct(v, 1) if not pd.isna(v) else None for v in t["wait_max"]],
+        wait_spread_s=[pct(v, 1) if not pd.isna(v) else None for v in t["wait_spread"]],
+    )
     ctx.put("io_table.tex", booktabs(shown, TABLE_COLUMNS, size="\\small") if not t.empty else gap_note(why))
     ctx.put("io_text.tex", io_text(t))
     ctx.put("io_compare.tex", compare_sentence(t))

@@ -1,4 +1,5 @@
 """The proposal's resource request: node-hours of the planned study from measured times per epoch."""
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,15 @@ from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
 from kernels.base.params import default
 
-NODEHOURS_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),
-                     "epoch_s": ("Epoch (s)", ".3g"), "source": ("Time per epoch", "s"),
-                     "node_hours": ("Node-hours", ",.3g")}
+NODEHOURS_COLUMNS = {
+    "gpus": ("GPUs", "d"),
+    "nodes": ("Nodes", "d"),
+    "runs": ("Runs", "d"),
+    "epochs": ("Epochs", "d"),
+    "epoch_s": ("Epoch (s)", ".3g"),
+    "source": ("Time per epoch", "s"),
+    "node_hours": ("Node-hours", ",.3g"),
+}
 # data sets streamed from storage (bigMNIST): their runs belong to the I/O study
 SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
 
@@ -53,18 +60,23 @@ def proposed_runs(runs: pd.DataFrame, plan: dict, system: dict) -> tuple[pd.Data
     if runs.empty:
         return runs, "no complete run records"
     wanted = [_norm(w) for w in plan.get("workloads") or []]
-    of_workload = runs[[any(_norm(w) in x and _norm(d) in x for x in wanted)
-                        for w, d in zip(runs["workload"], runs["dataset"])]]
+    of_workload = runs[
+        [any(_norm(w) in x and _norm(d) in x for x in wanted) for w, d in zip(runs["workload"], runs["dataset"])]
+    ]
     measured = on_target(of_workload, system)
     if not measured.empty:
         return measured, ""
     ran = listing(sorted({f"{w} on {d}" for w, d in zip(runs["workload"], runs["dataset"])}))
     if of_workload.empty:
-        return measured, (f"the selected records ran {tex_escape(ran)}, not the proposed "
-                           f"{tex_escape(listing(plan.get('workloads') or []))}")
+        return measured, (
+            f"the selected records ran {tex_escape(ran)}, not the proposed "
+            f"{tex_escape(listing(plan.get('workloads') or []))}"
+        )
     hw = listing(sorted(set(of_workload["device"])))
-    return measured, (f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
-                       f"{tex_escape(hw)}, not on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}")
+    return measured, (
+        f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
+        f"{tex_escape(hw)}, not on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}"
+    )
 
 
 def to_be_measured(ctx: Context, why: str) -> None:
@@ -75,20 +87,30 @@ def to_be_measured(ctx: Context, why: str) -> None:
     points = plan["points"].groupby("gpus").agg(runs=("epochs", "size"), epochs=("epochs", "sum")).reset_index()
     points["nodes"] = [-(-int(n) // gpn) for n in points["gpus"]]
     points["node_hours"] = "to be measured"
-    cols = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "runs": ("Runs", "d"), "epochs": ("Epochs", "d"),
-            "node_hours": ("Node-hours", "s")}
+    cols = {
+        "gpus": ("GPUs", "d"),
+        "nodes": ("Nodes", "d"),
+        "runs": ("Runs", "d"),
+        "epochs": ("Epochs", "d"),
+        "node_hours": ("Node-hours", "s"),
+    }
     ctx.put("nodehours_table.tex", booktabs(points, cols, size="\\small"))
     ctx.put("nodehours_slide.tex", booktabs(points, cols))
     ctx.put("io_request_text.tex", io_study_hours(ctx, in_total=False)[1])
     pilot = f"1 to {gpn} GPUs (one node)"
-    ctx.put("request_text.tex",
-            f"The node-hours are to be measured: {why}. No total is computed from them. A pilot on "
-            f"{tex_escape(system['name'])} (milestone M1: {pilot}, {tex_escape(listing(plan.get('workloads') or []))}) "
-            f"measures the time per epoch $T(N)$, and the request is computed from it by the formula above; the "
-            f"larger GPU counts are predicted from the pilot's 1-GPU record by the step model until they are "
-            f"measured.\n")
-    ctx.put("slide_request.tex", f"\\item Node-hours: to be measured by a pilot on {tex_escape(system['name'])} "
-                                 f"({pilot}, milestone M1)\n\\item {why[0].upper() + why[1:]}\n")
+    ctx.put(
+        "request_text.tex",
+        f"The node-hours are to be measured: {why}. No total is computed from them. A pilot on "
+        f"{tex_escape(system['name'])} (milestone M1: {pilot}, {tex_escape(listing(plan.get('workloads') or []))}) "
+        f"measures the time per epoch $T(N)$, and the request is computed from it by the formula above; the "
+        f"larger GPU counts are predicted from the pilot's 1-GPU record by the step model until they are "
+        f"measured.\n",
+    )
+    ctx.put(
+        "slide_request.tex",
+        f"\\item Node-hours: to be measured by a pilot on {tex_escape(system['name'])} "
+        f"({pilot}, milestone M1)\n\\item {why[0].upper() + why[1:]}\n",
+    )
     ctx.macro("labNodeHours", "to be measured")
     ctx.macro("labNodeHoursRequest", "to be measured")
     ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
@@ -99,8 +121,10 @@ def section(ctx: Context) -> None:
     could, why = proposed_runs(ctx.runs, plan, system)
     runs = quiet(could)
     if not why and runs.empty:  # records that could price it, none of them quiet
-        why = (f"all {len(could)} selected records that could price it shared their cores or GPUs with other work "
-               f"(contended)")
+        why = (
+            f"all {len(could)} selected records that could price it shared their cores or GPUs with other work "
+            f"(contended)"
+        )
     if why:
         to_be_measured(ctx, why)
         return
@@ -125,8 +149,10 @@ def section(ctx: Context) -> None:
         ctx.put("io_request_text.tex", "")
         ctx.put("nodehours_table.tex", gap_note("no complete run records: the node-hours cannot be computed yet"))
         ctx.put("nodehours_slide.tex", "")
-        ctx.put("request_text.tex", gap_note("no complete run records: the request is computed from the first "
-                                             "measured time per epoch"))
+        ctx.put(
+            "request_text.tex",
+            gap_note("no complete run records: the request is computed from the first measured time per epoch"),
+        )
         ctx.put("slide_request.tex", "\\item " + tex_escape("No measured time per epoch yet: no request.") + "\n")
         ctx.results.update(node_hours=pd.DataFrame(), node_hours_total=None, node_hours_request=None)
         return
@@ -139,19 +165,26 @@ def section(ctx: Context) -> None:
     ctx.put("nodehours_table.tex", booktabs(table, NODEHOURS_COLUMNS, size="\\small"))
     ctx.put("nodehours_slide.tex", booktabs(table, SLIDE_COLUMNS))
     hw = ", ".join(sorted(runs["device"].unique()))
-    text = (f"The times per epoch come from {basis}, measured on {tex_escape(hw)} "
-            f"({len(runs)} record{'s' if len(runs) > 1 else ''}), the target system's GPU model. The computed total "
-            f"is \\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} "
-            f"for reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
-            f"\\textbf{{{num(ask)} node-hours}}. Points without a measurement "
-            + ("are predicted as described above" if predicted else
-               "use the assumed efficiency (no 1-rank record with gradient sizes is selected)")
-            + " and are replaced by measurements as the study proceeds.")
+    text = (
+        f"The times per epoch come from {basis}, measured on {tex_escape(hw)} "
+        f"({len(runs)} record{'s' if len(runs) > 1 else ''}), the target system's GPU model. The computed total "
+        f"is \\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} "
+        f"for reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
+        f"\\textbf{{{num(ask)} node-hours}}. Points without a measurement "
+        + (
+            "are predicted as described above"
+            if predicted
+            else "use the assumed efficiency (no 1-rank record with gradient sizes is selected)"
+        )
+        + " and are replaced by measurements as the study proceeds."
+    )
     ctx.put("request_text.tex", pred_note + text + (" " + aside if aside else "") + "\n")
-    ctx.put("slide_request.tex",
-            f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
-            f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
-            f"{tex_escape(system['name'])}\n")
+    ctx.put(
+        "slide_request.tex",
+        f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
+        f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
+        f"{tex_escape(system['name'])}\n",
+    )
     ctx.macro("labNodeHours", num(total, 4))
     ctx.macro("labNodeHoursRequest", num(ask))
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
@@ -184,9 +217,11 @@ def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch
         pub = predict.published_fits(system)
         intra, inter = pub.get("intra-node"), pub.get("inter-node")
         source = "predicted (published bw)"
-        how = (rf"the system's published link bandwidths ({num(system.get('intranode_GBps'))}\,GB/s per GPU inside "
-               rf"a node, {num(system.get('internode_GBps'))}\,GB/s per node between nodes, latencies assumed; "
-               f"paper/systems.yaml), no commbench record of it being selected")
+        how = (
+            rf"the system's published link bandwidths ({num(system.get('intranode_GBps'))}\,GB/s per GPU inside "
+            rf"a node, {num(system.get('internode_GBps'))}\,GB/s per node between nodes, latencies assumed; "
+            f"paper/systems.yaml), no commbench record of it being selected"
+        )
     if intra is None and inter is None:
         return {}, ""
     t1 = float(b["step_ms"]) / 1e3
@@ -202,16 +237,32 @@ def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch
         nodes = -(-n // gpn)
         try:
             p90 = b["step_ms_p90"] / 1e3 if b.get("step_ms_p90") else None
-            p = predict.predict_step(t1, bks, n, nodes, intra, inter, "strong",
-                                     predict.straggler_factor(t1, p90, n), overlap=True, data_s=data)
+            p = predict.predict_step(
+                t1,
+                bks,
+                n,
+                nodes,
+                intra,
+                inter,
+                "strong",
+                predict.straggler_factor(t1, p90, n),
+                overlap=True,
+                data_s=data,
+            )
         except ValueError:
             continue
         out[n] = (epoch1 * p["step_s"] / t1, source)
-    note = (f"Points without a measurement are predicted by the step model (the paper's communication section; "
+    note = (
+        (
+            f"Points without a measurement are predicted by the step model (the paper's communication section; "
             rf"\texttt{{kernels/comm/predict.py}}) from the 1-rank record {tex_escape(b['run_id'])} "
             rf"({num(1e3 * t1)}\,ms per step, {num(sum(b['grad_param_bytes']) / 1e6)}\,MB of gradients in "
             f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs, "
-            f"with {how}. ") if out else ""
+            f"with {how}. "
+        )
+        if out
+        else ""
+    )
     return out, note
 
 
@@ -225,18 +276,30 @@ def io_study_hours(ctx: Context, in_total: bool = True) -> tuple[float, str]:
     runs = ctx.runs[ctx.runs["dataset"].isin(STREAMED)] if not ctx.runs.empty else ctx.runs
     runs = on_target(runs, ctx.system)
     if runs.empty:
-        return 0.0, (f"The planned I/O study (paper/plan.yaml: io\\_study) is to be measured as well: no bigMNIST "
-                     f"record on the {tex_escape(ctx.system['gpu'])} is selected to measure its time per epoch.\n")
+        return 0.0, (
+            f"The planned I/O study (paper/plan.yaml: io\\_study) is to be measured as well: no bigMNIST "
+            f"record on the {tex_escape(ctx.system['gpu'])} is selected to measure its time per epoch.\n"
+        )
     # a record's set may be a small build: scale its time per sample to the planned set's size
     per_sample = runs.assign(t=runs["epoch_s"] / (runs["steps_per_epoch"] * runs["batch"]))
     epoch_by_n = (per_sample.groupby("gpus")["t"].median() * float(io["samples"])).to_dict()
-    points = pd.DataFrame([{"gpus": int(n), "epochs": int(io["epochs"])} for n in io["gpus"]
-                           for _ in range(int(io["runs_per_point"]) * int(io["repeats"]))])
+    points = pd.DataFrame(
+        [
+            {"gpus": int(n), "epochs": int(io["epochs"])}
+            for n in io["gpus"]
+            for _ in range(int(io["runs_per_point"]) * int(io["repeats"]))
+        ]
+    )
     table, hours = analysis.node_hours({**ctx.plan, "points": points}, epoch_by_n)
     ctx.put("io_nodehours_table.tex", booktabs(table, NODEHOURS_COLUMNS, size="\\small"))
-    return hours, (f"The I/O study (MNIST and bigMNIST on {', '.join(str(g) for g in io['gpus'])} GPUs, "
-                   f"{io['epochs']} epochs of {num(io['samples'])} samples, {io['runs_per_point']} runs per point, "
-                   f"{io['repeats']} repeats) adds {num(hours, 3)} node-hours, from the time per sample of "
-                   f"{len(runs)} selected bigMNIST record{'s' if len(runs) > 1 else ''} scaled to that size; "
-                   + ("it is included in the total.\n" if in_total else
-                      "it joins the total when the main study's time per epoch is measured.\n"))
+    return hours, (
+        f"The I/O study (MNIST and bigMNIST on {', '.join(str(g) for g in io['gpus'])} GPUs, "
+        f"{io['epochs']} epochs of {num(io['samples'])} samples, {io['runs_per_point']} runs per point, "
+        f"{io['repeats']} repeats) adds {num(hours, 3)} node-hours, from the time per sample of "
+        f"{len(runs)} selected bigMNIST record{'s' if len(runs) > 1 else ''} scaled to that size; "
+        + (
+            "it is included in the total.\n"
+            if in_total
+            else "it joins the total when the main study's time per epoch is measured.\n"
+        )
+    )

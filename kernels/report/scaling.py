@@ -6,6 +6,7 @@ quote their numbers (abstract_results, results_text, optim_section,
 slide_results). A sentence is written only when its numbers exist; otherwise
 the document gets a framed gap that says what is missing.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -13,31 +14,70 @@ import pandas as pd
 from kernels.analysis import runs as analysis, trust
 from kernels.analysis.runs import main_series
 from kernels.report.context import Context
-from kernels.analysis.figures import (FONT_PT, figure_snippet, finish_rank_plot, hardware_line, log_value_axis,
-                                    rank_axis, save_figure, style, wrapped)
+from kernels.analysis.figures import (
+    FONT_PT,
+    figure_snippet,
+    finish_rank_plot,
+    hardware_line,
+    log_value_axis,
+    rank_axis,
+    save_figure,
+    style,
+    wrapped,
+)
 from kernels.analysis.tex import booktabs, gap_note, listing, missing, num, pct, tex_escape
 
-TARGET_E8 = 0.70       # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
-TARGET_E = 0.80        # and 80% as the general line
-TARGET_ACC_GAP = 2.0   # final accuracy within 2 points of the 1-GPU baseline
+TARGET_E8 = 0.70  # the seeds' target: 70% strong-scaling efficiency at 8 GPUs
+TARGET_E = 0.80  # and 80% as the general line
+TARGET_ACC_GAP = 2.0  # final accuracy within 2 points of the 1-GPU baseline
 
-NO_SERIES = ("no scaling series yet: a series needs complete runs of one configuration at two or more rank "
-             "counts (make demo gives 1 and 2 CPU processes)")
+NO_SERIES = (
+    "no scaling series yet: a series needs complete runs of one configuration at two or more rank "
+    "counts (make demo gives 1 and 2 CPU processes)"
+)
 
-SCALING_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "nodes": ("Nodes", "d"), "batch": ("$B$", "d"),
-                   "repeats": ("Rep.", "d"), "samples_per_s": ("Samples/s", ",.1f"), "ci": ("Interval", "raw"),
-                   "samples_per_s_per_device": ("per rank", ",.1f"), "epoch_cell": ("Epoch (s)", "raw"),
-                   "speedup": ("Speedup", ".2f"), "efficiency": ("Eff.", ".2f"),
-                   "acc_gap_points": ("Acc. gap (pt)", "+.2f"), "mark": ("", "raw")}
-COMPACT_COLUMNS = {"mode": ("Mode", "s"), "gpus": ("$N$", "d"), "batch": ("$B$", "d"), "repeats": ("Rep.", "d"),
-                   "samples_per_s": ("Samples/s", ",.0f"), "ci": ("Interval", "raw"), "speedup": ("Speedup", ".2f"),
-                   "efficiency": ("Eff.", ".2f"), "mark": ("", "raw")}
-GAINS_COLUMNS = {"factor": ("Optimisation", "s"), "before": ("Before", "s"), "after": ("After", "s"),
-                 "gpus": ("$N$", "d"), "samples_per_s_before": ("Samples/s before", ",.1f"),
-                 "samples_per_s_after": ("after", ",.1f"), "speedup": ("Speedup", ".2f")}
-FACTOR_WORDS = {"precision": "{after} over {before}", "pipeline": "the {after} input pipeline over the {before} one",
-                "bucket_cap_mb": "DDP buckets of {after} MiB over {before} MiB",
-                "channels_last": "channels-last over the default layout", "compile": "torch.compile over eager"}
+SCALING_COLUMNS = {
+    "mode": ("Mode", "s"),
+    "gpus": ("$N$", "d"),
+    "nodes": ("Nodes", "d"),
+    "batch": ("$B$", "d"),
+    "repeats": ("Rep.", "d"),
+    "samples_per_s": ("Samples/s", ",.1f"),
+    "ci": ("Interval", "raw"),
+    "samples_per_s_per_device": ("per rank", ",.1f"),
+    "epoch_cell": ("Epoch (s)", "raw"),
+    "speedup": ("Speedup", ".2f"),
+    "efficiency": ("Eff.", ".2f"),
+    "acc_gap_points": ("Acc. gap (pt)", "+.2f"),
+    "mark": ("", "raw"),
+}
+COMPACT_COLUMNS = {
+    "mode": ("Mode", "s"),
+    "gpus": ("$N$", "d"),
+    "batch": ("$B$", "d"),
+    "repeats": ("Rep.", "d"),
+    "samples_per_s": ("Samples/s", ",.0f"),
+    "ci": ("Interval", "raw"),
+    "speedup": ("Speedup", ".2f"),
+    "efficiency": ("Eff.", ".2f"),
+    "mark": ("", "raw"),
+}
+GAINS_COLUMNS = {
+    "factor": ("Optimisation", "s"),
+    "before": ("Before", "s"),
+    "after": ("After", "s"),
+    "gpus": ("$N$", "d"),
+    "samples_per_s_before": ("Samples/s before", ",.1f"),
+    "samples_per_s_after": ("after", ",.1f"),
+    "speedup": ("Speedup", ".2f"),
+}
+FACTOR_WORDS = {
+    "precision": "{after} over {before}",
+    "pipeline": "the {after} input pipeline over the {before} one",
+    "bucket_cap_mb": "DDP buckets of {after} MiB over {before} MiB",
+    "channels_last": "channels-last over the default layout",
+    "compile": "torch.compile over eager",
+}
 
 
 def _epoch(row) -> str:
@@ -59,8 +99,12 @@ def _interval(row) -> str:
     return f"{lo}--{hi} ({100 * row['ci_level']:.0f}\\,\\%)"
 
 
-RERUN_COLUMNS = {"series": ("Series", "s"), "gpus": ("$N$", "d"), "reasons": ("Set aside because", "s"),
-                 "command": ("Re-run with", "raw")}
+RERUN_COLUMNS = {
+    "series": ("Series", "s"),
+    "gpus": ("$N$", "d"),
+    "reasons": ("Set aside because", "s"),
+    "command": ("Re-run with", "raw"),
+}
 SET_ASIDE_MARK = "$\\dagger$"
 
 
@@ -87,10 +131,15 @@ def set_aside_note(scal: pd.DataFrame, in_paper: bool = True) -> str:
     kinds = _reason_counts(out)
     why = listing([f"{tex_escape(k)} ({'all' if v == len(out) > 1 else v})" for k, v in kinds.items()])
     several = " (a point may have more than one reason)" if sum(kinds.values()) > len(out) else ""
-    return (f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
-            f"{'were' if len(out) > 1 else 'was'} set aside and not quoted{several}: {why}; "
-            + ("Table~\\ref{tab:rerun} lists them with the commands that re-run them." if in_paper else
-               "the paper's table of results to re-run lists them with the commands that re-run them."))
+    return (
+        f"{len(out)} of {len(scal)} scaling point{'s' if len(scal) > 1 else ''} "
+        f"{'were' if len(out) > 1 else 'was'} set aside and not quoted{several}: {why}; "
+        + (
+            "Table~\\ref{tab:rerun} lists them with the commands that re-run them."
+            if in_paper
+            else "the paper's table of results to re-run lists them with the commands that re-run them."
+        )
+    )
 
 
 ASIDE_STYLE = {"ls": "none", "marker": "o", "mfc": "none", "color": "0.55", "ms": 6}
@@ -101,7 +150,7 @@ def plot_points(ax, s: pd.DataFrame, y: pd.Series, label: str | None = None, **k
     """A series' clean points as a line with markers; its set-aside points hollow and grey, off the line (one
     legend entry for them, added by aside_legend). Returns the line."""
     ok = s["clean"].astype(bool).to_numpy()
-    line, = ax.plot(s["gpus"][ok], y[ok], marker="o", label=label, **kw)
+    (line,) = ax.plot(s["gpus"][ok], y[ok], marker="o", label=label, **kw)
     if (~ok).any():
         ax.plot(s["gpus"][~ok], y[~ok], **ASIDE_STYLE)
     return line
@@ -124,18 +173,24 @@ def superseded_note(points: pd.DataFrame) -> str:
         return ""
     runs = listing([f"{tex_escape(r)} ({n} rank{'s' if n > 1 else ''})" for n, r in gone])
     if len(gone) == 1:
-        return (f"The run {runs} shared its cores with other work and is left out: a quiet re-run of the same "
-                f"configuration measured its point. ")
-    return (f"The runs {runs} shared their cores with other work and are left out: quiet re-runs of the same "
-            f"configurations measured their points. ")
+        return (
+            f"The run {runs} shared its cores with other work and is left out: a quiet re-run of the same "
+            f"configuration measured its point. "
+        )
+    return (
+        f"The runs {runs} shared their cores with other work and are left out: quiet re-runs of the same "
+        f"configurations measured their points. "
+    )
 
 
 def set_aside_brief(scal: pd.DataFrame) -> str:
     """The set-aside note in a slide's few words: 'k of n points set aside (reasons)'."""
     out = scal[~scal["clean"]]
     kinds = list(_reason_counts(out))
-    return (f"{len(out)} of {len(scal)} point{'s' if len(scal) > 1 else ''} set aside "
-            f"({tex_escape(', '.join(kinds[:2]) + (', ...' if len(kinds) > 2 else ''))}); the paper lists the re-runs")
+    return (
+        f"{len(out)} of {len(scal)} point{'s' if len(scal) > 1 else ''} set aside "
+        f"({tex_escape(', '.join(kinds[:2]) + (', ...' if len(kinds) > 2 else ''))}); the paper lists the re-runs"
+    )
 
 
 # The pitch's scaling figure, drawn at the width it is shown (0.74 of a 16:9 Beamer slide's text width) with 9 pt
@@ -171,8 +226,16 @@ def slide_figure(ctx: Context, scal: pd.DataFrame) -> str:
         handles = ax.get_legend_handles_labels()[0] + bx.get_legend_handles_labels()[0]
         labels = ax.get_legend_handles_labels()[1] + bx.get_legend_handles_labels()[1]
         fig.subplots_adjust(bottom=0.45, top=0.97)
-        fig.legend(handles, [wrapped(t, 34) for t in labels], loc="lower center", ncol=2, frameon=False,
-                   bbox_to_anchor=(0.5, 0.0), handlelength=1.5, columnspacing=1.0)
+        fig.legend(
+            handles,
+            [wrapped(t, 34) for t in labels],
+            loc="lower center",
+            ncol=2,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0.0),
+            handlelength=1.5,
+            columnspacing=1.0,
+        )
         save_figure(fig, ctx.out, "slide_scaling")
     return "slide_scaling"
 
@@ -205,8 +268,15 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
             plot_points(ax, s, 100 * s["efficiency"], label=f"{mode}: {series}")
         aside_legend(ax, scal)
         ax.axhline(100 * TARGET_E, ls="--", color="tab:red", lw=1, label=f"{100 * TARGET_E:.0f}% target")
-        ax.plot([8], [100 * TARGET_E8], marker="*", ms=10, color="tab:red", ls="none",
-                label=f"{100 * TARGET_E8:.0f}% at 8 GPUs")
+        ax.plot(
+            [8],
+            [100 * TARGET_E8],
+            marker="*",
+            ms=10,
+            color="tab:red",
+            ls="none",
+            label=f"{100 * TARGET_E8:.0f}% at 8 GPUs",
+        )
         ax.set(ylabel="scaling efficiency (%)", ylim=(0, efficiency_top(scal)))
         made.add(finish_rank_plot(fig, ax, set(scal["gpus"]) | {8}, hw, out, "efficiency"))
 
@@ -235,8 +305,13 @@ def figures(ctx: Context, scal: pd.DataFrame, gains: pd.DataFrame) -> set[str]:
             xs, gaps = list(range(len(strong))), list(strong["acc_gap_points"])
             bx.bar([x for x, k in zip(xs, ok) if k], [g for g, k in zip(gaps, ok) if k], color="tab:blue")
             if not ok.all():
-                bx.bar([x for x, k in zip(xs, ok) if not k], [g for g, k in zip(gaps, ok) if not k], fill=False,
-                       edgecolor=ASIDE_STYLE["color"], label=ASIDE_LABEL)
+                bx.bar(
+                    [x for x, k in zip(xs, ok) if not k],
+                    [g for g, k in zip(gaps, ok) if not k],
+                    fill=False,
+                    edgecolor=ASIDE_STYLE["color"],
+                    label=ASIDE_LABEL,
+                )
             bx.set_xticks(range(len(strong)), [f"{r.gpus}" for r in strong.itertuples()])
             bx.axhline(-TARGET_ACC_GAP, ls="--", color="tab:red", lw=1, label=f"±{TARGET_ACC_GAP:g} points target")
             bx.axhline(TARGET_ACC_GAP, ls="--", color="tab:red", lw=1)
@@ -266,46 +341,61 @@ def results_text(ctx: Context, scal: pd.DataFrame) -> tuple[str, str, str]:
     if main.empty or main["gpus"].nunique() < 2:
         if scal.empty:
             return gap_note(NO_SERIES), "", "\\item " + tex_escape(NO_SERIES) + "\n"
-        return (f"No scaling figure is quoted. {note}\n", f"No scaling figure is quoted yet: {note}\n",
-                f"\\item No scaling figure quoted yet: {set_aside_brief(scal)}.\n")
+        return (
+            f"No scaling figure is quoted. {note}\n",
+            f"No scaling figure is quoted yet: {note}\n",
+            f"\\item No scaling figure quoted yet: {set_aside_brief(scal)}.\n",
+        )
     base, top = main.iloc[0], main.iloc[-1]
     n0, n = int(base["gpus"]), int(top["gpus"])
     series = tex_escape(base["series"])
     eff, spd = top["efficiency"], top["speedup"]
-    text = (f"For the series {series}, at {n0} rank{'s' if n0 > 1 else ''} the workload trains at "
-            f"{num(base['samples_per_s'])} samples/s and an epoch takes {_epoch(base)}. "
-            f"At {n} ranks on {int(top['nodes'])} node{'s' if top['nodes'] > 1 else ''} it reaches "
-            f"{num(top['samples_per_s'])} samples/s, a speedup of {spd:.2f} and a strong-scaling efficiency of "
-            f"{pct(eff)} (targets: {pct(TARGET_E8)} at 8 GPUs and {pct(TARGET_E)} "
-            f"overall), and an epoch takes {_epoch(top)}. ")
+    text = (
+        f"For the series {series}, at {n0} rank{'s' if n0 > 1 else ''} the workload trains at "
+        f"{num(base['samples_per_s'])} samples/s and an epoch takes {_epoch(base)}. "
+        f"At {n} ranks on {int(top['nodes'])} node{'s' if top['nodes'] > 1 else ''} it reaches "
+        f"{num(top['samples_per_s'])} samples/s, a speedup of {spd:.2f} and a strong-scaling efficiency of "
+        f"{pct(eff)} (targets: {pct(TARGET_E8)} at 8 GPUs and {pct(TARGET_E)} "
+        f"overall), and an epoch takes {_epoch(top)}. "
+    )
     reps = sorted(set(main["repeats"]))
     if max(reps) > 1:
         cov = main[main["repeats"] == max(reps)]["ci_level"].dropna()
-        text += (f"Each point is the median of up to {max(reps)} repeats; the interval in Table~\\ref{{tab:scaling}} "
-                 f"covers the median with the stated confidence"
-                 + (f" ({pct(cov.iloc[0])} with {max(reps)} repeats; 95\\,\\% needs six)" if len(cov) else "")
-                 + ". ")
+        text += (
+            f"Each point is the median of up to {max(reps)} repeats; the interval in Table~\\ref{{tab:scaling}} "
+            f"covers the median with the stated confidence"
+            + (f" ({pct(cov.iloc[0])} with {max(reps)} repeats; 95\\,\\% needs six)" if len(cov) else "")
+            + ". "
+        )
     else:
         text += "Each point is a single run: no interval can be given before repeats exist. "
     text += note + (" " if note else "") + superseded_note(main)
     weak = main_series(clean(scal), "weak")
     if not weak.empty:
         wt = weak.iloc[-1]
-        text += (f"In weak scaling ({tex_escape(wt['series'])}) the efficiency at {int(wt['gpus'])} ranks is "
-                 f"{pct(wt['efficiency'])}. ")
+        text += (
+            f"In weak scaling ({tex_escape(wt['series'])}) the efficiency at {int(wt['gpus'])} ranks is "
+            f"{pct(wt['efficiency'])}. "
+        )
     gaps = main["acc_gap_points"].dropna()
     if len(gaps) > 1:
         worst = gaps.abs().max()
         verdict = "within" if worst <= TARGET_ACC_GAP else "outside"
-        text += (f"The final accuracy stays {verdict} the {TARGET_ACC_GAP:g}-point criterion: the largest gap to the "
-                 f"{n0}-rank baseline is {worst:.1f} points (best accuracy "
-                 f"{100 * main['final_eval_acc'].max():.1f}\\,\\%). ")
+        text += (
+            f"The final accuracy stays {verdict} the {TARGET_ACC_GAP:g}-point criterion: the largest gap to the "
+            f"{n0}-rank baseline is {worst:.1f} points (best accuracy "
+            f"{100 * main['final_eval_acc'].max():.1f}\\,\\%). "
+        )
     aside = int((~scal["clean"]).sum())
-    abstract = (f"On that hardware the largest strong-scaling point ({n} ranks) reaches a speedup of {spd:.2f} over "
-                f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}"
-                + (f" ({aside} suspicious point{'s' if aside > 1 else ''} set aside for a re-run)." if aside else "."))
-    slide = (f"\\item {n} ranks: speedup {spd:.2f}, efficiency {pct(eff)}\n"
-             f"\\item {num(top['samples_per_s'])} samples/s at {n} ranks (median of {int(top['repeats'])})\n")
+    abstract = (
+        f"On that hardware the largest strong-scaling point ({n} ranks) reaches a speedup of {spd:.2f} over "
+        f"{n0} rank{'s' if n0 > 1 else ''}, a scaling efficiency of {pct(eff)}"
+        + (f" ({aside} suspicious point{'s' if aside > 1 else ''} set aside for a re-run)." if aside else ".")
+    )
+    slide = (
+        f"\\item {n} ranks: speedup {spd:.2f}, efficiency {pct(eff)}\n"
+        f"\\item {num(top['samples_per_s'])} samples/s at {n} ranks (median of {int(top['repeats'])})\n"
+    )
     if len(gaps) > 1:
         slide += f"\\item accuracy gap $\\le$ {gaps.abs().max():.1f} points\n"
     if aside:
@@ -330,26 +420,37 @@ def rerun_section(runs: pd.DataFrame, scal: pd.DataFrame) -> tuple[str, pd.DataF
     if t.empty:
         return "", t
     t = t.assign(command=[" \\newline ".join(f"\\texttt{{{tex_escape(c)}}}" for c in cmds) for cmds in t["commands"]])
-    table = booktabs(t, RERUN_COLUMNS, size="\\footnotesize",
-                     spec="@{}p{0.2\\linewidth}rp{0.3\\linewidth}p{0.42\\linewidth}@{}")
-    return ("\\begin{table*}[t]\\centering\n\\caption{Results to re-run: points set aside (" + SET_ASIDE_MARK +
-            " in the scaling tables), why, and the command that measures them again}\\label{tab:rerun}\n" + table +
-            "\\end{table*}\n"), t
+    table = booktabs(
+        t, RERUN_COLUMNS, size="\\footnotesize", spec="@{}p{0.2\\linewidth}rp{0.3\\linewidth}p{0.42\\linewidth}@{}"
+    )
+    return (
+        "\\begin{table*}[t]\\centering\n\\caption{Results to re-run: points set aside ("
+        + SET_ASIDE_MARK
+        + " in the scaling tables), why, and the command that measures them again}\\label{tab:rerun}\n"
+        + table
+        + "\\end{table*}\n"
+    ), t
 
 
 def optim_section(gains: pd.DataFrame) -> str:
     """The paper's optimisation paragraph with its table and figure, or one gap note when nothing is measured."""
     if gains.empty:
         # the run-in \paragraph heading takes a line of its own, or the box starts mid-line and overruns the column
-        why = ("no before/after pairs yet: the optimisation runs (precision, input pipeline, bucket size, "
-               "channels_last, compile) have not been measured at otherwise equal settings")
+        why = (
+            "no before/after pairs yet: the optimisation runs (precision, input pipeline, bucket size, "
+            "channels_last, compile) have not been measured at otherwise equal settings"
+        )
         return "\\leavevmode\\par" + gap_note(why)
-    return ("Table~\\ref{tab:gains} and Fig.~\\ref{fig:gains} compare each optimisation with its baseline at "
-            "otherwise equal settings. " + optim_text(gains) +
-            "\\begin{table}[t]\\centering\n\\caption{Before/after throughput of the optimisations}\\label{tab:gains}\n"
-            + booktabs(gains, GAINS_COLUMNS, size="\\footnotesize") + "\\end{table}\n"
-            "\\begin{figure}[t]\\centering\n\\includegraphics[width=\\linewidth]{gains.pdf}\n"
-            "\\caption{Speedup of each optimisation over its baseline.}\\label{fig:gains}\n\\end{figure}\n")
+    return (
+        "Table~\\ref{tab:gains} and Fig.~\\ref{fig:gains} compare each optimisation with its baseline at "
+        "otherwise equal settings. "
+        + optim_text(gains)
+        + "\\begin{table}[t]\\centering\n\\caption{Before/after throughput of the optimisations}\\label{tab:gains}\n"
+        + booktabs(gains, GAINS_COLUMNS, size="\\footnotesize")
+        + "\\end{table}\n"
+        "\\begin{figure}[t]\\centering\n\\includegraphics[width=\\linewidth]{gains.pdf}\n"
+        "\\caption{Speedup of each optimisation over its baseline.}\\label{fig:gains}\n\\end{figure}\n"
+    )
 
 
 def optim_text(gains: pd.DataFrame) -> str:
@@ -357,9 +458,11 @@ def optim_text(gains: pd.DataFrame) -> str:
     for factor, g in gains.groupby("factor", sort=False):
         best = g.loc[g["speedup"].idxmax()]
         words = FACTOR_WORDS[factor].format(before=tex_escape(best["before"]), after=tex_escape(best["after"]))
-        parts.append(f"{best['speedup']:.2f}$\\times$ for {words} ({int(best['gpus'])} rank"
-                     f"{'s' if best['gpus'] > 1 else ''}, $B={int(best['batch'])}$)")
-    return ("Measured side by side at otherwise equal settings, the best speedups are " + listing(parts) + ".\n")
+        parts.append(
+            f"{best['speedup']:.2f}$\\times$ for {words} ({int(best['gpus'])} rank"
+            f"{'s' if best['gpus'] > 1 else ''}, $B={int(best['batch'])}$)"
+        )
+    return "Measured side by side at otherwise equal settings, the best speedups are " + listing(parts) + ".\n"
 
 
 def section(ctx: Context) -> None:
@@ -367,18 +470,25 @@ def section(ctx: Context) -> None:
     scal = analysis.scaling(runs)
     gains = analysis.optimisation_gains(trust.quiet(runs))
     if not scal.empty:
-        scal = scal.assign(ci=scal.apply(_interval, axis=1), epoch_cell=scal.apply(_epoch_cell, axis=1),
-                           mark=[("" if c else SET_ASIDE_MARK) for c in scal["clean"]])
+        scal = scal.assign(
+            ci=scal.apply(_interval, axis=1),
+            epoch_cell=scal.apply(_epoch_cell, axis=1),
+            mark=[("" if c else SET_ASIDE_MARK) for c in scal["clean"]],
+        )
     made = figures(ctx, scal, gains)
     ctx.put("fig_throughput.tex", figure_snippet("throughput", "throughput" in made, NO_SERIES))
     ctx.put("fig_efficiency.tex", figure_snippet("efficiency", "efficiency" in made, NO_SERIES))
     ctx.put("fig_slide_scaling.tex", figure_snippet("slide_scaling", "slide_scaling" in made, NO_SERIES))
     ctx.put("fig_epoch_time.tex", figure_snippet("epoch_time", "epoch_time" in made, NO_SERIES))
     ctx.put("fig_accuracy.tex", figure_snippet("accuracy", "accuracy" in made, "no complete runs with evaluation yet"))
-    ctx.put("scaling_table.tex", booktabs(scal, SCALING_COLUMNS, size="\\footnotesize") if not scal.empty
-            else gap_note(NO_SERIES))
-    ctx.put("scaling_table_compact.tex", booktabs(scal, COMPACT_COLUMNS, size="\\small") if not scal.empty
-            else gap_note(NO_SERIES))
+    ctx.put(
+        "scaling_table.tex",
+        booktabs(scal, SCALING_COLUMNS, size="\\footnotesize") if not scal.empty else gap_note(NO_SERIES),
+    )
+    ctx.put(
+        "scaling_table_compact.tex",
+        booktabs(scal, COMPACT_COLUMNS, size="\\small") if not scal.empty else gap_note(NO_SERIES),
+    )
     text, abstract, slide = results_text(ctx, scal)
     ctx.put("results_text.tex", text)
     ctx.put("abstract_results.tex", abstract)

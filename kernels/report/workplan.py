@@ -5,6 +5,7 @@ fall at the package's last month. Placeholders in the plan's text ({system}, {gp
 {repeats}, {network}, {max_nodes}, {time_limit}, {storage}) are filled from the plan, the target system, the batch
 script and the data format, so no figure is typed twice.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,17 +24,21 @@ def check(plan: dict, where: str = "paper/plan.yaml") -> None:
     """The work plan's shape: a list of packages with package, work, months [first, last] and milestone."""
     packages = plan.get("work_plan")
     if not isinstance(packages, list) or not packages:
-        raise ConfigError(f"{where}: key 'work_plan' needs a list of work packages, each with "
-                          f"{', '.join(sorted(PACKAGE_KEYS))}")
+        raise ConfigError(
+            f"{where}: key 'work_plan' needs a list of work packages, each with {', '.join(sorted(PACKAGE_KEYS))}"
+        )
     for i, p in enumerate(packages, 1):
         if not isinstance(p, dict) or set(p) != PACKAGE_KEYS:
             got = ", ".join(sorted(p)) if isinstance(p, dict) else repr(p)
-            raise ConfigError(f"{where}: work_plan entry {i} needs exactly {', '.join(sorted(PACKAGE_KEYS))}; "
-                              f"got {got}")
+            raise ConfigError(
+                f"{where}: work_plan entry {i} needs exactly {', '.join(sorted(PACKAGE_KEYS))}; got {got}"
+            )
         m = p["months"]
         if not (isinstance(m, list) and len(m) == 2 and all(isinstance(x, int) for x in m) and 1 <= m[0] <= m[1]):
-            raise ConfigError(f"{where}: work_plan entry {i} ({p['package']}): months must be [first, last] with "
-                              f"1 <= first <= last, got {m!r}")
+            raise ConfigError(
+                f"{where}: work_plan entry {i} ({p['package']}): months must be [first, last] with "
+                f"1 <= first <= last, got {m!r}"
+            )
     support = plan.get("support")
     if not isinstance(support, list) or not all(isinstance(s, str) for s in support):
         raise ConfigError(f"{where}: key 'support' needs a list of sentences (what the centre is asked for)")
@@ -56,10 +61,16 @@ def storage_bytes(plan: dict) -> int | None:
 def fields(ctx: Context) -> dict:
     plan, system = ctx.plan, ctx.system
     size = storage_bytes(plan)
-    return {"system": system["name"], "gpus_per_node": system["gpus_per_node"], "max_gpus": max(plan["gpus"]),
-            "repeats": plan["repeats"], "network": system["network"],
-            "max_nodes": math.ceil(max(plan["gpus"]) / system["gpus_per_node"]), "time_limit": time_limit(),
-            "storage": f"{math.ceil(size / 1e9)} GB" if size else None}
+    return {
+        "system": system["name"],
+        "gpus_per_node": system["gpus_per_node"],
+        "max_gpus": max(plan["gpus"]),
+        "repeats": plan["repeats"],
+        "network": system["network"],
+        "max_nodes": math.ceil(max(plan["gpus"]) / system["gpus_per_node"]),
+        "time_limit": time_limit(),
+        "storage": f"{math.ceil(size / 1e9)} GB" if size else None,
+    }
 
 
 def fill(text: str, values: dict, where: str) -> str | None:
@@ -67,21 +78,29 @@ def fill(text: str, values: dict, where: str) -> str | None:
     names = re.findall(r"{(\w+)}", text)
     unknown = [n for n in names if n not in values]
     if unknown:
-        raise ConfigError(f"paper/plan.yaml: {where}: unknown placeholder {{{unknown[0]}}}; "
-                          f"known: {', '.join('{' + k + '}' for k in values)}")
+        raise ConfigError(
+            f"paper/plan.yaml: {where}: unknown placeholder {{{unknown[0]}}}; "
+            f"known: {', '.join('{' + k + '}' for k in values)}"
+        )
     if any(values[n] is None for n in names):
         return None
     return re.sub(r"(?<= )x(?= )", r"$\\times$", tex_escape(text.format(**values)))  # "batch x precision"
 
 
 def table(packages: list[dict], values: dict) -> str:
-    lines = ["\\begin{tabularx}{\\linewidth}{@{}lp{0.17\\linewidth}Xp{0.27\\linewidth}@{}}", "\\toprule",
-             "Months & Package & Work & Milestone \\\\", "\\midrule"]
+    lines = [
+        "\\begin{tabularx}{\\linewidth}{@{}lp{0.17\\linewidth}Xp{0.27\\linewidth}@{}}",
+        "\\toprule",
+        "Months & Package & Work & Milestone \\\\",
+        "\\midrule",
+    ]
     for i, p in enumerate(packages, 1):
         first, last = p["months"]
         months = str(first) if first == last else f"{first}--{last}"
-        lines.append(f"{months} & {tex_escape(p['package'])} & {fill(p['work'], values, f'work package {i}')} & "
-                     f"M{i} {fill(p['milestone'], values, f'milestone {i}')} \\\\")
+        lines.append(
+            f"{months} & {tex_escape(p['package'])} & {fill(p['work'], values, f'work package {i}')} & "
+            f"M{i} {fill(p['milestone'], values, f'milestone {i}')} \\\\"
+        )
     return "\n".join(lines + ["\\bottomrule", "\\end{tabularx}"]) + "\n"
 
 
@@ -89,24 +108,32 @@ def gantt(packages: list[dict]) -> str:
     """A pgfgantt chart: one bar per package over its months, its milestone a diamond at the last month."""
     months = max(p["months"][1] for p in packages)
     unit = 0.62 / months
-    lines = [f"\\begin{{ganttchart}}[hgrid, vgrid, x unit={unit:.4f}\\linewidth, y unit chart=0.5cm, "
-             "y unit title=0.5cm, bar height=0.5, bar/.append style={fill=black!25}, "
-             "milestone/.append style={fill=black}, milestone height=0.5, milestone left shift=0.88, "
-             "milestone right shift=0.12, milestone inline label node/.append style={right=0.5mm}, "
-             "bar label font=\\small, title label font=\\small]" f"{{1}}{{{months}}}",
-             f"\\gantttitle{{Month}}{{{months}}} \\\\", f"\\gantttitlelist{{1,...,{months}}}{{1}} \\\\"]
+    lines = [
+        f"\\begin{{ganttchart}}[hgrid, vgrid, x unit={unit:.4f}\\linewidth, y unit chart=0.5cm, "
+        "y unit title=0.5cm, bar height=0.5, bar/.append style={fill=black!25}, "
+        "milestone/.append style={fill=black}, milestone height=0.5, milestone left shift=0.88, "
+        "milestone right shift=0.12, milestone inline label node/.append style={right=0.5mm}, "
+        "bar label font=\\small, title label font=\\small]"
+        f"{{1}}{{{months}}}",
+        f"\\gantttitle{{Month}}{{{months}}} \\\\",
+        f"\\gantttitlelist{{1,...,{months}}}{{1}} \\\\",
+    ]
     for i, p in enumerate(packages, 1):
         first, last = p["months"]
-        lines.append(f"\\ganttbar{{WP{i} {tex_escape(p['package'])}}}{{{first}}}{{{last}}}"
-                     f"\\ganttmilestone[inline]{{M{i}}}{{{last}}} \\\\")
+        lines.append(
+            f"\\ganttbar{{WP{i} {tex_escape(p['package'])}}}{{{first}}}{{{last}}}"
+            f"\\ganttmilestone[inline]{{M{i}}}{{{last}}} \\\\"
+        )
     lines[-1] = lines[-1].removesuffix(" \\\\")
     return "\n".join(lines + ["\\end{ganttchart}"]) + "\n"
 
 
 def milestone_table(packages: list[dict], values: dict) -> str:
     """The pitch's milestones: each package's, numbered as in the proposal, at its package's last month."""
-    rows = [f"M{i} & month {p['months'][1]} & {fill(p['milestone'], values, f'milestone {i}') or '--'}\\\\"
-            for i, p in enumerate(packages, 1)]
+    rows = [
+        f"M{i} & month {p['months'][1]} & {fill(p['milestone'], values, f'milestone {i}') or '--'}\\\\"
+        for i, p in enumerate(packages, 1)
+    ]
     return "\n".join(["\\begin{tabular}{@{}lll@{}}", "\\toprule", *rows, "\\bottomrule", "\\end{tabular}"]) + "\n"
 
 
@@ -119,8 +146,9 @@ def support_items(support: list[str], values: dict) -> list[str]:
 def support_text(items: list[str]) -> str:
     if not items:
         return ""
-    return ("\\textbf{Support needed.} Besides the node-hours, the study needs from the centre: " +
-            "; ".join(items) + ".\n")
+    return (
+        "\\textbf{Support needed.} Besides the node-hours, the study needs from the centre: " + "; ".join(items) + ".\n"
+    )
 
 
 def support_slide(items: list[str]) -> str:

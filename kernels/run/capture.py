@@ -11,6 +11,7 @@ Inductor refuses capture for some graphs (a CPU tensor in the graph, an input mu
 replay, dynamic shapes) and runs them as ordinary kernels instead; the run goes on, and the record says how
 many graphs fell back (summary.json's cuda_graphs) and the log names the fix to see why.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,7 +48,10 @@ class Capture:
         if not self.on:
             return {"mode": "off", "graphs_not_captured": None, "status": "off (cuda_graphs=false)"}
         skipped = _skips() - self.skips_before
-        status = ("captured: the compiled forward and backward replay as CUDA graphs" if not skipped else
-                  f"{skipped} compiled graph(s) ran without capture (Inductor refused them); run with "
-                  f"TORCH_LOGS=cudagraphs to see why")
+        status = (
+            "captured: the compiled forward and backward replay as CUDA graphs"
+            if not skipped
+            else f"{skipped} compiled graph(s) ran without capture (Inductor refused them); run with "
+            f"TORCH_LOGS=cudagraphs to see why"
+        )
         return {"mode": "reduce-overhead", "graphs_not_captured": skipped, "status": status}

@@ -5,6 +5,7 @@ The files and their checks are kernels/records/checkpoint_file.py's; this compon
 RNG states, I/O counters, partial sums and buffers: BatchNorm statistics are per rank), times
 the snapshot and the write, and puts a checkpoint's state back into a rank's parts.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,13 +27,14 @@ POSITION = ("epoch", "step_in_epoch", "global_step", "rows", "timing", "started_
 class LoopState:
     """Where the loop is and what the record holds so far. A checkpoint keeps the POSITION fields (and every
     rank's partial_sums); a resumed run starts from them."""
+
     started_utc: str
-    epoch: int = 0                     # the epoch under way (0-based); epochs done = len(rows)
-    step_in_epoch: int = 0             # steps done in that epoch: nonzero only for a run stopped mid-epoch
-    global_step: int = 0               # optimizer steps done, over all attempts
-    rows: list[dict] = field(default_factory=list)        # metrics.csv's rows so far
-    timing: dict = field(default_factory=zero_timing)     # the timed steps' times over all epochs (metrics.py)
-    resumed_from_step: int = 0         # this attempt started at this global step (0: a fresh run)
+    epoch: int = 0  # the epoch under way (0-based); epochs done = len(rows)
+    step_in_epoch: int = 0  # steps done in that epoch: nonzero only for a run stopped mid-epoch
+    global_step: int = 0  # optimizer steps done, over all attempts
+    rows: list[dict] = field(default_factory=list)  # metrics.csv's rows so far
+    timing: dict = field(default_factory=zero_timing)  # the timed steps' times over all epochs (metrics.py)
+    resumed_from_step: int = 0  # this attempt started at this global step (0: a fresh run)
     partial_sums: list[float] | None = None  # an interrupted epoch's loss and metric sums on this rank
 
     def position(self) -> dict:
@@ -42,8 +44,7 @@ class LoopState:
     @classmethod
     def resumed(cls, saved: dict, partial_sums: list[float] | None) -> "LoopState":
         """The state a checkpoint (`saved`, with its POSITION keys) and this rank's own partial sums give."""
-        return cls(**{k: saved[k] for k in POSITION}, partial_sums=partial_sums,
-                   resumed_from_step=saved["global_step"])
+        return cls(**{k: saved[k] for k in POSITION}, partial_sums=partial_sums, resumed_from_step=saved["global_step"])
 
 
 class Checkpointer:
@@ -60,24 +61,37 @@ class Checkpointer:
         """st: the loop's position and record state; parts: model, optimizer, scaler, scheduler."""
         self.beat()
         rng = all_gather_object(ckpt.rng_state())  # every rank's, so each resumes its own stream
-        io = all_gather_object(io_state)            # every rank's I/O counters, so the record covers all attempts
+        io = all_gather_object(io_state)  # every rank's I/O counters, so the record covers all attempts
         partial = all_gather_object(st.partial_sums)  # every rank's sums of an interrupted epoch
         buffers = all_gather_object({k: v.detach().cpu() for k, v in parts.model.named_buffers()})
         if self.is_rank0:
             self.wait()  # the previous write, if still going: one write at a time
             t0 = time.perf_counter()
-            data = ckpt.serialise(rng, io=io, partial_sums=partial if partial[0] is not None else None,
-                                  model=parts.model.state_dict(), rank_buffers=buffers,
-                                  optimizer=parts.opt.state_dict(), scaler=parts.scaler.state_dict(),
-                                  scheduler=parts.sched.state_dict(), **st.position(),
-                                  config=self.cfg.to_dict())
-            cost = {"epoch": st.epoch, "global_step": st.global_step, "bytes": len(data),
-                    "snapshot_ms": round((time.perf_counter() - t0) * 1e3, 3), "write_ms": None,
-                    "async": self.cfg.checkpoint_async}
+            data = ckpt.serialise(
+                rng,
+                io=io,
+                partial_sums=partial if partial[0] is not None else None,
+                model=parts.model.state_dict(),
+                rank_buffers=buffers,
+                optimizer=parts.opt.state_dict(),
+                scaler=parts.scaler.state_dict(),
+                scheduler=parts.sched.state_dict(),
+                **st.position(),
+                config=self.cfg.to_dict(),
+            )
+            cost = {
+                "epoch": st.epoch,
+                "global_step": st.global_step,
+                "bytes": len(data),
+                "snapshot_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                "write_ms": None,
+                "async": self.cfg.checkpoint_async,
+            }
             self.costs.append(cost)
             if self.cfg.checkpoint_async:
-                self.writer = threading.Thread(target=self._write, args=(data, cost), daemon=True,
-                                               name="lab-checkpoint")
+                self.writer = threading.Thread(
+                    target=self._write, args=(data, cost), daemon=True, name="lab-checkpoint"
+                )
                 self.writer.start()
             else:
                 self._write(data, cost)
@@ -105,8 +119,7 @@ class Checkpointer:
             writer.join()
         err, self.error = self.error, None
         if err is not None:
-            raise RuntimeError(f"writing the checkpoint in {self.run_dir} failed: {type(err).__name__}: {err}") \
-                from err
+            raise RuntimeError(f"writing the checkpoint in {self.run_dir} failed: {type(err).__name__}: {err}") from err
 
     def join(self) -> None:
         """Let a write in progress finish, without raising its error (the run is already ending)."""
@@ -142,7 +155,12 @@ def checkpoint_summary(costs: list[dict]) -> dict | None:
         return None
     snaps = [c["snapshot_ms"] for c in costs]
     writes = [c["write_ms"] for c in costs if c["write_ms"] is not None]
-    return {"count": len(costs), "async": costs[-1]["async"], "bytes": costs[-1]["bytes"],
-            "snapshot_ms_median": round(median(snaps), 3), "snapshot_ms_max": round(max(snaps), 3),
-            "write_ms_median": round(median(writes), 3) if writes else None,
-            "write_ms_max": round(max(writes), 3) if writes else None}
+    return {
+        "count": len(costs),
+        "async": costs[-1]["async"],
+        "bytes": costs[-1]["bytes"],
+        "snapshot_ms_median": round(median(snaps), 3),
+        "snapshot_ms_max": round(max(snaps), 3),
+        "write_ms_median": round(median(writes), 3) if writes else None,
+        "write_ms_max": round(max(writes), 3) if writes else None,
+    }

@@ -7,6 +7,7 @@
 - agree(): one small all-reduce in which every rank learns whether any was asked to stop or saw a
   non-finite loss.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -81,8 +82,10 @@ class StopSignals:
         return self.request
 
     def _on_alarm(self, signum, frame):
-        raise Terminated(f"terminated by signal {signal.SIGTERM.value} and no step boundary within "
-                         f"term_grace_s={self.grace} s: stopped without a checkpoint")
+        raise Terminated(
+            f"terminated by signal {signal.SIGTERM.value} and no step boundary within "
+            f"term_grace_s={self.grace} s: stopped without a checkpoint"
+        )
 
     @staticmethod
     def checkpointed() -> None:
@@ -110,8 +113,10 @@ class Watchdog(threading.Thread):
             idle = time.monotonic() - self.last
             if idle > limit:
                 what = "no step, evaluation batch or checkpoint" if self.started else "no first step"
-                self.on_hang(f"{what} for {idle:.0f} s (limit {limit:.0f} s, "
-                             f"{'hang' if self.started else 'startup'}_timeout_min): the rank is hung")
+                self.on_hang(
+                    f"{what} for {idle:.0f} s (limit {limit:.0f} s, "
+                    f"{'hang' if self.started else 'startup'}_timeout_min): the rank is hung"
+                )
                 return
             time.sleep(min(5.0, max(0.2, limit / 20)))
 
@@ -122,8 +127,12 @@ def agree(stops: StopSignals, loss_sum: torch.Tensor, device: torch.device, wher
     Called every sync_check_steps steps and at each epoch's end: the only host sync it adds is that one
     read of the result. Returns the stop request in words (any rank's), or None; raises NonFiniteLoss.
     """
-    flags = torch.stack([torch.ones((), dtype=torch.float64, device=device) * (stops.pending() is not None),
-                         (~torch.isfinite(loss_sum)).double()])
+    flags = torch.stack(
+        [
+            torch.ones((), dtype=torch.float64, device=device) * (stops.pending() is not None),
+            (~torch.isfinite(loss_sum)).double(),
+        ]
+    )
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     stop, nonfinite = flags.tolist()
     if nonfinite:
@@ -134,8 +143,10 @@ def agree(stops: StopSignals, loss_sum: torch.Tensor, device: torch.device, wher
 
 
 def stop_note(why: str, global_step: int) -> str:
-    return (f"stopped by {why} at global step {global_step} after a checkpoint; the same run_id resumes it "
-            f"(a requeued Slurm job does so by itself)")
+    return (
+        f"stopped by {why} at global step {global_step} after a checkpoint; the same run_id resumes it "
+        f"(a requeued Slurm job does so by itself)"
+    )
 
 
 def die_hung(rank: int, why: str, record_failure) -> None:

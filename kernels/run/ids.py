@@ -1,4 +1,5 @@
 """A run's id, fixed by the launcher before the ranks start (no torch here: see kernels/base/ports.py)."""
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@ counted. On this project's CPU VM, ResNet-18 (width 64, batch 512, bf16) was est
 activations and 43 MiB of weights; the run's peak RSS was 1.8 GiB, torch's own ~0.3 GiB included.
 A workload whose model cannot be built on the meta device is not estimated (the run goes on).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,13 @@ def _estimate(wl, cfg, info, probe_x, probe_y) -> dict | None:
             activations //= 2
     except Exception:  # noqa: BLE001 - a model the meta device cannot build is not estimated, not refused
         return None
-    return {"params": params, "buffers": buffers, "activations": activations,
-            "micro": max(1, cfg.per_rank_batch // cfg.micro_batches), "total": 4 * params + buffers + activations}
+    return {
+        "params": params,
+        "buffers": buffers,
+        "activations": activations,
+        "micro": max(1, cfg.per_rank_batch // cfg.micro_batches),
+        "total": 4 * params + buffers + activations,
+    }
 
 
 def _meta_like(t, rows: int):
@@ -90,10 +96,12 @@ def check(est: dict | None, device: torch.device, ranks_here: int, cfg=None) -> 
     ranks = f", {total} for the {ranks_here} ranks on this node" if device.type != "cuda" and ranks_here > 1 else ""
     size = next((n for n in ("width", "rnn_units", "hidden") if hasattr(cfg, n)), None)
     culprit = "batch" if est["activations"] >= 4 * est["params"] or size is None else size
-    return (f"parameter '{culprit}': this run needs about {per} of memory per rank{ranks} ({weights} for the "
-            f"weights, gradients and two optimizer moments, {acts} of activations for a micro-batch of "
-            f"{est['micro']}), and {where} has {has} available; lower batch (or raise micro_batches), make the "
-            f"model smaller{f' ({size})' if size else ''}, or spread the ranks over more nodes")
+    return (
+        f"parameter '{culprit}': this run needs about {per} of memory per rank{ranks} ({weights} for the "
+        f"weights, gradients and two optimizer moments, {acts} of activations for a micro-batch of "
+        f"{est['micro']}), and {where} has {has} available; lower batch (or raise micro_batches), make the "
+        f"model smaller{f' ({size})' if size else ''}, or spread the ranks over more nodes"
+    )
 
 
 def refuse_what_cannot_fit(wl, cfg, info, probe, device: torch.device, rank: int) -> dict | None:

@@ -5,6 +5,7 @@ metric denominators ...], so a step adds to them without a host sync; an epoch r
 over ranks once. Throughput is the global batch over the MEDIAN step time of the epoch's timed
 steps, where a step's time is that of its slowest rank (it bounds a DDP step).
 """
+
 from __future__ import annotations
 
 import resource
@@ -73,15 +74,17 @@ class MetricSums:
         k, i = len(self.cols), 0
         for m in self.wl.metrics:
             num, den = got[m.name]
-            _add(sums[2 + i:2 + i + m.size], num)
-            _add(sums[2 + k + i:2 + k + i + m.size], den)
+            _add(sums[2 + i : 2 + i + m.size], num)
+            _add(sums[2 + k + i : 2 + k + i + m.size], den)
             i += m.size
 
     def values(self, sums: torch.Tensor, prefix: str) -> dict:
         k = len(self.cols)
-        num, den = sums[2:2 + k].tolist(), sums[2 + k:].tolist()
-        return {f"{prefix}_{c}": ((a / b) ** 0.5 if root else a / b) if b else None
-                for c, root, a, b in zip(self.cols, self.root, num, den)}
+        num, den = sums[2 : 2 + k].tolist(), sums[2 + k :].tolist()
+        return {
+            f"{prefix}_{c}": ((a / b) ** 0.5 if root else a / b) if b else None
+            for c, root, a, b in zip(self.cols, self.root, num, den)
+        }
 
     def no_eval(self) -> dict:
         """An epoch without evaluation (eval_every): its eval columns are empty."""
@@ -100,8 +103,18 @@ def slowest_steps(wait: list[float], comp: list[float], device, world: int) -> t
     return slow.tolist(), (waits / world).tolist()
 
 
-def epoch_row(ep: dict, sums: torch.Tensor, ms: MetricSums, timing: dict, ev: dict, lr: float, flops: dict,
-              peak: float | None, batch: int, world: int) -> dict:
+def epoch_row(
+    ep: dict,
+    sums: torch.Tensor,
+    ms: MetricSums,
+    timing: dict,
+    ev: dict,
+    lr: float,
+    flops: dict,
+    peak: float | None,
+    batch: int,
+    world: int,
+) -> dict:
     """One metrics.csv row; adds the epoch's slowest-rank step times to the run's `timing`.
 
     ep: epoch, steps, wait and comp (this rank's timed steps), epoch_s and eval_s."""
@@ -121,18 +134,29 @@ def epoch_row(ep: dict, sums: torch.Tensor, ms: MetricSums, timing: dict, ev: di
     timing["timed_steps"] += n_timed
     mean_wait = sum(wait_mean) / n_timed if n_timed else None
     row = {
-        "epoch": ep["epoch"] + 1, "steps": ep["steps"], "timed_steps": n_timed, "samples": ep["steps"] * batch,
-        "epoch_s": round(epoch_s_max, 4), "eval_s": round(ep["eval_s"], 4),
-        "samples_per_s": rounded(tput), "samples_per_s_p10": rounded(st["samples_per_s_p10"]),
-        "samples_per_s_p90": rounded(st["samples_per_s_p90"]), "samples_per_s_per_device": rounded(per_dev),
-        "step_ms_p50": rounded(st["step_ms_p50"]), "step_ms_p10": rounded(st["step_ms_p10"]),
-        "step_ms_p90": rounded(st["step_ms_p90"]), "step_ms_mean": rounded(st["step_ms_mean"]),
+        "epoch": ep["epoch"] + 1,
+        "steps": ep["steps"],
+        "timed_steps": n_timed,
+        "samples": ep["steps"] * batch,
+        "epoch_s": round(epoch_s_max, 4),
+        "eval_s": round(ep["eval_s"], 4),
+        "samples_per_s": rounded(tput),
+        "samples_per_s_p10": rounded(st["samples_per_s_p10"]),
+        "samples_per_s_p90": rounded(st["samples_per_s_p90"]),
+        "samples_per_s_per_device": rounded(per_dev),
+        "step_ms_p50": rounded(st["step_ms_p50"]),
+        "step_ms_p10": rounded(st["step_ms_p10"]),
+        "step_ms_p90": rounded(st["step_ms_p90"]),
+        "step_ms_mean": rounded(st["step_ms_mean"]),
         "data_wait_ms": rounded(mean_wait),
         "compute_ms": rounded(st["step_ms_mean"] - mean_wait if n_timed else None),
         "data_wait_frac": rounded(sum(wait_mean) / sum(slowest) if n_timed and sum(slowest) else None, 5),
-        "train_loss": float(sums[0]) / n, "eval_loss": ev["eval_loss"],
-        "lr": lr, "peak_mem_gib": round(mem, 4),
-        "tflops_per_device": rounded(tflops, 5), "mfu": rounded(mfu(per_dev, flops["train_flops_per_sample"], peak), 5),
+        "train_loss": float(sums[0]) / n,
+        "eval_loss": ev["eval_loss"],
+        "lr": lr,
+        "peak_mem_gib": round(mem, 4),
+        "tflops_per_device": rounded(tflops, 5),
+        "mfu": rounded(mfu(per_dev, flops["train_flops_per_sample"], peak), 5),
     }
     row.update(ms.values(sums, "train"))
     row.update({k: v for k, v in ev.items() if k != "eval_loss"})
@@ -142,11 +166,15 @@ def epoch_row(ep: dict, sums: torch.Tensor, ms: MetricSums, timing: dict, ev: di
 def epoch_line(row: dict, epochs: int, cols: list[str]) -> str:
     metrics = " ".join(f"eval_{c} {row[f'eval_{c}']:.4f}" for c in cols if row.get(f"eval_{c}") is not None)
     if row["samples_per_s"]:
-        timing = (f"{row['samples_per_s']:,.1f} samples/s (median step {row['step_ms_p50']:.1f} ms, "
-                  f"p10-p90 {row['step_ms_p10']:.1f}-{row['step_ms_p90']:.1f}; "
-                  f"data wait {100 * (row['data_wait_frac'] or 0):.1f}%)")
+        timing = (
+            f"{row['samples_per_s']:,.1f} samples/s (median step {row['step_ms_p50']:.1f} ms, "
+            f"p10-p90 {row['step_ms_p10']:.1f}-{row['step_ms_p90']:.1f}; "
+            f"data wait {100 * (row['data_wait_frac'] or 0):.1f}%)"
+        )
     else:
         timing = "warm-up only: no timed steps this epoch"
-    return (f"epoch {row['epoch']}/{epochs} done: train_loss {row['train_loss']:.4f} "
-            + (f"eval_loss {row['eval_loss']:.4f} {metrics}" if row["eval_loss"] is not None else "(no evaluation)")
-            + f" | {timing} | epoch {row['epoch_s']:.1f} s")
+    return (
+        f"epoch {row['epoch']}/{epochs} done: train_loss {row['train_loss']:.4f} "
+        + (f"eval_loss {row['eval_loss']:.4f} {metrics}" if row["eval_loss"] is not None else "(no evaluation)")
+        + f" | {timing} | epoch {row['epoch_s']:.1f} s"
+    )

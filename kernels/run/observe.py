@@ -5,6 +5,7 @@ ready, step end) and runs each phase inside `phase(name)`; what they measure goe
 Profiled steps (the profiler's warm-up and active steps, and the trace export) and the first
 timing_warmup_steps of every process start are not timed.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ class Observers:
         self.ranks: list[dict] = []  # the record's gathered rank list, from run_start
         self.steps = 0  # steps of this attempt: warm-up (compilation, autotuning) recurs in every new process
         c = cfg
-        self.profiled = (range(c.profile_wait, c.profile_wait + c.profile_warmup + c.profile_steps)
-                         if c.profile_steps else range(0))
+        self.profiled = (
+            range(c.profile_wait, c.profile_wait + c.profile_warmup + c.profile_steps) if c.profile_steps else range(0)
+        )
 
     # ------------------------------------------------------------------ hooks
     def run_start(self, run_dir: Path, run_id: str, ranks: list[dict]) -> None:
@@ -45,9 +47,13 @@ class Observers:
         me = ranks[self.rank]
         if self.cfg.monitor_hz and self.local_rank == 0:
             pids = [r["pid"] for r in ranks if r["host"] == me["host"]]
-            self.monitor = res_monitor.Monitor(run_dir / "monitor" / f"{me['node']}.csv", me["node"],
-                                               self.cfg.monitor_hz,
-                                               pids, res_monitor.rank_cpus(ranks, "host", me["host"]))
+            self.monitor = res_monitor.Monitor(
+                run_dir / "monitor" / f"{me['node']}.csv",
+                me["node"],
+                self.cfg.monitor_hz,
+                pids,
+                res_monitor.rank_cpus(ranks, "host", me["host"]),
+            )
             self.monitor.start()
         self.run_dir, self.run_id, self.ranks = run_dir, run_id, ranks
 
@@ -68,7 +74,8 @@ class Observers:
                 f"parameter 'profile_steps': the profiled window ends at step {end} (profile_wait {c.profile_wait} + "
                 f"profile_warmup {c.profile_warmup} + profile_steps {c.profile_steps}) but the run has {total_steps} "
                 f"steps ({c.epochs} epoch(s) of {steps_per_epoch}); no step would be profiled: lower profile_wait or "
-                f"profile_steps, or raise epochs")
+                f"profile_steps, or raise epochs"
+            )
 
     def epoch_start(self) -> float:
         """Each epoch's row reports that epoch's peak memory; its clock starts with the device idle."""
@@ -82,8 +89,11 @@ class Observers:
         trace_dir = Path(cfg.profile_dir) / self.run_id if cfg.profile_dir else self.run_dir / "traces"
         self.prof = StepProfiler(cfg, self.device, self.rank, trace_dir, self.log)
         self.train_window = [time.time(), None]
-        self.syncs = (SyncCounter(cfg.timing_warmup_steps, cfg.sync_debug_steps)
-                      if cfg.sync_debug_steps and self.device.type == "cuda" else None)
+        self.syncs = (
+            SyncCounter(cfg.timing_warmup_steps, cfg.sync_debug_steps)
+            if cfg.sync_debug_steps and self.device.type == "cuda"
+            else None
+        )
 
     def phase(self, name: str):
         """A profiler range around a phase of the step (data, forward, backward, optimizer, communication)."""
@@ -125,8 +135,10 @@ class Observers:
     def sync_facts(self) -> dict:
         """summary.json's host_syncs_per_step and host_sync_sites (empty without sync_debug_steps on a GPU)."""
         c = self.syncs
-        return {"host_syncs_per_step": c.per_step if c is not None else None,
-                "host_sync_sites": c.sites if c is not None else None}
+        return {
+            "host_syncs_per_step": c.per_step if c is not None else None,
+            "host_sync_sites": c.sites if c is not None else None,
+        }
 
     def monitor_summary(self, run_dir: Path) -> dict | None:
         """summary.json's `monitor`, over the training loop only (after the run), with the run's `contention`.
@@ -168,11 +180,19 @@ class Observers:
         if len(got) < len(per_rank):
             self.log(f"profile: {len(per_rank) - len(got)} rank(s) left no trace; the breakdown covers {len(got)}")
         traces = {r["rank"]: Path(r.pop("trace_path")) for r in got}
-        out = collect.write(self.run_dir, got, traces, self.cfg.profile_hta, probe,
-                            title=f"{self.run_id}: {world} rank(s) on {device_name}")
-        self.log(f"profile: {out['steps']} step(s) x {len(got)} rank(s), {out['profiled_ms_per_step']:.1f} ms per "
-                 f"step ({out['timeline']} timeline): " + ", ".join(
-                     f"{c} {100 * v:.1f}%" for c, v in sorted(out["share"].items(), key=lambda kv: -kv[1])[:5]))
+        out = collect.write(
+            self.run_dir,
+            got,
+            traces,
+            self.cfg.profile_hta,
+            probe,
+            title=f"{self.run_id}: {world} rank(s) on {device_name}",
+        )
+        self.log(
+            f"profile: {out['steps']} step(s) x {len(got)} rank(s), {out['profiled_ms_per_step']:.1f} ms per "
+            f"step ({out['timeline']} timeline): "
+            + ", ".join(f"{c} {100 * v:.1f}%" for c, v in sorted(out["share"].items(), key=lambda kv: -kv[1])[:5])
+        )
         self.log(f"profile: {out['comm_crosscheck']}; HTA {out['hta']['status']}")
         return {"status": "complete", **out}
 

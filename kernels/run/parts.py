@@ -3,6 +3,7 @@ engine's wrap, the compiled training model, the workload's recipe, the scaler an
 metrics and I/O. kernels/ddp_core.py reads them as `RankParts`; checkpoints save and restore its model,
 optimizer, scheduler and scaler (kernels/run/checkpointing.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,22 +28,22 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class RankParts:
-    src: Any                      # this rank's training source (kernels/data/pipeline.py's contract)
-    eval_src: Any                 # its evaluation shard
+    src: Any  # this rank's training source (kernels/data/pipeline.py's contract)
+    eval_src: Any  # its evaluation shard
     info: DataInfo
-    model: torch.nn.Module        # the bare model: checkpoints and evaluation
-    variant: str                  # the model's name for the record
+    model: torch.nn.Module  # the bare model: checkpoints and evaluation
+    variant: str  # the model's name for the record
     engine: Engine
-    wrapped: torch.nn.Module      # the engine's wrap (DDP on more than one rank)
+    wrapped: torch.nn.Module  # the engine's wrap (DDP on more than one rank)
     capture: Capture
-    train_model: Callable         # the wrap, compiled and captured where asked: what the step calls
+    train_model: Callable  # the wrap, compiled and captured where asked: what the step calls
     recipe: Recipe
-    opt: torch.optim.Optimizer    # the engine's wrap of the recipe's optimizer
+    opt: torch.optim.Optimizer  # the engine's wrap of the recipe's optimizer
     scaler: torch.amp.GradScaler  # enabled for fp16 only
-    autocast: Any                 # the precision's autocast context, or a null one for fp32
+    autocast: Any  # the precision's autocast context, or a null one for fp32
     metrics: MetricSums
     io: IOAccount
-    derived: dict                 # config.json's derived facts
+    derived: dict  # config.json's derived facts
 
     @property
     def sched(self):
@@ -73,8 +74,9 @@ def _around_data(cfg, wl, dev, renv, backend, obs, record, src, eval_src, info) 
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
-    flops = model_flops_per_sample(copy.deepcopy(model), px, wl.loss, py,
-                                   forward=lambda m, x, y: wl.forward(m, x, y, 0, True))
+    flops = model_flops_per_sample(
+        copy.deepcopy(model), px, wl.loss, py, forward=lambda m, x, y: wl.forward(m, x, y, 0, True)
+    )
     name = device_name(dev)
     engine = make_engine(cfg)
     wrapped = engine.wrap_model(model, dev)
@@ -89,12 +91,39 @@ def _around_data(cfg, wl, dev, renv, backend, obs, record, src, eval_src, info) 
     autocast = torch.autocast(dev.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES else nullcontext()
     metrics, io = MetricSums(wl, dev), IOAccount(src, renv.global_rank, name)
     record.set_facts(model, wl, dev, name, flops, cfg.precision, metrics.cols)
-    derived = {"per_rank_batch": cfg.per_rank_batch, "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
-               "steps_per_epoch": src.steps_per_epoch, "train_samples_used": src.num_samples,
-               "test_samples_used": eval_src.num_samples, "dropped_per_epoch": src.dropped_per_epoch,
-               "data_source": src.describe(), "backend": backend, "device_type": dev.type,
-               "launch_source": renv.source, "model_variant": variant, "tf32": dev.type == "cuda",
-               **flops, "peak_tflops": record.facts["peak"], "peak_note": record.facts["peak_note"],
-               **engine.facts()}
-    return RankParts(src, eval_src, info, model, variant, engine, wrapped, capture, train_model, recipe, opt, scaler,
-                     autocast, metrics, io, derived)
+    derived = {
+        "per_rank_batch": cfg.per_rank_batch,
+        "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
+        "steps_per_epoch": src.steps_per_epoch,
+        "train_samples_used": src.num_samples,
+        "test_samples_used": eval_src.num_samples,
+        "dropped_per_epoch": src.dropped_per_epoch,
+        "data_source": src.describe(),
+        "backend": backend,
+        "device_type": dev.type,
+        "launch_source": renv.source,
+        "model_variant": variant,
+        "tf32": dev.type == "cuda",
+        **flops,
+        "peak_tflops": record.facts["peak"],
+        "peak_note": record.facts["peak_note"],
+        **engine.facts(),
+    }
+    return RankParts(
+        src,
+        eval_src,
+        info,
+        model,
+        variant,
+        engine,
+        wrapped,
+        capture,
+        train_model,
+        recipe,
+        opt,
+        scaler,
+        autocast,
+        metrics,
+        io,
+        derived,
+    )

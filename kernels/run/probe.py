@@ -5,6 +5,7 @@ fwd+bwd with and without the gradient all-reduce, in pairs; gradients are discar
 optimizer step is taken. A negative number is never reported: an interval that holds zero
 is "below noise", with its bound.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,16 @@ def run_probe(cfg, world: int, engine, ddp, train_model, wl, autocast, opt, src,
 
     # a fixed batch that does not go through the training stream (a streamed source would read its first
     # windows again, and count them)
-    return comm_probe(cfg.comm_probe_steps, world, ddp, fwd_bwd, lambda: engine.zero_grad(opt),
-                      lambda: src.probe(cfg.per_rank_batch), device, log)
+    return comm_probe(
+        cfg.comm_probe_steps,
+        world,
+        ddp,
+        fwd_bwd,
+        lambda: engine.zero_grad(opt),
+        lambda: src.probe(cfg.per_rank_batch),
+        device,
+        log,
+    )
 
 
 def comm_probe(n: int, world: int, ddp, fwd_bwd, zero_grad, make_batch, device, log) -> dict:
@@ -59,7 +68,7 @@ def comm_probe(n: int, world: int, ddp, fwd_bwd, zero_grad, make_batch, device, 
         synchronize(device)
         dist.barrier()
         t0 = time.perf_counter()
-        with (nullcontext() if sync else ddp.no_sync()):
+        with nullcontext() if sync else ddp.no_sync():
             fwd_bwd(x, y)
         synchronize(device)
         return (time.perf_counter() - t0) * 1e3
@@ -77,11 +86,15 @@ def comm_probe(n: int, world: int, ddp, fwd_bwd, zero_grad, make_batch, device, 
     sync_ms, nosync_ms = mean[0::2], mean[1::2]
     out = probe_result(sync_ms, nosync_ms)
     ci = out["exposed_comm_ci_ms"]
-    log(f"comm probe: fwd+bwd {out['comm_probe_sync_ms']:.2f} ms with all-reduce, "
-        f"{out['comm_probe_nosync_ms']:.2f} ms without (medians of {len(pairs)} pairs): " +
-        (f"{out['exposed_comm_ms']:.2f} ms exposed communication per step (90 % CI {ci[0]:.2f} to {ci[1]:.2f})"
-         if out["exposed_comm_status"] == "measured" else
-         f"exposed communication not distinguishable from zero (90 % CI {ci[0]:.2f} to {ci[1]:.2f} ms)"))
+    log(
+        f"comm probe: fwd+bwd {out['comm_probe_sync_ms']:.2f} ms with all-reduce, "
+        f"{out['comm_probe_nosync_ms']:.2f} ms without (medians of {len(pairs)} pairs): "
+        + (
+            f"{out['exposed_comm_ms']:.2f} ms exposed communication per step (90 % CI {ci[0]:.2f} to {ci[1]:.2f})"
+            if out["exposed_comm_status"] == "measured"
+            else f"exposed communication not distinguishable from zero (90 % CI {ci[0]:.2f} to {ci[1]:.2f} ms)"
+        )
+    )
     return out
 
 
@@ -93,8 +106,11 @@ def probe_result(sync_ms: list[float], nosync_ms: list[float]) -> dict:
     d = ci["median"]
     lo, hi = (ci["ci_lo"], ci["ci_hi"]) if ci["ci_lo"] is not None else (d, d)
     resolved = lo > 0
-    return {"comm_probe_sync_ms": round(median(sync_ms), 4), "comm_probe_nosync_ms": round(median(nosync_ms), 4),
-            "comm_probe_pairs": len(diffs),
-            "exposed_comm_ms": round(d, 4) if resolved else None,
-            "exposed_comm_status": "measured" if resolved else "below noise",
-            "exposed_comm_ci_ms": [round(lo, 4), round(hi, 4)]}
+    return {
+        "comm_probe_sync_ms": round(median(sync_ms), 4),
+        "comm_probe_nosync_ms": round(median(nosync_ms), 4),
+        "comm_probe_pairs": len(diffs),
+        "exposed_comm_ms": round(d, 4) if resolved else None,
+        "exposed_comm_status": "measured" if resolved else "below noise",
+        "exposed_comm_ci_ms": [round(lo, 4), round(hi, 4)],
+    }

@@ -15,6 +15,7 @@ A cluster without accounting storage (sacct answers "accounting storage is disab
 an entry that says so, `available: false` with sacct's own words: it is noted, never an error. Values a cluster
 does not gather (MaxRSS without jobacct_gather, energy without acct_gather_energy) are empty, not zero.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,22 @@ from kernels.records.schema import read_json, write_json
 
 FILE = "sacct.json"
 # sacct --format fields, in order; ConsumedEnergyRaw is joules, ElapsedRaw seconds
-FIELDS = ("JobID", "JobName", "State", "ExitCode", "Start", "End", "ElapsedRaw", "NNodes", "NTasks", "AllocCPUS",
-          "MaxRSS", "MaxRSSNode", "ConsumedEnergyRaw")
-UNITS = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+FIELDS = (
+    "JobID",
+    "JobName",
+    "State",
+    "ExitCode",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "NNodes",
+    "NTasks",
+    "AllocCPUS",
+    "MaxRSS",
+    "MaxRSSNode",
+    "ConsumedEnergyRaw",
+)
+UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 def _bytes(text: str) -> int | None:
@@ -59,11 +73,23 @@ def parse(out: str) -> list[dict]:
         if len(values) != len(FIELDS):
             raise ValueError(f"sacct printed {len(values)} fields, expected {len(FIELDS)}: {line!r}")
         v = dict(zip(FIELDS, values))
-        rows.append({"job_id": v["JobID"], "name": v["JobName"], "state": v["State"], "exit_code": v["ExitCode"],
-                     "start": v["Start"], "end": v["End"], "elapsed_s": _int(v["ElapsedRaw"]),
-                     "nodes": _int(v["NNodes"]), "tasks": _int(v["NTasks"]), "cpus": _int(v["AllocCPUS"]),
-                     "max_rss_bytes": _bytes(v["MaxRSS"]), "max_rss_node": v["MaxRSSNode"] or None,
-                     "energy_j": _int(v["ConsumedEnergyRaw"])})
+        rows.append(
+            {
+                "job_id": v["JobID"],
+                "name": v["JobName"],
+                "state": v["State"],
+                "exit_code": v["ExitCode"],
+                "start": v["Start"],
+                "end": v["End"],
+                "elapsed_s": _int(v["ElapsedRaw"]),
+                "nodes": _int(v["NNodes"]),
+                "tasks": _int(v["NTasks"]),
+                "cpus": _int(v["AllocCPUS"]),
+                "max_rss_bytes": _bytes(v["MaxRSS"]),
+                "max_rss_node": v["MaxRSSNode"] or None,
+                "energy_j": _int(v["ConsumedEnergyRaw"]),
+            }
+        )
     return rows
 
 
@@ -96,8 +122,14 @@ def query(job: str) -> dict:
     for source, cmd in (("accounting database", ["sacct", *fields]), ("job completion log", ["sacct", "-c", *fields])):
         rows, why = _sacct(cmd)
         if rows:
-            return {"job": job, "queried_utc": now, "available": True, "source": source, "command": " ".join(cmd),
-                    "rows": rows}
+            return {
+                "job": job,
+                "queried_utc": now,
+                "available": True,
+                "source": source,
+                "command": " ".join(cmd),
+                "rows": rows,
+            }
         notes.append(f"{source}: {why}")
     return {"job": job, "queried_utc": now, "available": False, "note": "; ".join(notes)}
 
@@ -136,11 +168,14 @@ def describe(entry: dict) -> str:
     job = rows[0]
     rss = [r["max_rss_bytes"] for r in rows if r["max_rss_bytes"] is not None]
     energy = [r["energy_j"] for r in rows if r["energy_j"] is not None]
-    return "; ".join([
-        f"job {job['job_id']} {job['state']}, elapsed {job['elapsed_s']} s on {job['nodes']} node(s), "
-        f"{len(rows) - 1} step(s)",
-        f"max RSS {max(rss) / 2 ** 30:.2f} GiB" if rss else "max RSS not gathered by this cluster",
-        f"energy {sum(energy)} J" if energy else "energy not measured by this cluster"])
+    return "; ".join(
+        [
+            f"job {job['job_id']} {job['state']}, elapsed {job['elapsed_s']} s on {job['nodes']} node(s), "
+            f"{len(rows) - 1} step(s)",
+            f"max RSS {max(rss) / 2**30:.2f} GiB" if rss else "max RSS not gathered by this cluster",
+            f"energy {sum(energy)} J" if energy else "energy not measured by this cluster",
+        ]
+    )
 
 
 def main(argv=None) -> int:
@@ -148,8 +183,9 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("store", help="store sacct's view of JOB in the records that job wrote")
     s.add_argument("job", help="the Slurm job id (SLURM_JOB_ID)")
-    s.add_argument("dirs", nargs="*", type=Path, help="record directories (default: those under --results that "
-                                                       "name the job)")
+    s.add_argument(
+        "dirs", nargs="*", type=Path, help="record directories (default: those under --results that name the job)"
+    )
     s.add_argument("--results", type=Path, default=None, help="results folder (default: $LAB_RESULTS or results/)")
     args = ap.parse_args(argv)
     results = args.results or results_home()

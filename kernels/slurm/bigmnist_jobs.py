@@ -8,6 +8,7 @@
 The set itself (format, builder, checks) is kernels/data/bigmnist.py; this module adds the
 command line and the job array, which goes through the sweep machinery (kernels/slurm/sweep.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ def _args(argv):
     for name in ("build", "submit"):
         p = sub.add_parser(name, help="build the set here" if name == "build" else "build it as a Slurm job array")
         p.add_argument("--out", type=Path, default=PROJECT_ROOT / "data" / "bigmnist", help="where the set goes")
-        p.add_argument("--data-dir", type=Path, default=PROJECT_ROOT / "data",
-                       help="data root holding the source (mnist/ or fashion-mnist/)")
+        p.add_argument(
+            "--data-dir",
+            type=Path,
+            default=PROJECT_ROOT / "data",
+            help="data root holding the source (mnist/ or fashion-mnist/)",
+        )
         for f in Spec.__dataclass_fields__.values():
             flag = "--" + f.name.replace("_", "-")
             if f.type in ("bool", bool):
@@ -41,10 +46,12 @@ def _args(argv):
                 p.add_argument(flag, type=typ, default=f.default, help=f"default {f.default}")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
         if name == "build":
-            p.add_argument("--task", type=int, default=None, help="array task index (default: "
-                                                                  "$SLURM_ARRAY_TASK_ID, else 0)")
-            p.add_argument("--tasks", type=int, default=None,
-                           help="array task count (default: $SLURM_ARRAY_TASK_COUNT, else 1)")
+            p.add_argument(
+                "--task", type=int, default=None, help="array task index (default: $SLURM_ARRAY_TASK_ID, else 0)"
+            )
+            p.add_argument(
+                "--tasks", type=int, default=None, help="array task count (default: $SLURM_ARRAY_TASK_COUNT, else 1)"
+            )
         else:
             p.add_argument("--tasks", type=int, required=True, help="array tasks (each builds a range of shards)")
             p.add_argument("--cluster", default="local", help="cluster profile in clusters/ (partition, account)")
@@ -80,16 +87,26 @@ def submit(a) -> str | None:
     if a.tasks < 1:
         raise ConfigError(f"--tasks: must be at least 1, got {a.tasks}")
     out, data = a.out.resolve(), a.data_dir.resolve()
-    flags = " ".join(f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}"
-                     for k, v in asdict(spec).items())
+    flags = " ".join(
+        f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in asdict(spec).items()
+    )
     python = Path(sys.executable)
-    cmd = (f"cd {PROJECT_ROOT} && {python} -m kernels.slurm.bigmnist_jobs build --out {out} --data-dir {data} {flags} "
-           f"--device {a.device} --tasks {a.tasks} --task {{task}}")
-    sw = {"name": f"bigmnist-{out.name}", "cluster": load_cluster(a.cluster),
-          "combos": [{"task": i} for i in range(a.tasks)],
-          "commands": [cmd.format(task=i) for i in range(a.tasks)],
-          "sbatch": {k: v for k, v in (("time", a.time), ("cpus_per_task", a.cpus_per_task),
-                                       ("gpus_per_node", a.gpus_per_node)) if v is not None}, "path": out}
+    cmd = (
+        f"cd {PROJECT_ROOT} && {python} -m kernels.slurm.bigmnist_jobs build --out {out} --data-dir {data} {flags} "
+        f"--device {a.device} --tasks {a.tasks} --task {{task}}"
+    )
+    sw = {
+        "name": f"bigmnist-{out.name}",
+        "cluster": load_cluster(a.cluster),
+        "combos": [{"task": i} for i in range(a.tasks)],
+        "commands": [cmd.format(task=i) for i in range(a.tasks)],
+        "sbatch": {
+            k: v
+            for k, v in (("time", a.time), ("cpus_per_task", a.cpus_per_task), ("gpus_per_node", a.gpus_per_node))
+            if v is not None
+        },
+        "path": out,
+    }
     return sweep.submit(sw, a.dry_run)
 
 
@@ -107,9 +124,12 @@ def main(argv=None) -> int:
         elif a.command == "verify":
             bad = verify(a.dir, log=lambda s: print(s, flush=True))
             if bad:
-                print(f"error: {len(bad)} file(s) of {resolve(a.dir)} do not match the manifest: {', '.join(bad)}. "
-                      f"Re-run the build with the manifest's parameters (`lab bigmnist info {a.dir}` prints them): "
-                      f"it rebuilds exactly those shards", file=sys.stderr)
+                print(
+                    f"error: {len(bad)} file(s) of {resolve(a.dir)} do not match the manifest: {', '.join(bad)}. "
+                    f"Re-run the build with the manifest's parameters (`lab bigmnist info {a.dir}` prints them): "
+                    f"it rebuilds exactly those shards",
+                    file=sys.stderr,
+                )
                 return 1
             print(f"{resolve(a.dir)}: every shard matches the manifest")
         else:

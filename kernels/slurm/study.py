@@ -18,6 +18,7 @@ Repeat r of a point runs with seed + r, so repeats are independent samples.
 Everything is validated (unknown keys, impossible geometry, empty grids,
 duplicate points, unknown parameters) before anything is submitted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,24 +44,37 @@ from kernels.launch.config import resolve, table
 from kernels.launch.launchers import geometry
 from kernels.base import files, yamlfile
 
-STUDY_KEYS = {"name": "study id (default: the file name)", "description": "free text",
-              "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
-              "cluster": "cluster profile: a name in clusters/ or a path",
-              "mode": "strong | weak | sweep", "gpus": "list of GPU counts", "repeats": "runs per point (>= 1)",
-              "ranks_per_node": "list of ranks per node to sweep at each GPU count (default: the cluster's)",
-              "serial": "true: run the points one at a time (every array throttled to one task, arrays after each "
-                        "other), for timings on nodes that share a machine",
-              "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
-              "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
-              "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)"}
-CLUSTER_KEYS = {"name": "profile name", "partition": "Slurm partition", "account": "Slurm account",
-                "qos": "Slurm quality of service (empty: the partition's default)",
-                "gpus_per_node": "GPUs per node (0: CPU-only nodes)", "ranks_per_node": "CPU-only nodes: ranks "
-                                                                                        "per node",
-                "max_nodes": "nodes in the partition", "time": "time limit per run, e.g. 01:00:00",
-                "cpus_per_task": "CPU cores per rank", "container": "Apptainer image (empty: the venv)",
-                "modules": "environment modules to load", "nccl_ifname": "network interface for NCCL/gloo",
-                "sbatch_extra": "further sbatch options", "env": "environment variables exported to the jobs"}
+STUDY_KEYS = {
+    "name": "study id (default: the file name)",
+    "description": "free text",
+    "notebook": "notebook to run: notebooks/01_train.ipynb (default) or notebooks/03_commbench.ipynb",
+    "cluster": "cluster profile: a name in clusters/ or a path",
+    "mode": "strong | weak | sweep",
+    "gpus": "list of GPU counts",
+    "repeats": "runs per point (>= 1)",
+    "ranks_per_node": "list of ranks per node to sweep at each GPU count (default: the cluster's)",
+    "serial": "true: run the points one at a time (every array throttled to one task, arrays after each "
+    "other), for timings on nodes that share a machine",
+    "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
+    "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
+    "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
+}
+CLUSTER_KEYS = {
+    "name": "profile name",
+    "partition": "Slurm partition",
+    "account": "Slurm account",
+    "qos": "Slurm quality of service (empty: the partition's default)",
+    "gpus_per_node": "GPUs per node (0: CPU-only nodes)",
+    "ranks_per_node": "CPU-only nodes: ranks per node",
+    "max_nodes": "nodes in the partition",
+    "time": "time limit per run, e.g. 01:00:00",
+    "cpus_per_task": "CPU cores per rank",
+    "container": "Apptainer image (empty: the venv)",
+    "modules": "environment modules to load",
+    "nccl_ifname": "network interface for NCCL/gloo",
+    "sbatch_extra": "further sbatch options",
+    "env": "environment variables exported to the jobs",
+}
 MODES = ("strong", "weak", "sweep")
 
 
@@ -83,18 +97,33 @@ def _check_keys(d: dict, allowed: dict, where: str) -> None:
 def load_cluster(ref: str, what: str = "study key 'cluster'") -> dict:
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
     if not path.is_file():
-        raise ConfigError(f"{what}: no cluster profile {path}; "
-                          f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}")
+        raise ConfigError(
+            f"{what}: no cluster profile {path}; "
+            f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}"
+        )
     prof = yamlfile.read(path, "cluster profile")
     _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
     prof.setdefault("name", path.stem)
-    for k, default in (("partition", ""), ("account", ""), ("qos", ""), ("gpus_per_node", 0), ("ranks_per_node", 0),
-                       ("max_nodes", 0), ("time", "01:00:00"), ("cpus_per_task", 1), ("container", ""),
-                       ("modules", []), ("nccl_ifname", ""), ("sbatch_extra", []), ("env", {})):
+    for k, default in (
+        ("partition", ""),
+        ("account", ""),
+        ("qos", ""),
+        ("gpus_per_node", 0),
+        ("ranks_per_node", 0),
+        ("max_nodes", 0),
+        ("time", "01:00:00"),
+        ("cpus_per_task", 1),
+        ("container", ""),
+        ("modules", []),
+        ("nccl_ifname", ""),
+        ("sbatch_extra", []),
+        ("env", {}),
+    ):
         prof.setdefault(k, default)
     if prof["gpus_per_node"] < 0 or (prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1):
-        raise ConfigError(f"cluster profile {path}: key 'ranks_per_node' "
-                          f"must be >= 1 on CPU-only nodes (gpus_per_node: 0)")
+        raise ConfigError(
+            f"cluster profile {path}: key 'ranks_per_node' must be >= 1 on CPU-only nodes (gpus_per_node: 0)"
+        )
     return prof
 
 
@@ -103,7 +132,7 @@ class Point:
     index: int
     gpus: int
     repeat: int
-    params: dict          # the notebook's parameters for this run (without gpus)
+    params: dict  # the notebook's parameters for this run (without gpus)
     nodes: int
     tasks_per_node: int
 
@@ -180,8 +209,10 @@ def load(path: Path) -> Study:
             raise ConfigError(f"{where}: key 'sweep.{k}' is also in 'fixed' (duplicate points)")
     per_gpu = fixed.pop("batch_per_gpu", None)
     if mode == "weak" and (per_gpu is None or "batch" in fixed or "batch" in sweep):
-        raise ConfigError(f"{where}: key 'fixed.batch_per_gpu': weak scaling fixes the per-GPU batch "
-                          f"(and not 'batch', which becomes batch_per_gpu x gpus)")
+        raise ConfigError(
+            f"{where}: key 'fixed.batch_per_gpu': weak scaling fixes the per-GPU batch "
+            f"(and not 'batch', which becomes batch_per_gpu x gpus)"
+        )
     if mode != "weak" and per_gpu is not None:
         raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
     notebook = spec.get("notebook", "notebooks/01_train.ipynb")
@@ -189,13 +220,17 @@ def load(path: Path) -> Study:
         raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
     known, check, nb_name = _notebook_params(notebook, fixed)
     if is_commbench(notebook) and mode == "weak":
-        raise ConfigError(f"{where}: key 'mode': a commbench study has no batch to hold fixed; use strong (a list "
-                          f"of rank counts) or sweep (a grid of 03_commbench parameters at each count)")
+        raise ConfigError(
+            f"{where}: key 'mode': a commbench study has no batch to hold fixed; use strong (a list "
+            f"of rank counts) or sweep (a grid of 03_commbench parameters at each count)"
+        )
     for k in (*fixed, *sweep):
         if k not in known:
             close = difflib.get_close_matches(str(k), known, n=1)
-            raise ConfigError(f"{where}: key 'fixed/sweep.{k}': not a parameter of {nb_name}"
-                              + (f"; did you mean '{close[0]}'?" if close else ""))
+            raise ConfigError(
+                f"{where}: key 'fixed/sweep.{k}': not a parameter of {nb_name}"
+                + (f"; did you mean '{close[0]}'?" if close else "")
+            )
         if k in ("gpus", "run_id", "label", "launcher"):
             raise ConfigError(f"{where}: key '{k}' is set by the study itself; remove it")
     cluster = load_cluster(str(spec.get("cluster", "local")))
@@ -204,8 +239,10 @@ def load(path: Path) -> Study:
     if not isinstance(rpn_list, list) or not rpn_list or not all(isinstance(x, int) and x >= 1 for x in rpn_list):
         raise ConfigError(f"{where}: key 'ranks_per_node' must be a non-empty list of integers >= 1, got {rpn_list!r}")
     if per_node and max(rpn_list) > per_node:
-        raise ConfigError(f"{where}: key 'ranks_per_node': {max(rpn_list)} exceeds the {per_node} per node of cluster "
-                          f"'{cluster['name']}'")
+        raise ConfigError(
+            f"{where}: key 'ranks_per_node': {max(rpn_list)} exceeds the {per_node} per node of cluster "
+            f"'{cluster['name']}'"
+        )
 
     combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
     shapes = _shapes(where, gpus, rpn_list, cluster, per_node)
@@ -226,8 +263,10 @@ def one_line(where: str, key: str, value) -> None:
     a newline would make the rest of the value a command of its own."""
     bad = [c for c in str(value) if ord(c) < 32 or ord(c) == 127]
     if bad:
-        raise ConfigError(f"{where}: key '{key}': {str(value)!r} holds a control character ({bad[0]!r}); values that "
-                          f"reach a command line must be one line of printable text")
+        raise ConfigError(
+            f"{where}: key '{key}': {str(value)!r} holds a control character ({bad[0]!r}); values that "
+            f"reach a command line must be one line of printable text"
+        )
 
 
 def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int) -> list[tuple[int, int, int]]:
@@ -240,18 +279,24 @@ def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int
             try:
                 nodes, tasks = geometry(n, rpn)
             except ConfigError as e:
-                raise ConfigError(f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node"
-                                  f"{'' if len(rpn_list) == 1 else f'; ranks_per_node {rpn}'})") from None
+                raise ConfigError(
+                    f"{where}: key 'gpus': {e} (cluster '{cluster['name']}' has {per_node} per node"
+                    f"{'' if len(rpn_list) == 1 else f'; ranks_per_node {rpn}'})"
+                ) from None
             if cluster["max_nodes"] and nodes > cluster["max_nodes"]:
                 if len(rpn_list) > 1:  # a nodes x ranks-per-node grid: the shapes that fit are run
                     continue
-                raise ConfigError(f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
-                                  f"has {cluster['max_nodes']} (max_nodes)")
+                raise ConfigError(
+                    f"{where}: key 'gpus': {n} needs {nodes} nodes but cluster '{cluster['name']}' "
+                    f"has {cluster['max_nodes']} (max_nodes)"
+                )
             if (n, nodes, tasks) not in shapes:  # n <= rpn: one node whatever rpn is; run that shape once
                 shapes.append((n, nodes, tasks))
         if not any(sh[0] == n for sh in shapes):
-            raise ConfigError(f"{where}: key 'gpus': {n} fits no ranks_per_node of {rpn_list} on cluster "
-                              f"'{cluster['name']}' ({cluster['max_nodes']} nodes, max_nodes)")
+            raise ConfigError(
+                f"{where}: key 'gpus': {n} fits no ranks_per_node of {rpn_list} on cluster "
+                f"'{cluster['name']}' ({cluster['max_nodes']} nodes, max_nodes)"
+            )
     return shapes
 
 
@@ -297,7 +342,6 @@ def write_point(study: Study, p: Point) -> Path:
     return path
 
 
-
 def cluster_options(cluster: dict) -> list[str]:
     """The sbatch options every job on this cluster gets from its profile."""
     opts = [f"--partition={cluster['partition']}"] if cluster["partition"] else []
@@ -310,16 +354,20 @@ def account_warning(cluster: dict) -> str | None:
     """Most production clusters refuse jobs without an account; say so before sbatch does, less cryptically."""
     if cluster["account"] or cluster["name"] == "local":
         return None
-    return (f"warning: cluster profile '{cluster['name']}' has no account; most clusters refuse jobs without one. "
-            f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id).")
+    return (
+        f"warning: cluster profile '{cluster['name']}' has no account; most clusters refuse jobs without one. "
+        f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id)."
+    )
 
 
 def require_sbatch(what: str) -> None:
     """A one-line refusal where Slurm's sbatch is not on PATH (a laptop, a container without Slurm), after the
     line was printed: the submitters print it first, so it can be run where Slurm is."""
     if shutil.which("sbatch") is None:
-        raise ConfigError(f"Slurm's sbatch is not on PATH here, so {what} was not submitted: run the line above on "
-                          f"a login node of the cluster (--dry-run only prints it)")
+        raise ConfigError(
+            f"Slurm's sbatch is not on PATH here, so {what} was not submitted: run the line above on "
+            f"a login node of the cluster (--dry-run only prints it)"
+        )
 
 
 def run_sbatch(cmd: list[str], what: str) -> str:
@@ -334,16 +382,26 @@ def run_sbatch(cmd: list[str], what: str) -> str:
 def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: Path) -> list[str]:
     c = study.cluster
     logs = results_root() / "logs"
-    cmd = ["sbatch", "--parsable", f"--array=0-{count - 1}" + ("%1" if study.serial else ""),
-           f"--job-name={study.name}",
-           f"--nodes={nodes}", f"--ntasks-per-node={tasks}",
-           f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
-           f"--cpus-per-task={c['cpus_per_task']}", f"--time={c['time']}", f"--output={logs}/{study.name}-%A_%a.out"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--array=0-{count - 1}" + ("%1" if study.serial else ""),
+        f"--job-name={study.name}",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={tasks}",
+        f"--gpus-per-node={tasks if c['gpus_per_node'] else 0}",
+        f"--cpus-per-task={c['cpus_per_task']}",
+        f"--time={c['time']}",
+        f"--output={logs}/{study.name}-%A_%a.out",
+    ]
     cmd += cluster_options(c) + (["--dependency=singleton"] if study.serial else [])
-    env = {"LAB_STUDY_ID": study.name, "LAB_ARRAY_PARAMS": str(list_file),
-           "LAB_STUDY_REPEATS": str(1 + max((p.repeat for p in study.points), default=0)),
-           **{k: str(v) for k, v in c["env"].items()},
-           **(study.env or {})}
+    env = {
+        "LAB_STUDY_ID": study.name,
+        "LAB_ARRAY_PARAMS": str(list_file),
+        "LAB_STUDY_REPEATS": str(1 + max((p.repeat for p in study.points), default=0)),
+        **{k: str(v) for k, v in c["env"].items()},
+        **(study.env or {}),
+    }
     if c["container"]:
         env["LAB_CONTAINER"] = c["container"]
     if c["nccl_ifname"]:
@@ -388,13 +446,23 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         lines = [str(write_point(study, p)) for p in pts]
         files.atomic_write_text(list_file, "\n".join(lines) + "\n")
         if dry_run:
-            print(f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
-                  f"from {PROJECT_ROOT}", file=out)
+            print(
+                f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
+                f"from {PROJECT_ROOT}",
+                file=out,
+            )
             continue
         job = run_sbatch(cmd, f"the array for {nodes}x{tasks}")
         print(f"  submitted job array {job}", file=out, flush=True)
-        subs.append({"array_job_id": job, "nodes": nodes, "tasks_per_node": tasks,
-                     "points": [p.index for p in pts], "list_file": str(list_file)})
+        subs.append(
+            {
+                "array_job_id": job,
+                "nodes": nodes,
+                "tasks_per_node": tasks,
+                "points": [p.index for p in pts],
+                "list_file": str(list_file),
+            }
+        )
     if subs:
         log = state / "submissions.json"
         history = json.loads(log.read_text()) if log.exists() else []
@@ -422,9 +490,12 @@ def _log_reason(log: Path) -> str:
     # the lab's own one-line errors come first
     ours = [ln for ln in lines if ln.startswith("error: ") and not any(g in ln for g in GENERIC)]
     if ours:
-        return ours[-1][len("error: "):][:300]
-    exc = [ln for ln in lines if re.search(r"\b\w+(Error|Exception|Terminated): ", ln)
-           and not any(g in ln for g in GENERIC + NOISE)]
+        return ours[-1][len("error: ") :][:300]
+    exc = [
+        ln
+        for ln in lines
+        if re.search(r"\b\w+(Error|Exception|Terminated): ", ln) and not any(g in ln for g in GENERIC + NOISE)
+    ]
     if exc:
         return re.sub(r"^\[rank\d+\]:\s*", "", exc[-1])[:300]
     for ln in reversed(lines):
@@ -434,8 +505,11 @@ def _log_reason(log: Path) -> str:
 
 
 def status(study: Study) -> list[dict]:
-    subs = json.loads((study.state_dir / "submissions.json").read_text()) \
-        if (study.state_dir / "submissions.json").exists() else []
+    subs = (
+        json.loads((study.state_dir / "submissions.json").read_text())
+        if (study.state_dir / "submissions.json").exists()
+        else []
+    )
     last: dict[int, tuple[dict, int]] = {}
     for s in subs:
         for task, idx in enumerate(s["points"]):
@@ -463,9 +537,18 @@ def status(study: Study) -> list[dict]:
             reason = _log_reason(results_root() / "logs" / f"{study.name}-{job}.out")
         else:
             state, reason = "missing", "never submitted"
-        rows.append({"point": p.index, "gpus": p.gpus, "repeat": p.repeat, "run_id": p.run_id, "job": job or "",
-                     "state": state, "reason": reason,
-                     "params": {k: v for k, v in p.params.items() if k not in ("run_id", "label", "results_dir")}})
+        rows.append(
+            {
+                "point": p.index,
+                "gpus": p.gpus,
+                "repeat": p.repeat,
+                "run_id": p.run_id,
+                "job": job or "",
+                "state": state,
+                "reason": reason,
+                "params": {k: v for k, v in p.params.items() if k not in ("run_id", "label", "results_dir")},
+            }
+        )
     return rows
 
 
@@ -473,10 +556,14 @@ def print_status(rows: list[dict], out=sys.stdout) -> None:
     counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "running", "failed", "missing")}
     print(" ".join(f"{k} {v}" for k, v in counts.items()), file=out)
     for r in rows:
-        extra = " ".join(f"{k}={v}" for k, v in r["params"].items() if k in ("batch", "precision", "bucket_cap_mb",
-                                                                                  "pipeline", "seed"))
-        print(f"p{r['point']:03d} gpus={r['gpus']:<3} {extra:<40} {r['state']:<8} {r['job']:<10} {r['reason']}",
-              file=out)
+        extra = " ".join(
+            f"{k}={v}"
+            for k, v in r["params"].items()
+            if k in ("batch", "precision", "bucket_cap_mb", "pipeline", "seed")
+        )
+        print(
+            f"p{r['point']:03d} gpus={r['gpus']:<3} {extra:<40} {r['state']:<8} {r['job']:<10} {r['reason']}", file=out
+        )
 
 
 def set_aside(study: Study, indices: list[int], out=sys.stdout) -> None:
@@ -500,8 +587,10 @@ def chosen_points(study: Study, text: str) -> list[int]:
         raise ConfigError(f"--points: {text!r} must be point indices separated by commas, e.g. 3,7") from None
     bad = [i for i in picked if not 0 <= i < len(study.points)]
     if bad or not picked:
-        raise ConfigError(f"--points: study {study.name} has points 0..{len(study.points) - 1}, not "
-                          f"{', '.join(map(str, bad)) or text!r}")
+        raise ConfigError(
+            f"--points: study {study.name} has points 0..{len(study.points) - 1}, not "
+            f"{', '.join(map(str, bad)) or text!r}"
+        )
     return picked
 
 
@@ -509,15 +598,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lab study", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["submit", "status", "resubmit", "points"])
     ap.add_argument("study", type=Path)
-    ap.add_argument("--dry-run", action="store_true", help="print the sbatch commands and write the parameter files "
-                                                           "they name; submit nothing")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the sbatch commands and write the parameter files they name; submit nothing",
+    )
     ap.add_argument("--json", action="store_true", help="status as JSON")
     ap.add_argument("--point", type=int, help="points: print this point's parameter file (YAML for papermill -f)")
-    ap.add_argument("--points", default="",
-                    help="resubmit: these points (comma-separated indices, e.g. 3,7) whatever their state, such as "
-                         "points the analysis set aside; default: the failed and missing ones")
-    ap.add_argument("--write", action="store_true",
-                    help="points: write every point's parameter file to results/studies/<study>/points/")
+    ap.add_argument(
+        "--points",
+        default="",
+        help="resubmit: these points (comma-separated indices, e.g. 3,7) whatever their state, such as "
+        "points the analysis set aside; default: the failed and missing ones",
+    )
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="points: write every point's parameter file to results/studies/<study>/points/",
+    )
     a = ap.parse_args(argv)
 
     def body() -> int:
@@ -526,8 +624,9 @@ def main(argv=None) -> int:
             if a.point is not None:
                 match = [p for p in study.points if p.index == a.point]
                 if not match:
-                    raise ConfigError(f"--point: study {study.name} has points 0..{len(study.points) - 1}, "
-                                      f"not {a.point}")
+                    raise ConfigError(
+                        f"--point: study {study.name} has points 0..{len(study.points) - 1}, not {a.point}"
+                    )
                 print(point_yaml(match[0]), end="")
                 return 0
             for p in study.points:
@@ -539,8 +638,11 @@ def main(argv=None) -> int:
             rows = status(study)
             print(json.dumps(rows, indent=2)) if a.json else print_status(rows)
         else:
-            todo = (chosen_points(study, a.points) if a.points else
-                    [r["point"] for r in status(study) if r["state"] in ("failed", "missing")])
+            todo = (
+                chosen_points(study, a.points)
+                if a.points
+                else [r["point"] for r in status(study) if r["state"] in ("failed", "missing")]
+            )
             print(f"resubmitting {len(todo)} point(s): {', '.join(map(str, todo)) or 'none'}")
             if a.points and not a.dry_run:
                 set_aside(study, todo)

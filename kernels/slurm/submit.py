@@ -14,6 +14,7 @@ nodes use --gpus-per-node 0 --ranks-per-node N (N ranks per node, no GPU request
 limit and extra sbatch options from clusters/<name>.yaml; options given here win.
 Remaining arguments go to papermill.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,18 @@ from kernels.launch.launchers import sbatch_geometry_args
 SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
 
 
-def sbatch_command(notebook: str, gpus: int, gpus_per_node: int, ranks_per_node: int = 0,
-                   partition: str = "", account: str = "", time: str = "", extra: list[str] | None = None,
-                   papermill_args: list[str] | None = None, qos: str = "") -> list[str]:
+def sbatch_command(
+    notebook: str,
+    gpus: int,
+    gpus_per_node: int,
+    ranks_per_node: int = 0,
+    partition: str = "",
+    account: str = "",
+    time: str = "",
+    extra: list[str] | None = None,
+    papermill_args: list[str] | None = None,
+    qos: str = "",
+) -> list[str]:
     papermill_args = list(papermill_args or [])
     for i, a in enumerate(papermill_args[:-1]):
         if a in ("-p", "--parameters") and papermill_args[i + 1] == "gpus":
@@ -63,8 +73,10 @@ def _options(args) -> dict:
     given = {k: getattr(args, k) for k in ("gpus_per_node", "ranks_per_node", "partition", "account", "qos", "time")}
     o = {k: v if v is not None else prof.get(k, 0 if k.endswith("per_node") else "") for k, v in given.items()}
     if args.gpus_per_node is None and not args.cluster:
-        raise ConfigError("--gpus-per-node: give the GPUs per node of the target partition (0 for CPU nodes), "
-                          "or --cluster NAME to take it from clusters/NAME.yaml")
+        raise ConfigError(
+            "--gpus-per-node: give the GPUs per node of the target partition (0 for CPU nodes), "
+            "or --cluster NAME to take it from clusters/NAME.yaml"
+        )
     o["extra"] = list(prof.get("sbatch_extra", []))
     if prof.get("cpus_per_task"):
         o["extra"].insert(0, f"--cpus-per-task={prof['cpus_per_task']}")
@@ -73,15 +85,21 @@ def _options(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="lab submit", description=__doc__.split("\n")[0],
+        prog="lab submit",
+        description=__doc__.split("\n")[0],
         epilog="Every other argument passes through to the notebook (papermill): -p NAME VALUE sets one of its "
-               "parameters (e.g. -p epochs 5 -p precision bf16), -f FILE a YAML file of them. 'gpus' comes from "
-               "--gpus. Example: lab submit notebooks/01_train.ipynb "
-               "--gpus 8 --gpus-per-node 4 --dry-run -p epochs 5")
+        "parameters (e.g. -p epochs 5 -p precision bf16), -f FILE a YAML file of them. 'gpus' comes from "
+        "--gpus. Example: lab submit notebooks/01_train.ipynb "
+        "--gpus 8 --gpus-per-node 4 --dry-run -p epochs 5",
+    )
     ap.add_argument("notebook")
     ap.add_argument("--gpus", type=int, required=True, help="world size (ranks)")
-    ap.add_argument("--gpus-per-node", type=int, default=None,
-                    help="GPUs per node of the target partition (0: CPU nodes; default: the --cluster profile's)")
+    ap.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="GPUs per node of the target partition (0: CPU nodes; default: the --cluster profile's)",
+    )
     ap.add_argument("--ranks-per-node", type=int, default=None, help="CPU nodes only: ranks per node")
     ap.add_argument("--cluster", default="", help="a profile in clusters/ (or a YAML path) for everything not given")
     ap.add_argument("--partition", default=None)
@@ -97,8 +115,18 @@ def main(argv=None) -> int:
 
     def body() -> int:
         o = _options(args)
-        cmd = sbatch_command(args.notebook, args.gpus, o["gpus_per_node"], o["ranks_per_node"], o["partition"],
-                             o["account"], o["time"], o["extra"] + args.sbatch_arg, papermill_args, qos=o["qos"])
+        cmd = sbatch_command(
+            args.notebook,
+            args.gpus,
+            o["gpus_per_node"],
+            o["ranks_per_node"],
+            o["partition"],
+            o["account"],
+            o["time"],
+            o["extra"] + args.sbatch_arg,
+            papermill_args,
+            qos=o["qos"],
+        )
         print(shlex.join(cmd), flush=True)
         if args.dry_run:
             return 0

@@ -19,6 +19,7 @@ command.txt, stdout.txt, stderr.txt and exit_code.txt there; `collect` tabulates
 them, one row per index, or one per stdout line that `parse` matches, and
 writes the table to results/sweeps/<name>/table.csv.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,16 @@ from kernels.base.files import PROJECT_ROOT
 from kernels.base import files, yamlfile
 from kernels.slurm.study import _check_keys, cluster_options, load_cluster, one_line, results_root, run_sbatch
 
-SWEEP_KEYS = {"name": "sweep id", "cluster": "cluster profile", "command": "command template with {name} fields",
-              "grid": "name -> list of values", "sbatch": "resources: nodes, ntasks_per_node, cpus_per_task, time",
-              "setup": "shell command run once before submitting (e.g. compile the program)",
-              "parse": "regex with named groups applied to each line of a task's stdout (columns of the table)",
-              "env": "environment variables exported to every task"}
+SWEEP_KEYS = {
+    "name": "sweep id",
+    "cluster": "cluster profile",
+    "command": "command template with {name} fields",
+    "grid": "name -> list of values",
+    "sbatch": "resources: nodes, ntasks_per_node, cpus_per_task, time",
+    "setup": "shell command run once before submitting (e.g. compile the program)",
+    "parse": "regex with named groups applied to each line of a task's stdout (columns of the table)",
+    "env": "environment variables exported to every task",
+}
 RESERVED = ("sweep_dir", "project")
 SBATCH_KEYS = {"nodes": "", "ntasks_per_node": "", "cpus_per_task": "", "time": "", "gpus_per_node": ""}
 
@@ -54,8 +60,10 @@ def load(path: Path) -> dict:
     _check_keys(spec.get("sbatch") or {}, SBATCH_KEYS, f"{where}: key 'sbatch'")
     name = str(spec.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
-        raise ConfigError(f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only (it names "
-                          f"the sweep's folder under results/sweeps)")
+        raise ConfigError(
+            f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only (it names "
+            f"the sweep's folder under results/sweeps)"
+        )
     if "command" not in spec:
         raise ConfigError(f"{where}: key 'command' is required")
     spec["command"] = str(spec["command"]).strip()  # a YAML block scalar ends in a newline
@@ -96,15 +104,24 @@ def load(path: Path) -> dict:
     for k, v in env.items():
         one_line(where, f"env.{k}", v)
         if "," in str(v):
-            raise ConfigError(f"{where}: key 'env.{k}': {str(v)!r} holds ',', which would start another variable "
-                              f"in sbatch --export; set it in the command or the cluster's modules instead")
+            raise ConfigError(
+                f"{where}: key 'env.{k}': {str(v)!r} holds ',', which would start another variable "
+                f"in sbatch --export; set it in the command or the cluster's modules instead"
+            )
     combos = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
-    sweep = {"name": name, "cluster": load_cluster(str(spec.get("cluster", "local"))), "combos": combos,
-             "sbatch": spec.get("sbatch") or {}, "path": path, "parse": parse, "env": {str(k): str(v) for k, v in
-                                                                                      env.items()}}
+    sweep = {
+        "name": name,
+        "cluster": load_cluster(str(spec.get("cluster", "local"))),
+        "combos": combos,
+        "sbatch": spec.get("sbatch") or {},
+        "path": path,
+        "parse": parse,
+        "env": {str(k): str(v) for k, v in env.items()},
+    }
     fixed = {"sweep_dir": shlex.quote(str(outdir(sweep).resolve())), "project": shlex.quote(str(PROJECT_ROOT))}
-    sweep["commands"] = [spec["command"].format(**fixed, **{k: shlex.quote(str(v)) for k, v in c.items()})
-                         for c in combos]
+    sweep["commands"] = [
+        spec["command"].format(**fixed, **{k: shlex.quote(str(v)) for k, v in c.items()}) for c in combos
+    ]
     sweep["setup"] = setup.format(**fixed) if setup else ""
     return sweep
 
@@ -115,10 +132,17 @@ def outdir(sweep: dict) -> Path:
 
 def sbatch_command(sweep: dict) -> list[str]:
     c, r, out = sweep["cluster"], sweep["sbatch"], outdir(sweep)
-    cmd = ["sbatch", "--parsable", f"--array=0-{len(sweep['commands']) - 1}", f"--job-name={sweep['name']}",
-           f"--nodes={r.get('nodes', 1)}", f"--ntasks-per-node={r.get('ntasks_per_node', 1)}",
-           f"--cpus-per-task={r.get('cpus_per_task', c['cpus_per_task'])}", f"--time={r.get('time', c['time'])}",
-           f"--output={out}/slurm-%A_%a.out"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--array=0-{len(sweep['commands']) - 1}",
+        f"--job-name={sweep['name']}",
+        f"--nodes={r.get('nodes', 1)}",
+        f"--ntasks-per-node={r.get('ntasks_per_node', 1)}",
+        f"--cpus-per-task={r.get('cpus_per_task', c['cpus_per_task'])}",
+        f"--time={r.get('time', c['time'])}",
+        f"--output={out}/slurm-%A_%a.out",
+    ]
     if r.get("gpus_per_node") is not None:
         cmd.append(f"--gpus-per-node={r['gpus_per_node']}")
     cmd += cluster_options(c)
@@ -142,8 +166,11 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
     out.mkdir(parents=True, exist_ok=True)
     if dry_run:  # the files the line names exist, so it runs when copied (after the setup, if any)
         _write_commands(sweep, out)
-        setup = (f"; its setup has not run: run `{sweep['setup']}` in {out} first, or submit without --dry-run"
-                 if sweep.get("setup") else "")
+        setup = (
+            f"; its setup has not run: run `{sweep['setup']}` in {out} first, or submit without --dry-run"
+            if sweep.get("setup")
+            else ""
+        )
         print(f"wrote {out / 'commands.txt'}: the line runs as printed from {PROJECT_ROOT}{setup}")
         return None
     if sweep.get("setup"):  # (sweeps built in code, such as bigMNIST's build array, have none)
@@ -151,8 +178,10 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
         p = subprocess.run(sweep["setup"], shell=True, cwd=out, capture_output=True, text=True)
         files.atomic_write_text(out / "setup.log", p.stdout + p.stderr)
         if p.returncode != 0:
-            raise ConfigError(f"the sweep's setup failed (exit {p.returncode}), nothing submitted: "
-                              f"{(p.stderr or p.stdout).strip()[-600:]}")
+            raise ConfigError(
+                f"the sweep's setup failed (exit {p.returncode}), nothing submitted: "
+                f"{(p.stderr or p.stdout).strip()[-600:]}"
+            )
     _write_commands(sweep, out)
     job = run_sbatch(cmd, "the sweep")
     print(f"submitted job array {job}")
@@ -167,8 +196,12 @@ def collect(sweep: dict) -> list[dict]:
     for i, combo in enumerate(sweep["combos"]):
         d = out / str(i)
         code = (d / "exit_code.txt").read_text().strip() if (d / "exit_code.txt").exists() else None
-        base = {"index": i, **combo, "exit_code": None if code is None else int(code),
-                "stdout": str(d / "stdout.txt") if (d / "stdout.txt").exists() else None}
+        base = {
+            "index": i,
+            **combo,
+            "exit_code": None if code is None else int(code),
+            "stdout": str(d / "stdout.txt") if (d / "stdout.txt").exists() else None,
+        }
         matched = []
         if rx is not None and base["stdout"]:
             for line in Path(base["stdout"]).read_text(errors="replace").splitlines():
@@ -214,13 +247,17 @@ def main(argv=None) -> int:
             print((outdir(sweep) / "table.csv").read_text(), end="")
             return
         keys = list(sweep["combos"][0])
-        parsed = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in (*keys, "index", "exit_code",
-                                                                                   "stdout")]
+        parsed = [
+            k for k in dict.fromkeys(k for r in rows for k in r) if k not in (*keys, "index", "exit_code", "stdout")
+        ]
         print(" ".join(f"{c:>12}" for c in ["index", *keys, "exit", *parsed]))
         for r in rows:
             state = "not run" if r["exit_code"] is None else str(r["exit_code"])
-            print(" ".join(f"{str(r.get(c, '')):>12}" for c in ["index", *keys]) + f" {state:>12} " +
-                  " ".join(f"{str(r.get(c, '')):>12}" for c in parsed))
+            print(
+                " ".join(f"{str(r.get(c, '')):>12}" for c in ["index", *keys])
+                + f" {state:>12} "
+                + " ".join(f"{str(r.get(c, '')):>12}" for c in parsed)
+            )
         print(f"table: {outdir(sweep) / 'table.csv'}")
 
     return exit_status(body)

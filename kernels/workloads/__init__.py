@@ -5,6 +5,7 @@ WORKLOADS. Your own model needs no change here: `workload=package.module:OBJECT`
 imports OBJECT (a `Workload`) from a module in the current directory or on
 PYTHONPATH (docs/user-guide.md: "Your own model"; examples/mlp_workload.py).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,15 +38,20 @@ def get_workload(name: str) -> Workload:
         except AttributeError:
             raise ConfigError(f"parameter 'workload': {module} has no {attr}") from None
         if not isinstance(wl, Workload):
-            raise ConfigError(f"parameter 'workload': {name} is a {type(wl).__name__}, not a "
-                              "kernels.workloads.Workload")
+            raise ConfigError(
+                f"parameter 'workload': {name} is a {type(wl).__name__}, not a kernels.workloads.Workload"
+            )
         clash = [p.name for p in wl.params if owner_of(p.name) not in (None, wl.name)]
         if clash:
-            raise ConfigError(f"parameter 'workload': {name} declares {', '.join(clash)}, already a parameter of "
-                              f"workload {owner_of(clash[0])}; rename it")
+            raise ConfigError(
+                f"parameter 'workload': {name} declares {', '.join(clash)}, already a parameter of "
+                f"workload {owner_of(clash[0])}; rename it"
+            )
         return wl
-    raise ConfigError(f"parameter 'workload': unknown workload '{name}'; choose one of {', '.join(WORKLOADS)}, "
-                      f"or give module:OBJECT for your own")
+    raise ConfigError(
+        f"parameter 'workload': unknown workload '{name}'; choose one of {', '.join(WORKLOADS)}, "
+        f"or give module:OBJECT for your own"
+    )
 
 
 def registered() -> list[Workload]:
@@ -59,8 +65,11 @@ def reporting_of(wl: Workload):
 
 def record_fields() -> dict[str, dict[str, str]]:
     """Per registered workload with its own summary.json entries, their meanings: {workload title: fields}."""
-    return {wl.title: m.RECORD_FIELDS for wl in registered()
-            if (m := reporting_of(wl)) is not None and hasattr(m, "RECORD_FIELDS")}
+    return {
+        wl.title: m.RECORD_FIELDS
+        for wl in registered()
+        if (m := reporting_of(wl)) is not None and hasattr(m, "RECORD_FIELDS")
+    }
 
 
 def owner_of(param: str) -> str | None:
@@ -71,5 +80,15 @@ def owner_of(param: str) -> str | None:
     return None
 
 
-__all__ = ["DataInfo", "Metric", "Recipe", "Workload", "WORKLOADS", "get_workload", "owner_of", "record_fields",
-           "registered", "reporting_of"]
+__all__ = [
+    "DataInfo",
+    "Metric",
+    "Recipe",
+    "Workload",
+    "WORKLOADS",
+    "get_workload",
+    "owner_of",
+    "record_fields",
+    "registered",
+    "reporting_of",
+]

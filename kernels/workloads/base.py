@@ -30,6 +30,7 @@ A workload is one `Workload` value. It owns:
 kernels/ddp_core.py calls only these; it never branches on a workload or data set
 name. docs/user-guide.md ("Your own model") shows a complete workload in a few dozen lines.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,10 +40,11 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class Metric:
     """One metric: `name` for a scalar, or one value per label (columns <split>_<name>_<label>)."""
+
     name: str
     labels: tuple[str, ...] = ()
     higher_is_better: bool = True
-    root: bool = False   # the value is sqrt(numerator / denominator) (an RMSE from sums of squares)
+    root: bool = False  # the value is sqrt(numerator / denominator) (an RMSE from sums of squares)
 
     @property
     def size(self) -> int:
@@ -57,15 +59,17 @@ class Metric:
 @dataclass(frozen=True)
 class DataInfo:
     """What the model builder needs to know about the data."""
-    input_shape: tuple[int, ...]     # one sample's shape
-    num_classes: int = 0             # classification: number of classes (0 otherwise)
+
+    input_shape: tuple[int, ...]  # one sample's shape
+    num_classes: int = 0  # classification: number of classes (0 otherwise)
     extra: dict = field(default_factory=dict)
 
 
 @dataclass
 class Recipe:
     """The optimizer and its schedule. `schedule_unit`: 'step' or 'epoch' (when scheduler.step() is called)."""
-    optimizer: Any                  # a torch.optim.Optimizer (torch is imported where models are built)
+
+    optimizer: Any  # a torch.optim.Optimizer (torch is imported where models are built)
     scheduler: Any
     schedule_unit: str = "step"
     clip_grad_norm: float | None = None
@@ -82,25 +86,25 @@ def default_forward(model, x, y, step: int, train: bool):
 @dataclass(frozen=True)
 class Workload:
     name: str
-    title: str                              # how the documents name the model, e.g. "ResNet-18 (CIFAR form)"
-    datasets: tuple[str, ...]               # the data sets it takes; the first is its default
-    params: tuple                           # its own Param()s (group = name)
-    defaults: dict                          # defaults of the per-workload common parameters
+    title: str  # how the documents name the model, e.g. "ResNet-18 (CIFAR form)"
+    datasets: tuple[str, ...]  # the data sets it takes; the first is its default
+    params: tuple  # its own Param()s (group = name)
+    defaults: dict  # defaults of the per-workload common parameters
     metrics: tuple[Metric, ...]
-    make_data: Callable                     # (cfg, rank, world, device) -> (train source, eval source, DataInfo)
-    build_model: Callable                   # (cfg, info) -> (nn.Module, variant: str)
-    build_optimizer: Callable               # (cfg, model, steps_per_epoch) -> Recipe
-    loss: Callable                          # (outputs, targets) -> scalar mean loss
-    metric_sums: Callable                   # (outputs, targets) -> {metric: (numerator, denominator)}
-    forward: Callable = default_forward     # (model, x, y, step, train) -> outputs
-    check: Callable | None = None           # (cfg) -> None, raises ConfigError
-    prepare: Callable | None = None         # (cfg) -> None: before launch, once (e.g. generate a synthetic set)
-    report: Callable | None = None          # (model, info) -> {"shared": {...}, "rank": {...}} for the record
-    primary_metric: str = ""                # the metric the documents compare across rank counts
+    make_data: Callable  # (cfg, rank, world, device) -> (train source, eval source, DataInfo)
+    build_model: Callable  # (cfg, info) -> (nn.Module, variant: str)
+    build_optimizer: Callable  # (cfg, model, steps_per_epoch) -> Recipe
+    loss: Callable  # (outputs, targets) -> scalar mean loss
+    metric_sums: Callable  # (outputs, targets) -> {metric: (numerator, denominator)}
+    forward: Callable = default_forward  # (model, x, y, step, train) -> outputs
+    check: Callable | None = None  # (cfg) -> None, raises ConfigError
+    prepare: Callable | None = None  # (cfg) -> None: before launch, once (e.g. generate a synthetic set)
+    report: Callable | None = None  # (model, info) -> {"shared": {...}, "rank": {...}} for the record
+    primary_metric: str = ""  # the metric the documents compare across rank counts
     cpu_channels_last: Callable | None = None  # (values) -> bool: channels_last's default on a CPU (None: off)
-    reporting: str = ""                     # module of its criteria, record fields and paper section (above)
-    static_shapes: bool = True              # every training step has the same shapes and no host-side branch:
-                                            # cuda_graphs defaults on with CUDA and compile
+    reporting: str = ""  # module of its criteria, record fields and paper section (above)
+    static_shapes: bool = True  # every training step has the same shapes and no host-side branch:
+    # cuda_graphs defaults on with CUDA and compile
 
     def __post_init__(self):
         from kernels.base.params import COMMON_BY_NAME, OVERRIDABLE
@@ -112,8 +116,10 @@ class Workload:
             raise TypeError(f"workload {self.name}: no data sets")
         for p in self.params:
             if p.name in COMMON_BY_NAME:
-                raise TypeError(f"workload {self.name}: parameter '{p.name}' is a common parameter; set its "
-                                f"default in `defaults` instead")
+                raise TypeError(
+                    f"workload {self.name}: parameter '{p.name}' is a common parameter; set its "
+                    f"default in `defaults` instead"
+                )
             if p.group != self.name:
                 raise TypeError(f"workload {self.name}: parameter '{p.name}' must have group={self.name!r}")
         self.defaults.setdefault("dataset", self.datasets[0])

@@ -1,4 +1,5 @@
 """Shared pieces of classification workloads: the loss and the accuracy metric."""
+
 from __future__ import annotations
 
 from kernels.workloads.base import Metric

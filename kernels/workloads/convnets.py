@@ -4,6 +4,7 @@ so that reading a workload's parameters (every parameter check, the notebook's r
 ResNet18Cifar: the CIFAR form of ResNet-18 (kernels/workloads/resnet18_cifar.py says which and why).
 MnistCNN: the CNN of the PyTorch MNIST example (kernels/workloads/mnist_cnn.py).
 """
+
 from __future__ import annotations
 
 import torch

@@ -11,6 +11,7 @@ gamma 0.7 after every epoch, batch 64. The images are normalised with each data
 set's mean and standard deviation and not augmented (bigMNIST is augmented when it is built;
 its mean and standard deviation come from its manifest, and it is streamed from its shards).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -24,14 +25,24 @@ if TYPE_CHECKING:  # annotations only: torch is imported where models and data a
     import torch
 
 # per data set: (mean, std) of the training images in [0, 1]
-NORMALISE = {"mnist": ((0.1307,), (0.3081,)), "fashion-mnist": ((0.2860,), (0.3530,)),
-             "digits": ((0.1307,), (0.3081,)), "synthetic": ((0.5,), (0.2887,))}
+NORMALISE = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "digits": ((0.1307,), (0.3081,)),
+    "synthetic": ((0.5,), (0.2887,)),
+}
 
 
 PARAMS = (
     Param("lr_gamma", float, 0.7, "StepLR: the learning rate is multiplied by this after every epoch", group="cnn"),
-    Param("dropout", bool, True, "the example's dropout layers (0.25 and 0.5); false makes runs on different rank "
-                                 "counts comparable step by step", group="cnn"),
+    Param(
+        "dropout",
+        bool,
+        True,
+        "the example's dropout layers (0.25 and 0.5); false makes runs on different rank "
+        "counts comparable step by step",
+        group="cnn",
+    ),
 )
 
 
@@ -47,9 +58,11 @@ def check(cfg) -> None:
             return
         shards = len(manifest["shards"])
         if cfg.gpus > shards:
-            raise ConfigError(f"parameter 'gpus': {cfg.gpus} ranks but the bigMNIST set in {d} has {shards} shards; "
-                              f"every rank streams its own range of at least one shard. Use gpus <= {shards}, or "
-                              f"build the set with smaller --shard-samples")
+            raise ConfigError(
+                f"parameter 'gpus': {cfg.gpus} ranks but the bigMNIST set in {d} has {shards} shards; "
+                f"every rank streams its own range of at least one shard. Use gpus <= {shards}, or "
+                f"build the set with smaller --shard-samples"
+            )
 
 
 def make_data(cfg, rank: int, world: int, device: torch.device):
@@ -58,8 +71,9 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
 
     if cfg.dataset == "bigmnist":
         return _bigmnist_data(cfg, rank, world, device)
-    train, test, classes = load_image_dataset(cfg.dataset, cfg.data_root, samples=cfg.train_samples, size=28,
-                                              channels=1)
+    train, test, classes = load_image_dataset(
+        cfg.dataset, cfg.data_root, samples=cfg.train_samples, size=28, channels=1
+    )
     mean, std = NORMALISE[cfg.dataset]
     src, ev = tensor_sources(cfg, train, test, ImageTransform(mean=mean, std=std), rank, world, device)
     return src, ev, DataInfo(input_shape=tuple(train.x.shape[1:]), num_classes=classes)
@@ -72,16 +86,41 @@ def _bigmnist_data(cfg, rank: int, world: int, device: torch.device):
 
     shards = ShardSet(cfg.data_root)
     if cfg.train_samples:
-        raise ConfigError("parameter 'train_samples': a streamed set is used whole; build a smaller set "
-                          "(lab bigmnist build --replicas/--versions/--source-samples) for a quicker run")
+        raise ConfigError(
+            "parameter 'train_samples': a streamed set is used whole; build a smaller set "
+            "(lab bigmnist build --replicas/--versions/--source-samples) for a quicker run"
+        )
     mean, std = shards.manifest["mean"], shards.manifest["std"]
     transform = ImageTransform(mean=(mean,), std=(std,))
     if cfg.pipeline == "stream":
-        src = StreamSource(shards, transform, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
-                           cfg.cache, cfg.window_mb, cfg.read_mb, cfg.io_threads)
+        src = StreamSource(
+            shards,
+            transform,
+            cfg.batch,
+            rank,
+            world,
+            cfg.seed,
+            device,
+            cfg.channels_last,
+            cfg.cache,
+            cfg.window_mb,
+            cfg.read_mb,
+            cfg.io_threads,
+        )
     else:
-        src = PerSampleSource(shards, mean, std, cfg.batch, rank, world, cfg.seed, device, cfg.channels_last,
-                              cfg.num_workers, cfg.prefetch_factor)
+        src = PerSampleSource(
+            shards,
+            mean,
+            std,
+            cfg.batch,
+            rank,
+            world,
+            cfg.seed,
+            device,
+            cfg.channels_last,
+            cfg.num_workers,
+            cfg.prefetch_factor,
+        )
     test = shards.test_split().head(cfg.test_samples)
     ev = EvalSource(test, transform, cfg.per_rank_eval_batch, rank, world, device, cfg.channels_last)
     return src, ev, DataInfo(input_shape=(1, 28, 28), num_classes=shards.manifest["num_classes"])

@@ -8,6 +8,7 @@ model (7x7 stride-2 stem + max-pool, made for ImageNet) on 32x32 input is a
 different, ~15x cheaper model; it is offered as model_source=torchvision where
 torchvision imports, and the record names the variant either way.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -27,14 +28,26 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
 PARAMS = (
-    Param("width", int, 64, "ResNet base width (64 is the standard model; smaller only for tests and demos)",
-          group="resnet18"),
-    Param("model_source", str, "native", "native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional "
-                                         "dependency)", ("native", "torchvision"), group="resnet18"),
+    Param(
+        "width",
+        int,
+        64,
+        "ResNet base width (64 is the standard model; smaller only for tests and demos)",
+        group="resnet18",
+    ),
+    Param(
+        "model_source",
+        str,
+        "native",
+        "native (kernels/, CIFAR stem) or torchvision (ImageNet stem, optional dependency)",
+        ("native", "torchvision"),
+        group="resnet18",
+    ),
     Param("momentum", float, 0.9, "SGD momentum (nesterov when > 0)", group="resnet18"),
     Param("weight_decay", float, 5e-4, "SGD weight decay", group="resnet18"),
-    Param("lr_warmup_epochs", float, 1.0, "linear LR warm-up length in epochs, then cosine decay to 0",
-          group="resnet18"),
+    Param(
+        "lr_warmup_epochs", float, 1.0, "linear LR warm-up length in epochs, then cosine decay to 0", group="resnet18"
+    ),
 )
 
 
@@ -62,7 +75,8 @@ def check(cfg) -> None:
             f"parameter 'channels_last': on a CPU, ResNet-18 at width {cfg.width} has 1x1 stride-2 convolutions with "
             f"fewer than {CPU_CHANNELS_LAST_MIN_WIDTH} input channels, whose channels_last backward in oneDNN writes "
             f"past its workspace (uxlfoundation/oneDNN#6035: a crash or wrong gradients); use channels_last=false, "
-            f"or width >= {CPU_CHANNELS_LAST_MIN_WIDTH}")
+            f"or width >= {CPU_CHANNELS_LAST_MIN_WIDTH}"
+        )
     if not 0 <= cfg.momentum < 1:
         raise ConfigError(f"parameter 'momentum': must be in [0, 1), got {cfg.momentum}")
     if cfg.lr_warmup_epochs < 0:
@@ -78,7 +92,8 @@ def build_model(cfg, info: DataInfo):
         except Exception as e:  # the CPU wheel here cannot import it at all
             raise ConfigError(
                 f"parameter 'model_source': torchvision is not importable here ({type(e).__name__}: {e}); "
-                f"use model_source=native") from None
+                f"use model_source=native"
+            ) from None
         model = torchvision.models.resnet18(num_classes=info.num_classes)
         return model, "torchvision-resnet18-imagenet-stem"
     from kernels.workloads.convnets import ResNet18Cifar
@@ -88,19 +103,27 @@ def build_model(cfg, info: DataInfo):
 
 def lr_lambda(total_steps: int, warmup_steps: int):
     """Linear warm-up to the peak, then cosine decay to 0, per optimizer step."""
+
     def f(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         span = max(1, total_steps - warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
+
     return f
 
 
 def build_optimizer(cfg, model, steps_per_epoch: int) -> Recipe:
     import torch
 
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
-                          weight_decay=cfg.weight_decay, **fused(model))
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.momentum > 0,
+        weight_decay=cfg.weight_decay,
+        **fused(model),
+    )
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, round(cfg.lr_warmup_epochs * steps_per_epoch)))
     return Recipe(opt, sched, "step")

@@ -5,6 +5,7 @@ profiling targets read what every record holds: the GPU monitor's utilisation, t
 step (the probe, or the trace of a profiled run), the ranks' data wait and the model-FLOP utilisation against the
 device's peak. Its figures and tables are the generic sections' (kernels/report).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -27,8 +28,12 @@ def strong_e8(c: Criterion, t: dict) -> dict:
     p = at8.iloc[0]
     if not p["clean"]:
         return set_aside(c, p)
-    return row(c, MET if p["efficiency"] >= 0.70 else NOT_MET, f"{100 * p['efficiency']:.0f} %",
-               f"{p['series']}, baseline N={int(p['baseline_gpus'])}")
+    return row(
+        c,
+        MET if p["efficiency"] >= 0.70 else NOT_MET,
+        f"{100 * p['efficiency']:.0f} %",
+        f"{p['series']}, baseline N={int(p['baseline_gpus'])}",
+    )
 
 
 def weak_epoch(c: Criterion, t: dict) -> dict:
@@ -42,9 +47,12 @@ def weak_epoch(c: Criterion, t: dict) -> dict:
     growth = 1 / s["efficiency"].astype(float) - 1
     worst = growth.idxmax()
     each = ", ".join(f"N={int(n)} {100 * g:+.0f} %" for n, g in zip(s["gpus"], growth))
-    return row(c, MET if growth.max() <= 0.10 else NOT_MET,
-               f"{100 * growth[worst]:+.0f} % at N={int(s.loc[worst, 'gpus'])}",
-               f"{s['series'].iloc[0]}, baseline N={int(s['baseline_gpus'].iloc[0])}: {each}")
+    return row(
+        c,
+        MET if growth.max() <= 0.10 else NOT_MET,
+        f"{100 * growth[worst]:+.0f} % at N={int(s.loc[worst, 'gpus'])}",
+        f"{s['series'].iloc[0]}, baseline N={int(s['baseline_gpus'].iloc[0])}: {each}",
+    )
 
 
 def optim_one(c: Criterion, t: dict) -> dict:
@@ -53,8 +61,12 @@ def optim_one(c: Criterion, t: dict) -> dict:
         return row(c, NOT_MEASURED)
     best = gains.groupby("factor")["speedup"].max().sort_values(ascending=False)
     listed = ", ".join(f"{k} {100 * (v - 1):+.0f} %" for k, v in best.items())
-    return row(c, MET if best.iloc[0] >= 1.20 else NOT_MET, f"{100 * (best.iloc[0] - 1):+.0f} % ({best.index[0]})",
-               "each: " + listed)
+    return row(
+        c,
+        MET if best.iloc[0] >= 1.20 else NOT_MET,
+        f"{100 * (best.iloc[0] - 1):+.0f} % ({best.index[0]})",
+        "each: " + listed,
+    )
 
 
 def optim_all(c: Criterion, t: dict) -> dict:
@@ -62,8 +74,12 @@ def optim_all(c: Criterion, t: dict) -> dict:
     if together.empty:
         return row(c, NOT_MEASURED)
     best = together.loc[together["speedup"].idxmax()]
-    return row(c, MET if best["speedup"] >= 1.20 else NOT_MET, f"{100 * (best['speedup'] - 1):+.0f} %",
-               f"{best['after']} over all off, N={int(best['gpus'])}, B={int(best['batch'])}")
+    return row(
+        c,
+        MET if best["speedup"] >= 1.20 else NOT_MET,
+        f"{100 * (best['speedup'] - 1):+.0f} %",
+        f"{best['after']} over all off, N={int(best['gpus'])}, B={int(best['batch'])}",
+    )
 
 
 def accuracy(c: Criterion, t: dict) -> dict:
@@ -74,13 +90,18 @@ def accuracy(c: Criterion, t: dict) -> dict:
     if not s["clean"].all():
         return set_aside(c, s[~s["clean"]].iloc[0])
     worst = s.loc[s["acc_gap_points"].abs().idxmax()]
-    return row(c, MET if abs(worst["acc_gap_points"]) <= 2.0 else NOT_MET,
-               f"{worst['acc_gap_points']:+.2f} points at N={int(worst['gpus'])}", str(worst["series"]))
+    return row(
+        c,
+        MET if abs(worst["acc_gap_points"]) <= 2.0 else NOT_MET,
+        f"{worst['acc_gap_points']:+.2f} points at N={int(worst['gpus'])}",
+        str(worst["series"]),
+    )
 
 
 def profiled(column: str, percent: float, good, gpu_only: bool):
     """A judge of one profiling target: the median of `column` over this workload's quiet records at their largest
     rank count (records on a GPU only when gpu_only); `percent` turns the column into percent."""
+
     def judge(c: Criterion, t: dict) -> dict:
         r = t["runs"]
         if r.empty or column not in r:
@@ -93,39 +114,110 @@ def profiled(column: str, percent: float, good, gpu_only: bool):
         top = r[r["gpus"] == r["gpus"].max()]
         value = percent * float(pd.to_numeric(top[column]).median())
         devices = ", ".join(sorted(set(top["device"].astype(str))))
-        return row(c, MET if good(value) else NOT_MET, f"{value:.1f} % at N={int(top['gpus'].iloc[0])}",
-                   f"median of {len(top)} record(s) on {devices}")
+        return row(
+            c,
+            MET if good(value) else NOT_MET,
+            f"{value:.1f} % at N={int(top['gpus'].iloc[0])}",
+            f"median of {len(top)} record(s) on {devices}",
+        )
+
     return judge
 
 
 CRITERIA = (
-    Criterion("strong_e8", "Strong scaling, $E_s(8)$", PLAN, 338,
-              "strong-scaling efficiency at 8 GPUs, E_s(8) = T_1 / (8 T_8), fixed global batch", ">= 70 %", STRONG,
-              strong_e8),
-    Criterion("weak_epoch", "Weak scaling, epoch time", PLAN, 339,
-              "weak scaling, fixed batch per GPU: growth of the time per epoch of the same per-GPU work at every N "
-              "against 1 GPU, T_N / T_1 - 1", "<= 10 % at every N", WEAK, weak_epoch),
-    Criterion("optim_one", "One optimisation", PLAN, 174,
-              "throughput gain of the best single optimisation (AMP, bucket size, input pipeline, channels-last, "
-              "compile) over its baseline at equal settings; each one's gain listed", ">= 20 %", SENSITIVITY,
-              optim_one),
-    Criterion("optim_all", "Before/after", PLAN, 341,
-              "throughput gain of the optimisations together: best measured configuration over the one with every "
-              "optimisation off, at equal ranks and batch", ">= 20 %", SENSITIVITY, optim_all),
-    Criterion("accuracy", "Accuracy, $N$ vs 1 GPU", PLAN, 103,
-              "final accuracy at N ranks against 1 rank, largest gap over the main strong series (the plan asks "
-              "for similar convergence; the lab reads that as within 2 points)", "within 2 points", STRONG, accuracy,
-              lab_threshold=True),
-    Criterion("gpu_util", "GPU utilisation", PLAN, 344,
-              "mean GPU utilisation of the GPU monitor (nvidia-smi's counter) over the run", "> 80 %", ON_GPUS,
-              profiled("gpu_util_mean_pct", 1.0, lambda v: v > 80, gpu_only=True)),
-    Criterion("comm_share", "Communication share", PLAN, 345,
-              "share of the step time spent in communication not hidden by compute (the probe, or a profiled run's "
-              "trace)", "< 20 %", STRONG, profiled("comm_frac", 100.0, lambda v: v < 20, gpu_only=False)),
-    Criterion("loader_idle", "Data wait", PLAN, 346,
-              "share of the step time the ranks wait for their next batch (the step timers)", "< 5 %", STRONG,
-              profiled("data_wait_frac", 100.0, lambda v: v < 5, gpu_only=False)),
-    Criterion("mfu", "Model FLOP utilisation", PLAN, 347,
-              "model FLOPs per second over the GPU's peak at the run's precision", "> 50 %", ON_GPUS,
-              profiled("mfu", 100.0, lambda v: v > 50, gpu_only=True)),
+    Criterion(
+        "strong_e8",
+        "Strong scaling, $E_s(8)$",
+        PLAN,
+        338,
+        "strong-scaling efficiency at 8 GPUs, E_s(8) = T_1 / (8 T_8), fixed global batch",
+        ">= 70 %",
+        STRONG,
+        strong_e8,
+    ),
+    Criterion(
+        "weak_epoch",
+        "Weak scaling, epoch time",
+        PLAN,
+        339,
+        "weak scaling, fixed batch per GPU: growth of the time per epoch of the same per-GPU work at every N "
+        "against 1 GPU, T_N / T_1 - 1",
+        "<= 10 % at every N",
+        WEAK,
+        weak_epoch,
+    ),
+    Criterion(
+        "optim_one",
+        "One optimisation",
+        PLAN,
+        174,
+        "throughput gain of the best single optimisation (AMP, bucket size, input pipeline, channels-last, "
+        "compile) over its baseline at equal settings; each one's gain listed",
+        ">= 20 %",
+        SENSITIVITY,
+        optim_one,
+    ),
+    Criterion(
+        "optim_all",
+        "Before/after",
+        PLAN,
+        341,
+        "throughput gain of the optimisations together: best measured configuration over the one with every "
+        "optimisation off, at equal ranks and batch",
+        ">= 20 %",
+        SENSITIVITY,
+        optim_all,
+    ),
+    Criterion(
+        "accuracy",
+        "Accuracy, $N$ vs 1 GPU",
+        PLAN,
+        103,
+        "final accuracy at N ranks against 1 rank, largest gap over the main strong series (the plan asks "
+        "for similar convergence; the lab reads that as within 2 points)",
+        "within 2 points",
+        STRONG,
+        accuracy,
+        lab_threshold=True,
+    ),
+    Criterion(
+        "gpu_util",
+        "GPU utilisation",
+        PLAN,
+        344,
+        "mean GPU utilisation of the GPU monitor (nvidia-smi's counter) over the run",
+        "> 80 %",
+        ON_GPUS,
+        profiled("gpu_util_mean_pct", 1.0, lambda v: v > 80, gpu_only=True),
+    ),
+    Criterion(
+        "comm_share",
+        "Communication share",
+        PLAN,
+        345,
+        "share of the step time spent in communication not hidden by compute (the probe, or a profiled run's trace)",
+        "< 20 %",
+        STRONG,
+        profiled("comm_frac", 100.0, lambda v: v < 20, gpu_only=False),
+    ),
+    Criterion(
+        "loader_idle",
+        "Data wait",
+        PLAN,
+        346,
+        "share of the step time the ranks wait for their next batch (the step timers)",
+        "< 5 %",
+        STRONG,
+        profiled("data_wait_frac", 100.0, lambda v: v < 5, gpu_only=False),
+    ),
+    Criterion(
+        "mfu",
+        "Model FLOP utilisation",
+        PLAN,
+        347,
+        "model FLOPs per second over the GPU's peak at the run's precision",
+        "> 50 %",
+        ON_GPUS,
+        profiled("mfu", 100.0, lambda v: v > 50, gpu_only=True),
+    ),
 )

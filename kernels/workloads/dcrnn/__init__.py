@@ -17,6 +17,7 @@ graph.py). The loss of a rank covers its own nodes, scaled so that the gradients
 over all ranks are those of the unpartitioned model: the weights are shared and all-reduced
 as in data parallelism.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -46,30 +47,75 @@ PARAMS = (
     Param("max_diffusion_step", int, 2, "K: diffusion steps per support (0: no graph convolution)", group="dcrnn"),
     Param("seq_len", int, 12, "input steps (1..12; the windows hold the 12 steps before the forecast)", group="dcrnn"),
     Param("horizon", int, 12, "forecast steps (1..12; metrics at 3, 6, 12 steps where they exist)", group="dcrnn"),
-    Param("cl_decay_steps", int, 2000, "scheduled sampling: probability k / (k + exp(step / k)) of feeding the true "
-                                       "value to the decoder", group="dcrnn"),
-    Param("use_curriculum_learning", bool, True, "scheduled sampling while training (false: always the model's "
-                                                 "own predictions)", group="dcrnn"),
-    Param("diffusion_form", str, "original", "original (the released code's recursion, x0 and x1 carried over "
-                                             "between supports: every published accuracy's arithmetic) or paper "
-                                             "(the paper's equation: plain powers S^k x0 per support)",
-          ("original", "paper"), group="dcrnn"),
-    Param("supports", str, "auto", "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
-                                   "rank and, on a CPU, at least 10 % non-zero)",
-          ("auto", "dense", "sparse"), group="dcrnn"),
-    Param("gp", int, 1, "graph-parallel group size: the sensor graph is split over gp ranks (gpus is dp x gp); "
-                        "0: all ranks (pure graph parallel)", group="dcrnn"),
-    Param("partition", str, "metis", "graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs "
-                                     "(breadth-first order cut into equal runs)", ("metis", "bfs"), group="dcrnn"),
-    Param("lr_milestones", str, "20,30,40,50", "epochs after which the learning rate is multiplied by lr_decay",
-          group="dcrnn"),
+    Param(
+        "cl_decay_steps",
+        int,
+        2000,
+        "scheduled sampling: probability k / (k + exp(step / k)) of feeding the true value to the decoder",
+        group="dcrnn",
+    ),
+    Param(
+        "use_curriculum_learning",
+        bool,
+        True,
+        "scheduled sampling while training (false: always the model's own predictions)",
+        group="dcrnn",
+    ),
+    Param(
+        "diffusion_form",
+        str,
+        "original",
+        "original (the released code's recursion, x0 and x1 carried over "
+        "between supports: every published accuracy's arithmetic) or paper "
+        "(the paper's equation: plain powers S^k x0 per support)",
+        ("original", "paper"),
+        group="dcrnn",
+    ),
+    Param(
+        "supports",
+        str,
+        "auto",
+        "diffusion matrices dense, sparse, or auto (dense when at most 4M entries per "
+        "rank and, on a CPU, at least 10 % non-zero)",
+        ("auto", "dense", "sparse"),
+        group="dcrnn",
+    ),
+    Param(
+        "gp",
+        int,
+        1,
+        "graph-parallel group size: the sensor graph is split over gp ranks (gpus is dp x gp); "
+        "0: all ranks (pure graph parallel)",
+        group="dcrnn",
+    ),
+    Param(
+        "partition",
+        str,
+        "metis",
+        "graph partitioner for gp > 1: metis (pymetis; bfs if missing) or bfs "
+        "(breadth-first order cut into equal runs)",
+        ("metis", "bfs"),
+        group="dcrnn",
+    ),
+    Param(
+        "lr_milestones",
+        str,
+        "20,30,40,50",
+        "epochs after which the learning rate is multiplied by lr_decay",
+        group="dcrnn",
+    ),
     Param("lr_decay", float, 0.1, "learning-rate factor at each milestone", group="dcrnn"),
     Param("max_grad_norm", float, 5.0, "gradient clipping norm", group="dcrnn"),
     Param("adam_eps", float, 1e-3, "Adam epsilon", group="dcrnn"),
-    Param("synthetic_shape", str, "metr-la", "shape of the synthetic traffic set: metr-la (34,272 x 207), pems-bay "
-                                             "(52,116 x 325) or large (8,064 x 11,160, PeMS-like)",
-                                             ("metr-la", "pems-bay", "large"),
-          group="dcrnn"),
+    Param(
+        "synthetic_shape",
+        str,
+        "metr-la",
+        "shape of the synthetic traffic set: metr-la (34,272 x 207), pems-bay "
+        "(52,116 x 325) or large (8,064 x 11,160, PeMS-like)",
+        ("metr-la", "pems-bay", "large"),
+        group="dcrnn",
+    ),
 )
 
 
@@ -77,8 +123,10 @@ def _milestones(cfg) -> list[int]:
     try:
         ms = [int(t) for t in cfg.lr_milestones.replace(" ", "").split(",") if t]
     except ValueError:
-        raise ConfigError(f"parameter 'lr_milestones': {cfg.lr_milestones!r} is not a comma-separated list of "
-                          f"epochs, e.g. 20,30,40,50") from None
+        raise ConfigError(
+            f"parameter 'lr_milestones': {cfg.lr_milestones!r} is not a comma-separated list of "
+            f"epochs, e.g. 20,30,40,50"
+        ) from None
     if any(m < 1 for m in ms) or ms != sorted(ms):
         raise ConfigError(f"parameter 'lr_milestones': epochs must be >= 1 and increasing, got {cfg.lr_milestones!r}")
     return ms
@@ -98,8 +146,10 @@ def check(cfg) -> None:
     for name, hi in (("seq_len", SEQ_LEN), ("horizon", HORIZON)):
         v = getattr(cfg, name)
         if not 1 <= v <= hi:
-            raise ConfigError(f"parameter '{name}': must be in 1..{hi} (the windows hold {SEQ_LEN} input and "
-                              f"{HORIZON} target steps, as the original data preparation), got {v}")
+            raise ConfigError(
+                f"parameter '{name}': must be in 1..{hi} (the windows hold {SEQ_LEN} input and "
+                f"{HORIZON} target steps, as the original data preparation), got {v}"
+            )
     for name in ("rnn_units", "num_rnn_layers", "cl_decay_steps"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"parameter '{name}': must be >= 1, got {getattr(cfg, name)}")
@@ -107,24 +157,30 @@ def check(cfg) -> None:
         raise ConfigError(f"parameter 'max_diffusion_step': must be >= 0, got {cfg.max_diffusion_step}")
     gp = group_size(cfg)
     if gp < 1 or cfg.gpus % gp:
-        raise ConfigError(f"parameter 'gp': {cfg.gp} does not divide gpus={cfg.gpus}; the ranks form a grid "
-                          f"gpus = dp x gp (e.g. gpus={gp * max(1, cfg.gpus // max(gp, 1))} gp={cfg.gp}), or gp=0 "
-                          f"puts all ranks in one group")
+        raise ConfigError(
+            f"parameter 'gp': {cfg.gp} does not divide gpus={cfg.gpus}; the ranks form a grid "
+            f"gpus = dp x gp (e.g. gpus={gp * max(1, cfg.gpus // max(gp, 1))} gp={cfg.gp}), or gp=0 "
+            f"puts all ranks in one group"
+        )
     n = _num_sensors(cfg)
     if n is not None and gp > n:
         raise ConfigError(f"parameter 'gp': {gp} parts for {n} sensors; every rank needs at least one sensor")
     dp = cfg.gpus // gp
     if (cfg.batch // dp) % cfg.micro_batches:
-        raise ConfigError(f"parameter 'micro_batches': the batch of a graph-parallel group ({cfg.batch // dp}) is "
-                          f"not divisible by micro_batches={cfg.micro_batches}")
+        raise ConfigError(
+            f"parameter 'micro_batches': the batch of a graph-parallel group ({cfg.batch // dp}) is "
+            f"not divisible by micro_batches={cfg.micro_batches}"
+        )
     _milestones(cfg)
     if not 0 < cfg.lr_decay <= 1:
         raise ConfigError(f"parameter 'lr_decay': must be in (0, 1], got {cfg.lr_decay}")
     if cfg.max_grad_norm <= 0 or cfg.adam_eps <= 0:
         raise ConfigError("parameters 'max_grad_norm' and 'adam_eps' must be > 0")
     if cfg.compile and gp > 1:
-        raise ConfigError("parameter 'compile': not with gp > 1 (the halo "
-                          "exchange is a collective inside autograd); use compile=false")
+        raise ConfigError(
+            "parameter 'compile': not with gp > 1 (the halo "
+            "exchange is a collective inside autograd); use compile=false"
+        )
 
 
 def group_size(cfg) -> int:
@@ -154,8 +210,8 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     g = grid(gp)
     mean, std = series.scaler()
     splits = series.splits()
-    train = splits["train"] if not cfg.train_samples else splits["train"][:cfg.train_samples]
-    test = splits["test"] if not cfg.test_samples else splits["test"][:cfg.test_samples]
+    train = splits["train"] if not cfg.train_samples else splits["train"][: cfg.train_samples]
+    test = splits["test"] if not cfg.test_samples else splits["test"][: cfg.test_samples]
     supports = dual_supports(series.adj)
     member, method = partition(series.adj, gp, cfg.partition)
     plan = None
@@ -179,9 +235,15 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     shared = {
         "dataset_shape": [series.num_steps, n],
         "graph_edges": int((series.adj != 0).sum() - (np.diag(series.adj) != 0).sum()),
-        "missing_frac": round(float((series.speeds == 0).mean()), 5), "scaler_mean": mean, "scaler_std": std,
-        "windows": {k: len(v) for k, v in splits.items()}, "train_windows_used": len(train),
-        "test_windows_used": len(test), "dp": g.dp, "gp": g.gp, "partition": method,
+        "missing_frac": round(float((series.speeds == 0).mean()), 5),
+        "scaler_mean": mean,
+        "scaler_std": std,
+        "windows": {k: len(v) for k, v in splits.items()},
+        "train_windows_used": len(train),
+        "test_windows_used": len(test),
+        "dp": g.dp,
+        "gp": g.gp,
+        "partition": method,
         "edge_cut": edge_cut(series.adj, member) if gp > 1 else 0,
         "part_sizes": np.bincount(member, minlength=gp).tolist(),
         "diffusion_form": cfg.diffusion_form,
@@ -189,9 +251,10 @@ def make_data(cfg, rank: int, world: int, device: torch.device):
     if rank == 0:
         shared["historical_average"] = historical_average_metrics(series, test, cfg.horizon)
     graph = Graph(local, plan, cfg.supports, device.type)
-    info = DataInfo(input_shape=(cfg.seq_len, len(own), 2),
-                    extra={"graph": graph, "mean": mean, "std": std, "shared": shared,
-                           "per_group_batch": cfg.batch // g.dp})
+    info = DataInfo(
+        input_shape=(cfg.seq_len, len(own), 2),
+        extra={"graph": graph, "mean": mean, "std": std, "shared": shared, "per_group_batch": cfg.batch // g.dp},
+    )
     return src, ev, info
 
 
@@ -199,13 +262,25 @@ def build_model(cfg, info: DataInfo):
     from kernels.workloads.dcrnn.model import DCRNN
 
     graph = info.extra["graph"]
-    model = DCRNN(graph, info.extra["mean"], info.extra["std"], units=cfg.rnn_units, layers=cfg.num_rnn_layers,
-                  k_max=cfg.max_diffusion_step, seq_len=cfg.seq_len, horizon=cfg.horizon,
-                  cl_decay_steps=cfg.cl_decay_steps, curriculum=cfg.use_curriculum_learning,
-                  form=cfg.diffusion_form, seed=cfg.seed)
+    model = DCRNN(
+        graph,
+        info.extra["mean"],
+        info.extra["std"],
+        units=cfg.rnn_units,
+        layers=cfg.num_rnn_layers,
+        k_max=cfg.max_diffusion_step,
+        seq_len=cfg.seq_len,
+        horizon=cfg.horizon,
+        cl_decay_steps=cfg.cl_decay_steps,
+        curriculum=cfg.use_curriculum_learning,
+        form=cfg.diffusion_form,
+        seed=cfg.seed,
+    )
     model._lab_info = info.extra  # for report()
-    variant = (f"dcrnn-{cfg.num_rnn_layers}x{cfg.rnn_units}-K{cfg.max_diffusion_step}-{cfg.diffusion_form}-"
-               f"{'sparse' if graph.sparse else 'dense'}" + (f"-gp{group_size(cfg)}" if group_size(cfg) > 1 else ""))
+    variant = (
+        f"dcrnn-{cfg.num_rnn_layers}x{cfg.rnn_units}-K{cfg.max_diffusion_step}-{cfg.diffusion_form}-"
+        f"{'sparse' if graph.sparse else 'dense'}" + (f"-gp{group_size(cfg)}" if group_size(cfg) > 1 else "")
+    )
     return model, variant
 
 
@@ -287,9 +362,11 @@ def report(model, info=None) -> dict:
         per_sample = (c["fwd_bytes"] + c["bwd_bytes"]) / c["samples"] if c["samples"] else None
         wire = c["wire_bytes"] / c["samples"] if c["samples"] else None
         b = extra["per_group_batch"]
-        mine.update(halo_bytes_per_step=round(per_sample * b) if per_sample is not None else None,
-                    collective_bytes_per_step=round(wire * b) if wire is not None else None,
-                    exchanges_per_forward=round(c["exchanges"] / c["forwards"]) if c["forwards"] else None)
+        mine.update(
+            halo_bytes_per_step=round(per_sample * b) if per_sample is not None else None,
+            collective_bytes_per_step=round(wire * b) if wire is not None else None,
+            exchanges_per_forward=round(c["exchanges"] / c["forwards"]) if c["forwards"] else None,
+        )
     return {"shared": extra["shared"], "rank": mine}
 
 
@@ -299,8 +376,11 @@ WORKLOAD = Workload(
     datasets=("synthetic", "metr-la", "pems-bay"),
     params=PARAMS,
     defaults={"precision": "fp32", "batch": 64, "epochs": 100, "lr": 0.01},
-    metrics=(Metric("mae", LABELS, higher_is_better=False), Metric("rmse", LABELS, higher_is_better=False, root=True),
-             Metric("mape", LABELS, higher_is_better=False)),
+    metrics=(
+        Metric("mae", LABELS, higher_is_better=False),
+        Metric("rmse", LABELS, higher_is_better=False, root=True),
+        Metric("mape", LABELS, higher_is_better=False),
+    ),
     make_data=make_data,
     build_model=build_model,
     build_optimizer=build_optimizer,

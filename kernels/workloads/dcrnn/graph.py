@@ -23,6 +23,7 @@ publishes the rows others need (all_gather over the group) and takes its halo fr
 backward sends the halo's gradients back to their owners (an all-reduce of the same
 buffer). The result equals the unpartitioned model up to floating-point reduction order.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -118,17 +119,26 @@ def partition(adj: np.ndarray, parts: int, method: str = "metis") -> tuple[np.nd
 @dataclass
 class HaloPlan:
     """What rank `part` of a group of `parts` owns, needs, and publishes; byte counters for the record."""
+
     part: int
     parts: int
-    own: np.ndarray                  # global ids of the owned nodes (sorted)
-    halo: np.ndarray                 # global ids of the halo nodes, in the order appended after `own`
-    send_idx: torch.Tensor           # local indices (into own) of the rows this rank publishes
-    halo_pos: torch.Tensor           # for each halo node: its row in the gathered (parts * max_send) buffer
+    own: np.ndarray  # global ids of the owned nodes (sorted)
+    halo: np.ndarray  # global ids of the halo nodes, in the order appended after `own`
+    send_idx: torch.Tensor  # local indices (into own) of the rows this rank publishes
+    halo_pos: torch.Tensor  # for each halo node: its row in the gathered (parts * max_send) buffer
     max_send: int
     group: object = None
-    counting: bool = False           # set by the model: this forward trains (its bytes are counted)
-    counters: dict = field(default_factory=lambda: {"fwd_bytes": 0, "bwd_bytes": 0, "wire_bytes": 0,
-                                                    "exchanges": 0, "samples": 0, "forwards": 0})
+    counting: bool = False  # set by the model: this forward trains (its bytes are counted)
+    counters: dict = field(
+        default_factory=lambda: {
+            "fwd_bytes": 0,
+            "bwd_bytes": 0,
+            "wire_bytes": 0,
+            "exchanges": 0,
+            "samples": 0,
+            "forwards": 0,
+        }
+    )
 
     def __deepcopy__(self, memo):  # a model copy (the FLOP count) shares the plan and its process group
         return self
@@ -157,9 +167,17 @@ def halo_plans(structure: np.ndarray, membership: np.ndarray, parts: int) -> lis
         for g in halos[p]:
             q = int(membership[g])
             pos.append(q * max_send + int(np.searchsorted(sends[q], g)))
-        plans.append(HaloPlan(p, parts, owns[p], halos[p],
-                              torch.tensor([local[g] for g in sends[p]], dtype=torch.long),
-                              torch.tensor(pos, dtype=torch.long), max_send))
+        plans.append(
+            HaloPlan(
+                p,
+                parts,
+                owns[p],
+                halos[p],
+                torch.tensor([local[g] for g in sends[p]], dtype=torch.long),
+                torch.tensor(pos, dtype=torch.long),
+                max_send,
+            )
+        )
     return plans
 
 
@@ -169,7 +187,7 @@ class _Halo(torch.autograd.Function):
         ctx.plan, ctx.n_own = plan, x.shape[0]
         rest = x.shape[1:]
         send = x.new_zeros((plan.max_send, *rest))
-        send[:len(plan.send_idx)] = x[plan.send_idx]
+        send[: len(plan.send_idx)] = x[plan.send_idx]
         gathered = [torch.empty_like(send) for _ in range(plan.parts)]
         dist.all_gather(gathered, send.contiguous(), group=plan.group)
         halo = torch.cat(gathered)[plan.halo_pos]
@@ -187,7 +205,7 @@ class _Halo(torch.autograd.Function):
         buf = grad.new_zeros((plan.parts * plan.max_send, *rest))
         buf.index_add_(0, plan.halo_pos, grad)
         dist.all_reduce(buf, group=plan.group)
-        mine = buf[plan.part * plan.max_send: plan.part * plan.max_send + len(plan.send_idx)]
+        mine = buf[plan.part * plan.max_send : plan.part * plan.max_send + len(plan.send_idx)]
         out = grad.new_zeros((ctx.n_own, *rest))
         out.index_add_(0, plan.send_idx, mine)
         c = plan.counters
@@ -254,20 +272,21 @@ class Graph(nn.Module):
     tells DDP to leave them alone (they differ between the ranks of a graph-parallel group).
     """
 
-    def __init__(self, supports: list[np.ndarray], plan: HaloPlan | None = None, mode: str = "auto",
-                 device_type: str = "cpu"):
+    def __init__(
+        self, supports: list[np.ndarray], plan: HaloPlan | None = None, mode: str = "auto", device_type: str = "cpu"
+    ):
         super().__init__()
         n_own, n_ext = supports[0].shape
         self.plan, self.n_own, self.n_ext, self.count = plan, n_own, n_ext, len(supports)
         density = max(float((s != 0).mean()) for s in supports) if n_own * n_ext else 0.0
-        self.sparse = mode == "sparse" or (mode == "auto" and (n_own * n_ext > DENSE_LIMIT or (
-            device_type == "cpu" and density < DENSE_MIN_DENSITY)))
+        self.sparse = mode == "sparse" or (
+            mode == "auto" and (n_own * n_ext > DENSE_LIMIT or (device_type == "cpu" and density < DENSE_MIN_DENSITY))
+        )
         if self.sparse:
             for i, s in enumerate(supports):  # each support, its double (the recursion's 2 S) and their transposes
                 for name, m in ((f"support{i}", s), (f"twice{i}", 2 * s)):  # doubling is exact: 2S x == 2 (S x)
                     self.register_buffer(name, _sparse(m, device_type), persistent=False)
-                    self.register_buffer(name + "_t", _sparse(np.ascontiguousarray(m.T), device_type),
-                                         persistent=False)
+                    self.register_buffer(name + "_t", _sparse(np.ascontiguousarray(m.T), device_type), persistent=False)
         else:
             self.register_buffer("stacked", torch.from_numpy(np.stack(supports)), persistent=False)
 
@@ -277,10 +296,17 @@ class Graph(nn.Module):
         return self
 
     def describe(self) -> dict:
-        nnz = (sum(int(getattr(self, f"support{i}")._nnz()) for i in range(self.count)) if self.sparse
-               else int((self.stacked != 0).sum()))
-        return {"supports": "sparse" if self.sparse else "dense", "support_nnz": nnz,
-                "own_nodes": self.n_own, "halo_nodes": self.n_ext - self.n_own}
+        nnz = (
+            sum(int(getattr(self, f"support{i}")._nnz()) for i in range(self.count))
+            if self.sparse
+            else int((self.stacked != 0).sum())
+        )
+        return {
+            "supports": "sparse" if self.sparse else "dense",
+            "support_nnz": nnz,
+            "own_nodes": self.n_own,
+            "halo_nodes": self.n_ext - self.n_own,
+        }
 
     def extend(self, x: torch.Tensor) -> torch.Tensor:
         """(n_own, ...) -> (n_own + n_halo, ...): this rank's rows, then its halo from the other ranks."""
@@ -321,8 +347,9 @@ class Graph(nn.Module):
         """[x_0, then per support x_1 .. x_K]: 1 + supports * K tensors of x0's shape (n_own, B, F)."""
         return self.diffuse_folded(x0, k_max, form, fold=False)[0]
 
-    def diffuse_folded(self, x0: torch.Tensor, k_max: int, form: str = "original",
-                       fold: bool = True) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+    def diffuse_folded(
+        self, x0: torch.Tensor, k_max: int, form: str = "original", fold: bool = True
+    ) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
         """(terms, folds). With fold, the recursion's last term of each support, x_K = 2 S x_(K-1) - x_(K-2), is
         returned as y = 2 S x_(K-1) and (j, m) in folds says term m stands for y - term j: a layer that weights
         the terms then gives term j the weight W_j - W_m. The output is the same function; the subtraction,
@@ -340,7 +367,7 @@ class Graph(nn.Module):
             else:
                 f = x0.shape[-1]
                 ext = self.extend(torch.cat(prev1, dim=-1))  # one exchange for every support's x_{k-1}
-                xs = [ext[..., i * f:(i + 1) * f] for i in range(self.count)]
+                xs = [ext[..., i * f : (i + 1) * f] for i in range(self.count)]
             nxt = self.mul_each(xs)  # the paper's plain powers: S^k x0 = S (S^(k-1) x0)
             for i, x in enumerate(nxt):
                 per[i].append(x)

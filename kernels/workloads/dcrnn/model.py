@@ -18,6 +18,7 @@ them by a support without a transpose. The model returns speeds in mph, (batch, 
 nodes): the normalisation (one scalar mean and std, channel 0) is undone inside, so the loss
 compares with the raw readings.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,14 +79,15 @@ class DCGRUCell(nn.Module):
         self.gates = DiffusionConv(in_dim + units, 2 * units, k_max, supports, bias_start=1.0)
         self.candidate = DiffusionConv(in_dim + units, units, k_max, supports, bias_start=0.0)
 
-    def forward(self, x: Diffused, h: torch.Tensor | None, h_terms: Diffused | None,
-                diffuse: Callable[[torch.Tensor], Diffused]) -> torch.Tensor:
+    def forward(
+        self, x: Diffused, h: torch.Tensor | None, h_terms: Diffused | None, diffuse: Callable[[torch.Tensor], Diffused]
+    ) -> torch.Tensor:
         """One step from the diffused input x, the state h and its diffusion terms; `diffuse` diffuses r * h.
         h None is the zero state the encoder starts from: its terms, and those of r * h, are zero and weigh
         nothing, so neither is diffused nor multiplied (at 2 x 64 units, 2 of 48 cell steps skip half or more of
         their products, forward and backward)."""
         if h is None:
-            u = torch.sigmoid(self.gates([x]))[..., self.units:]
+            u = torch.sigmoid(self.gates([x]))[..., self.units :]
             c = torch.tanh(self.candidate([x]))
             return c - u * c
         ru = torch.sigmoid(self.gates([x, h_terms]))
@@ -95,17 +97,34 @@ class DCGRUCell(nn.Module):
 
 
 class DCRNN(nn.Module):
-    def __init__(self, graph: Graph, mean: float, std: float, *, input_dim: int = 2, output_dim: int = 1,
-                 units: int = 64, layers: int = 2, k_max: int = 2, seq_len: int = 12, horizon: int = 12,
-                 cl_decay_steps: int = 2000, curriculum: bool = True, form: str = "original", seed: int = 0):
+    def __init__(
+        self,
+        graph: Graph,
+        mean: float,
+        std: float,
+        *,
+        input_dim: int = 2,
+        output_dim: int = 1,
+        units: int = 64,
+        layers: int = 2,
+        k_max: int = 2,
+        seq_len: int = 12,
+        horizon: int = 12,
+        cl_decay_steps: int = 2000,
+        curriculum: bool = True,
+        form: str = "original",
+        seed: int = 0,
+    ):
         super().__init__()
         self.graph, self.form, self.k_max = graph, form, k_max
         self.units, self.layers, self.seq_len, self.horizon = units, layers, seq_len, horizon
         self.output_dim, self.cl_decay_steps, self.curriculum, self.seed = output_dim, cl_decay_steps, curriculum, seed
-        self.encoder = nn.ModuleList(DCGRUCell(input_dim if i == 0 else units, units, k_max, graph.count)
-                                     for i in range(layers))
-        self.decoder = nn.ModuleList(DCGRUCell(output_dim if i == 0 else units, units, k_max, graph.count)
-                                     for i in range(layers))
+        self.encoder = nn.ModuleList(
+            DCGRUCell(input_dim if i == 0 else units, units, k_max, graph.count) for i in range(layers)
+        )
+        self.decoder = nn.ModuleList(
+            DCGRUCell(output_dim if i == 0 else units, units, k_max, graph.count) for i in range(layers)
+        )
         self.projection = nn.Linear(units, output_dim)
         self.register_buffer("mean", torch.tensor(float(mean)))
         self.register_buffer("std", torch.tensor(float(std)))
@@ -147,8 +166,9 @@ class DCRNN(nn.Module):
             h_terms[i] = inp_terms = self._diffuse(h[i]) if i + 1 < len(cells) else None
         return h[-1]
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, step: int = 0,
-                train: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, step: int = 0, train: bool = False
+    ) -> torch.Tensor:
         """x (B, seq_len, nodes, 2) normalised; y (B, horizon, nodes) raw speeds or None -> (B, horizon, nodes) mph."""
         b = x.shape[0]
         teacher = self.teacher_mask(step, x.device) if train and self.curriculum and y is not None else None
@@ -158,7 +178,7 @@ class DCRNN(nn.Module):
             if plan.counting:
                 plan.counters["samples"] += b
                 plan.counters["forwards"] += 1
-        x = x[:, -self.seq_len:].permute(1, 2, 0, 3).contiguous()  # (seq, n, B, 2)
+        x = x[:, -self.seq_len :].permute(1, 2, 0, 3).contiguous()  # (seq, n, B, 2)
         n = x.shape[1]
         h: list[torch.Tensor | None] = [None] * self.layers  # the zero state
         h_terms: list[Diffused | None] = [None] * self.layers

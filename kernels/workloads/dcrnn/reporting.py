@@ -5,6 +5,7 @@ Its table of runs is scaling_table.py's. The plan's targets: scaling efficiency 
 time against one node of the target system, and test accuracy against the original implementation's (its
 published MAE per horizon, REFERENCE_MAE).
 """
+
 from __future__ import annotations
 
 from kernels.analysis.criteria import MET, NOT_MEASURED, NOT_MET, Brief, Criterion, last_value, row, time_to
@@ -38,11 +39,11 @@ RECORD_FIELDS = {
     "workload.part_sizes": "sensors per part",
     "workload.diffusion_form": "paper (recursion restarted per support) or original (the released code's carry-over)",
     "workload.historical_average": "the historical-average baseline on the same test windows: "
-                                   "mae_/rmse_/mape_<horizon>",
+    "mae_/rmse_/mape_<horizon>",
     "ranks[].supports, support_nnz": "dense or sparse diffusion matrices, and their non-zeros on this rank",
     "ranks[].own_nodes, halo_nodes": "sensors this rank owns, and the other ranks' sensors its rows read",
     "ranks[].halo_bytes_per_step": "bytes of halo rows this rank receives "
-                                   "per training step, forward and backward (gp > 1)",
+    "per training step, forward and backward (gp > 1)",
     "ranks[].collective_bytes_per_step": "bytes in the collective buffers (padded all-gather and all-reduce) per step",
     "ranks[].exchanges_per_forward": "halo exchanges in one forward (one before each multiplication by the supports)",
 }
@@ -50,13 +51,17 @@ RECORD_FIELDS = {
 
 def strong_nodes(c: Criterion, t: dict) -> dict:
     dc = table(t["runs"])
-    for _, s in (dc.groupby("series") if not dc.empty else []):
+    for _, s in dc.groupby("series") if not dc.empty else []:
         one, eight = s[s["nodes"] == 1], s[s["nodes"] == 8]
         if len(one) and len(eight):
             a, b = one.loc[one["gpus"].idxmax()], eight.iloc[0]
             eff = (b["samples_per_s"] / b["gpus"]) / (a["samples_per_s"] / a["gpus"])
-            return row(c, MET if eff > 0.80 else NOT_MET, f"{100 * eff:.0f} %",
-                       f"{s['series'].iloc[0]}: {int(a['gpus'])} GPU(s) on 1 node to {int(b['gpus'])} on 8")
+            return row(
+                c,
+                MET if eff > 0.80 else NOT_MET,
+                f"{100 * eff:.0f} %",
+                f"{s['series'].iloc[0]}: {int(a['gpus'])} GPU(s) on 1 node to {int(b['gpus'])} on 8",
+            )
     return row(c, NOT_MEASURED)
 
 
@@ -96,18 +101,45 @@ def mae_vs_original(c: Criterion, t: dict) -> dict:
     if not gaps:
         return row(c, NOT_MEASURED)
     worst = max(gaps, key=lambda h: abs(gaps[h]))
-    return row(c, MET if abs(gaps[worst]) <= 2.0 else NOT_MET, f"{gaps[worst]:+.1f} % at {worst}, N={int(p['gpus'])}",
-               f"{p['series']}: MAE {p[f'mae_{worst}']:.2f} against {ref[worst]:.2f} mph (original code)")
+    return row(
+        c,
+        MET if abs(gaps[worst]) <= 2.0 else NOT_MET,
+        f"{gaps[worst]:+.1f} % at {worst}, N={int(p['gpus'])}",
+        f"{p['series']}: MAE {p[f'mae_{worst}']:.2f} against {ref[worst]:.2f} mph (original code)",
+    )
 
 
 CRITERIA = (
-    Criterion("dcrnn_strong", "DCRNN, 1 to 8 nodes", PLAN, 9,
-              "DCRNN strong-scaling efficiency from 1 to 8 nodes (per-GPU throughput at 8 nodes over 1 node)",
-              "> 80 %", STUDY, strong_nodes),
-    Criterion("dcrnn_time", "DCRNN, time vs one node", PLAN, 9,
-              "time to the one-node run's final validation MAE on the most nodes, against the run that fills one "
-              "node of the target system", ">= 50 % less", STUDY, time_vs_node),
-    Criterion("dcrnn_mae", "DCRNN, MAE vs the original", PLAN, 9,
-              "test MAE at the largest rank count against the original implementation's published MAE on the same "
-              "data set, worst horizon", "within 2 %", STUDY, mae_vs_original),
+    Criterion(
+        "dcrnn_strong",
+        "DCRNN, 1 to 8 nodes",
+        PLAN,
+        9,
+        "DCRNN strong-scaling efficiency from 1 to 8 nodes (per-GPU throughput at 8 nodes over 1 node)",
+        "> 80 %",
+        STUDY,
+        strong_nodes,
+    ),
+    Criterion(
+        "dcrnn_time",
+        "DCRNN, time vs one node",
+        PLAN,
+        9,
+        "time to the one-node run's final validation MAE on the most nodes, against the run that fills one "
+        "node of the target system",
+        ">= 50 % less",
+        STUDY,
+        time_vs_node,
+    ),
+    Criterion(
+        "dcrnn_mae",
+        "DCRNN, MAE vs the original",
+        PLAN,
+        9,
+        "test MAE at the largest rank count against the original implementation's published MAE on the same "
+        "data set, worst horizon",
+        "within 2 %",
+        STUDY,
+        mae_vs_original,
+    ),
 )

@@ -3,6 +3,7 @@
 A series is one data set, model size, global batch, graph-parallel setting and training subset. The criteria
 (reporting.py) and the paper's section (section.py) read it.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -29,9 +30,28 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     MAE change over the horizons against the series' baseline, in percent.
     """
     metrics = [f"{m}_{h}" for m in ("mae", "rmse", "mape") for h in LABELS]
-    cols = ["series", "parallel", *SERIES, "gpus", "nodes", "dp", "repeats", "samples_per_s", "epoch_s",
-            "speedup", "efficiency", *metrics, *(f"ha_{m}" for m in metrics), "mae_gap_pct", "peak_mem_gib",
-            "halo_mb_per_step", "edge_cut", "partition", "baseline_gpus", "device"]
+    cols = [
+        "series",
+        "parallel",
+        *SERIES,
+        "gpus",
+        "nodes",
+        "dp",
+        "repeats",
+        "samples_per_s",
+        "epoch_s",
+        "speedup",
+        "efficiency",
+        *metrics,
+        *(f"ha_{m}" for m in metrics),
+        "mae_gap_pct",
+        "peak_mem_gib",
+        "halo_mb_per_step",
+        "edge_cut",
+        "partition",
+        "baseline_gpus",
+        "device",
+    ]
     if runs.empty or "workload" not in runs:
         return pd.DataFrame(columns=cols)
     r = runs[runs["workload"] == NAME]
@@ -42,17 +62,28 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     for key, series in r.groupby(list(SERIES), dropna=False, sort=True):
         pts = []
         for gpus, g in series.groupby("gpus"):
+
             def med(vals):
                 vals = pd.Series(vals, dtype=float)
                 return float(vals.median()) if vals.notna().any() else None
+
             info = g["workload_info"].iloc[0]
             ranks = [x for lst in g["rank_info"] for x in lst]
             halo = [x.get("halo_bytes_per_step") for x in ranks if x.get("halo_bytes_per_step") is not None]
-            row = {**dict(zip(SERIES, key)), "gpus": int(gpus), "nodes": int(g["nodes"].max()),
-                   "dp": info.get("dp"), "repeats": len(g), "samples_per_s": med(g["samples_per_s"]),
-                   "epoch_s": med(g["epoch_s"]), "edge_cut": info.get("edge_cut"), "partition": info.get("partition"),
-                   "peak_mem_gib": max((x.get("peak_mem_gib") or 0 for x in ranks), default=None),
-                   "halo_mb_per_step": max(halo) / 1e6 if halo else None, "device": g["device"].iloc[0]}
+            row = {
+                **dict(zip(SERIES, key)),
+                "gpus": int(gpus),
+                "nodes": int(g["nodes"].max()),
+                "dp": info.get("dp"),
+                "repeats": len(g),
+                "samples_per_s": med(g["samples_per_s"]),
+                "epoch_s": med(g["epoch_s"]),
+                "edge_cut": info.get("edge_cut"),
+                "partition": info.get("partition"),
+                "peak_mem_gib": max((x.get("peak_mem_gib") or 0 for x in ranks), default=None),
+                "halo_mb_per_step": max(halo) / 1e6 if halo else None,
+                "device": g["device"].iloc[0],
+            }
             for m in metrics:
                 row[m] = med([fe.get(m) for fe in g["final_eval"]])
                 row[f"ha_{m}"] = med([(wi.get("historical_average") or {}).get(m) for wi in g["workload_info"]])
@@ -61,14 +92,20 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
         base = pts[0]
         for p in pts:
             p["parallel"] = parallel_name(p["gp"])
-            p["series"] = (f"{p['dataset']}" + (f" ({p['synthetic_shape']})" if p["dataset"] == "synthetic" else "") +
-                           f", {p['parallel']}, B={p['batch']}")
+            p["series"] = (
+                f"{p['dataset']}"
+                + (f" ({p['synthetic_shape']})" if p["dataset"] == "synthetic" else "")
+                + f", {p['parallel']}, B={p['batch']}"
+            )
             p["baseline_gpus"] = base["gpus"]
             if p["samples_per_s"] and base["samples_per_s"]:
                 p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
                 p["efficiency"] = p["speedup"] * base["gpus"] / p["gpus"]
-            gaps = [100 * (p[f"mae_{h}"] / base[f"mae_{h}"] - 1) for h in LABELS
-                    if p.get(f"mae_{h}") is not None and base.get(f"mae_{h}")]
+            gaps = [
+                100 * (p[f"mae_{h}"] / base[f"mae_{h}"] - 1)
+                for h in LABELS
+                if p.get(f"mae_{h}") is not None and base.get(f"mae_{h}")
+            ]
             p["mae_gap_pct"] = max(gaps, key=abs) if gaps else None
             rows.append(p)
     return pd.DataFrame(rows, columns=cols)
