@@ -444,7 +444,8 @@ def worker(cfg: CommConfig) -> int:
         return _measure(cfg, TorchRunner(device, renv.global_rank, renv.world_size), device)
 
 
-def _measure(cfg: CommConfig, runner, device) -> int:
+def _placement(cfg: CommConfig, runner, device) -> tuple[list[dict], str, list[str], dict]:
+    """Where the ranks run: each rank's facts, rank 0's run id for everyone, the hosts and the run's facts."""
     from kernels.base.sysinfo import device_name
 
     n, rank = runner.n, runner.rank
@@ -473,6 +474,13 @@ def _measure(cfg: CommConfig, runner, device) -> int:
         "ranks_per_node": max(sum(1 for r in ranks if r["host"] == h) for h in hosts),
         "timed_by": runner.loop,
     }
+    return ranks, run_id, hosts, facts
+
+
+def _measure(cfg: CommConfig, runner, device) -> int:
+    """Every rank: measure; rank 0 writes the record (config.json, summary.json, then the results)."""
+    rank = runner.rank
+    ranks, run_id, hosts, facts = _placement(cfg, runner, device)
     run_dir = cfg.results_root / run_id
     is0 = rank == 0
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -524,41 +532,44 @@ def _measure(cfg: CommConfig, runner, device) -> int:
             records.write_json(run_dir / "summary.json", summary)
             traceback.print_exc()
         raise
-    if is0:
-        files.atomic_write_text(run_dir / "commbench.txt", "\n".join(lines) + "\n")
-        osu = []
-        for op in cfg.op_list:
-            for dt in cfg.dtype_list:
-                sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
-                if sel:
-                    osu += osu_block(op, dt, sel, facts)
-        files.atomic_write_text(run_dir / "osu.txt", "\n".join(osu))
-        write_csv(run_dir / "results.csv", rows)
-        per = {}
-        for r in rows:
-            per.setdefault(f"{r['op']}/{r['dtype']}", []).append(r)
-        wrong = sum(r.get(f"wrong_{f}") or 0 for r in rows for f in ("out", "in"))
-        summary.update(
-            status="complete" if wrong == 0 else "failed",
-            error=None if wrong == 0 else f"{wrong} wrong result element(s): see results.csv",
-            finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            avg_busbw_gbs={k: round(avg_busbw(v), 6) for k, v in per.items() if avg_busbw(v) is not None},
-            wrong=wrong,
-            unsupported=unsupported,
-            sizes=len(cfg.sizes),
-            notes=(
-                [
-                    "gloo runs reduce_scatter as an all_reduce of the whole buffer: its busbw is not "
-                    "comparable with nccl's or MPI's"
-                ]
-                if cfg.backend == "gloo"
-                else []
-            ),
-        )
-        records.write_json(run_dir / "summary.json", summary)
-        print(f"record: {run_dir}", flush=True)
-        return 0 if wrong == 0 else 1
-    return 0
+    return _write_results(cfg, run_dir, rows, unsupported, lines, facts, summary) if is0 else 0
+
+
+def _write_results(cfg: CommConfig, run_dir, rows, unsupported, lines, facts, summary) -> int:
+    """Rank 0: the log, the OSU-style tables, results.csv and the final summary; 1 when any result was wrong."""
+    files.atomic_write_text(run_dir / "commbench.txt", "\n".join(lines) + "\n")
+    osu = []
+    for op in cfg.op_list:
+        for dt in cfg.dtype_list:
+            sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
+            if sel:
+                osu += osu_block(op, dt, sel, facts)
+    files.atomic_write_text(run_dir / "osu.txt", "\n".join(osu))
+    write_csv(run_dir / "results.csv", rows)
+    per = {}
+    for r in rows:
+        per.setdefault(f"{r['op']}/{r['dtype']}", []).append(r)
+    wrong = sum(r.get(f"wrong_{f}") or 0 for r in rows for f in ("out", "in"))
+    summary.update(
+        status="complete" if wrong == 0 else "failed",
+        error=None if wrong == 0 else f"{wrong} wrong result element(s): see results.csv",
+        finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        avg_busbw_gbs={k: round(avg_busbw(v), 6) for k, v in per.items() if avg_busbw(v) is not None},
+        wrong=wrong,
+        unsupported=unsupported,
+        sizes=len(cfg.sizes),
+        notes=(
+            [
+                "gloo runs reduce_scatter as an all_reduce of the whole buffer: its busbw is not "
+                "comparable with nccl's or MPI's"
+            ]
+            if cfg.backend == "gloo"
+            else []
+        ),
+    )
+    records.write_json(run_dir / "summary.json", summary)
+    print(f"record: {run_dir}", flush=True)
+    return 0 if wrong == 0 else 1
 
 
 def _probe(cfg: CommConfig, runner, op: str, dtype: str) -> str | None:

@@ -331,18 +331,8 @@ def build(
                 tmp.unlink(missing_ok=True)
     todo = [i for i in mine if not shard_is_complete(out, i, _count(lay, spec, i))] if out.is_dir() else list(mine)
     skipped = len(mine) - len(todo)
+    _check_space(out, spec, lay, todo, task, len(yt))
     full = shard_bytes(spec.shard_samples)
-    need = sum(
-        full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i)) for i in todo
-    ) + (shard_bytes(len(yt)) if task == 0 else 0)
-    _, free = free_space(out)
-    if need > free:
-        has, needs = sizes(free, need)
-        raise ConfigError(
-            f"--out: {out} has {has} free but this build needs {needs} "
-            f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
-            f"choose another --out, or build fewer --replicas"
-        )
     out.mkdir(parents=True, exist_ok=True)
     if not spec_file.exists():
         _write_json(spec_file, asdict(spec))  # every task writes the same bytes
@@ -357,31 +347,7 @@ def build(
     t0 = time.perf_counter()
     written_samples = written_bytes = 0
     if todo:
-        aug_x, aug_y = augmented_set(
-            xs,
-            ys,
-            spec,
-            device,
-            progress=lambda v: log(f"  augmented version {v}/{spec.versions} ({time.perf_counter() - t0:.1f} s)"),
-        )
-        perm = global_permutation(lay.total, spec.seed)
-        t_write = time.perf_counter()
-        for k, i in enumerate(todo):
-            lo, hi = lay.shard_range(spec, i)
-            src = (perm[lo:hi] % lay.augmented).numpy()
-            meta = write_records(out / shard_name(i), aug_x[src], aug_y[src])
-            _write_json(_done_path(out, i), meta)
-            written_samples += meta["samples"]
-            written_bytes += meta["bytes"]
-            el = time.perf_counter() - t_write
-            eta = el / (k + 1) * (len(todo) - k - 1)
-            log(
-                f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, "
-                f"{human_bytes(meta['bytes'])}; "
-                f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s"
-            )
-        stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
-        _write_json(out / ".build-stats.json", stats)
+        written_samples, written_bytes = _write_shards(out, spec, lay, todo, xs, ys, device, log, t0)
     if task == 0 and not _complete(out / "test.npy", out / "test.done", len(yt), check_sha=False):
         meta = write_records(out / "test.npy", xt, yt)
         _write_json(out / "test.done", meta)
@@ -407,6 +373,54 @@ def build(
         "seconds": dt,
         "manifest": bool(manifest),
     }
+
+
+def _check_space(out: Path, spec: Spec, lay: Layout, todo: list[int], task: int, test_samples: int) -> None:
+    """Refuse a build whose shards (and task 0's test set) do not fit the free space of `out`."""
+    full = shard_bytes(spec.shard_samples)
+    need = sum(
+        full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i)) for i in todo
+    ) + (shard_bytes(test_samples) if task == 0 else 0)
+    _, free = free_space(out)
+    if need > free:
+        has, needs = sizes(free, need)
+        raise ConfigError(
+            f"--out: {out} has {has} free but this build needs {needs} "
+            f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "
+            f"choose another --out, or build fewer --replicas"
+        )
+
+
+def _write_shards(out: Path, spec: Spec, lay: Layout, todo: list[int], xs, ys, device, log, t0: float):
+    """Augment the source on `device`, write the shards in `todo` with their done-marks and the set's pixel
+    statistics; (samples, bytes) written."""
+    written_samples = written_bytes = 0
+    aug_x, aug_y = augmented_set(
+        xs,
+        ys,
+        spec,
+        device,
+        progress=lambda v: log(f"  augmented version {v}/{spec.versions} ({time.perf_counter() - t0:.1f} s)"),
+    )
+    perm = global_permutation(lay.total, spec.seed)
+    t_write = time.perf_counter()
+    for k, i in enumerate(todo):
+        lo, hi = lay.shard_range(spec, i)
+        src = (perm[lo:hi] % lay.augmented).numpy()
+        meta = write_records(out / shard_name(i), aug_x[src], aug_y[src])
+        _write_json(_done_path(out, i), meta)
+        written_samples += meta["samples"]
+        written_bytes += meta["bytes"]
+        el = time.perf_counter() - t_write
+        eta = el / (k + 1) * (len(todo) - k - 1)
+        log(
+            f"  shard {i} written ({k + 1}/{len(todo)}): {meta['samples']:,} samples, "
+            f"{human_bytes(meta['bytes'])}; "
+            f"{written_bytes / MIB / el:,.0f} MiB/s, eta {eta:.0f} s"
+        )
+    stats = {"mean": float(aug_x.mean(dtype=np.float64) / 255), "std": float(aug_x.std(dtype=np.float64) / 255)}
+    _write_json(out / ".build-stats.json", stats)
+    return written_samples, written_bytes
 
 
 def _count(lay: Layout, spec: Spec, i: int) -> int:

@@ -104,11 +104,14 @@ def resolve(raw: dict) -> RunConfig:
     return cfg
 
 
-def _check_combinations(cfg: RunConfig, wl) -> None:
-    def need(cond: bool, msg: str):
-        if not cond:
-            raise ConfigError(msg)
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
 
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Each number within its range: sizes, counts, rates and timeouts."""
+    need = _need
     need(cfg.gpus >= 1, f"parameter 'gpus': world size must be >= 1, got {cfg.gpus}")
     need(cfg.batch >= 1, f"parameter 'batch': must be >= 1, got {cfg.batch}")
     need(
@@ -168,6 +171,13 @@ def _check_combinations(cfg: RunConfig, wl) -> None:
     for name in ("startup_timeout_min", "hang_timeout_min"):
         need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
     need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
+
+
+def _check_combinations(cfg: RunConfig, wl) -> None:
+    """The numbers in range, then the parameters that must agree with each other, with the data set and the
+    workload."""
+    need = _need
+    _check_ranges(cfg)
     need(
         not cfg.cuda_graphs or cfg.compile,
         "parameter 'cuda_graphs': the graphs are captured through torch.compile (mode reduce-overhead); set "
