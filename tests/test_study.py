@@ -166,6 +166,21 @@ def test_dry_run_prints_one_array_per_geometry(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_serial_studys_repeats_interleave_across_scales(tmp_path):
+    """A serial study runs its arrays one after another: one per (repeat, geometry), repeats first, so the runs
+    go 1, 2, 1, 2 GPUs and a passing load touches both scales; a parallel study keeps one array per geometry."""
+    spec = yaml.safe_load((ROOT / "studies" / "demo_strong.yaml").read_text())
+    spec.update(gpus=[1, 2], repeats=3)
+    spec.pop("name")
+    serial = study.load(write_study(tmp_path, "s", **{**spec, "serial": True}))
+    order = [(p.gpus, p.repeat) for _, pts in study.arrays(serial.points, serial.serial) for p in pts]
+    assert order == [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)]
+    parallel = study.load(write_study(tmp_path, "p", **spec))
+    groups = study.arrays(parallel.points, parallel.serial)
+    assert [(geom, [p.repeat for p in pts]) for geom, pts in groups] == [((1, 1), [0, 1, 2]), ((1, 2), [0, 1, 2])]
+
+
+@pytest.mark.unit
 def test_moving_a_study_changes_only_the_cluster_profile(tmp_path):
     spec = yaml.safe_load((ROOT / "studies" / "strong_resnet18.yaml").read_text())
     spec.pop("name")

@@ -54,7 +54,7 @@ STUDY_KEYS = {
     "repeats": "runs per point (>= 1)",
     "ranks_per_node": "list of ranks per node to sweep at each GPU count (default: the cluster's)",
     "serial": "true: run the points one at a time (every array throttled to one task, arrays after each "
-    "other), for timings on nodes that share a machine",
+    "other, repeats interleaved across scales), for timings on nodes that share a machine",
     "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
     "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
     "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
@@ -417,23 +417,31 @@ def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: 
     return cmd + ["slurm/papermill_run.sbatch", study.notebook]
 
 
+def arrays(points: list[Point], serial: bool) -> list[tuple[tuple[int, int], list[Point]]]:
+    """The job arrays, in submission order: ((nodes, tasks per node), points). One per geometry; for a serial
+    study one per (repeat, geometry), repeats first."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.repeat if serial else 0, p.nodes, p.tasks_per_node), []).append(p)
+    return [((nodes, tasks), pts) for (_, nodes, tasks), pts in sorted(groups.items())]
+
+
 def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=None) -> list[dict]:
-    """One job array per geometry. Returns the submissions (job id, points). out: default sys.stdout as it is
-    when called (a default bound at import kept a stream that had since been replaced)."""
+    """One job array per geometry; a serial study's arrays run one after another, one per repeat and geometry in
+    repeat order, so its repeats interleave across scales (1, 2, 4, 1, 2, 4, ...) and a passing load touches
+    every scale, not all repeats of one. Returns the submissions (job id, points). out: default sys.stdout as it
+    is when called (a default bound at import kept a stream that had since been replaced)."""
     out = out or sys.stdout
     points = [p for p in study.points if only is None or p.index in only]
     if not points:
         print(f"study {study.name}: nothing to submit", file=out)
         return []
-    groups: dict[tuple, list[Point]] = {}
-    for p in points:
-        groups.setdefault((p.nodes, p.tasks_per_node), []).append(p)
     subs = []
     state = study.state_dir
     warn = account_warning(study.cluster)
     if warn:
         print(warn, file=sys.stderr)
-    for (nodes, tasks), pts in sorted(groups.items()):
+    for (nodes, tasks), pts in arrays(points, study.serial):
         # unique per submission: an array still running keeps reading its own list
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
         list_file = state / "arrays" / f"n{nodes}x{tasks}-{stamp}.txt"
