@@ -94,7 +94,7 @@ bench-gpu: setup
 # The demo compares ranks, not thread counts: every rank runs DEMO_THREADS OpenMP threads at every scale (on
 # 2 cores, 1 rank uses one and 2 ranks use both). One rank with two threads against two ranks with one each
 # measured threads, and beside other work a two-thread rank waits for the busy core at every step.
-# A training run that other work shared the cores with is run again, DEMO_RERUNS times at most
+# A training run that other work shared the cores with is run again after the other scale, DEMO_RERUNS times at most
 # (kernels/notebook/demo.py): a quiet re-run measures the point, and the analysis leaves the contended one out.
 DEMO_P := -p dataset digits -p epochs 3 -p batch 64 -p lr 0.05 -p width 16 -p precision fp32 -p label demo
 DEMO_THREADS ?= $(or $(OMP_NUM_THREADS),1)

@@ -35,9 +35,9 @@ def runner(runs_dir, contended: list[bool], calls: list, rc: int = 0):
 @pytest.mark.parametrize(
     "contended,reruns,tries,last",
     [
-        ([True, False], 1, 2, "running it again (1 of 1)"),
+        ([True, False], 1, 2, "running it again after the other scales (1 of 1)"),
         ([True, True, True], 1, 2, "in all 2 tries; the analysis sets the point aside"),
-        ([True, True, False], 2, 3, "running it again (2 of 2)"),
+        ([True, True, False], 2, 3, "running it again after the other scales (2 of 2)"),
         ([True], 0, 1, "cores); the analysis sets the point aside"),
         ([False], 3, 1, None),
     ],
@@ -46,7 +46,7 @@ def test_a_contended_run_is_run_again_at_most_reruns_times(tmp_path, monkeypatch
     calls, out = [], io.StringIO()
     runs = tmp_path / "runs"
     monkeypatch.setattr(demo.notebooks, "run", runner(runs, contended, calls))
-    assert demo.run_scale("01_train", 1, ["-p", "label", "demo"], reruns, runs, out) == 0
+    assert demo.run_scales([("01_train", 1, ["-p", "label", "demo"])], reruns, runs, out) == 0
     assert calls == [("01_train", 1)] * tries
     lines = out.getvalue().splitlines()
     assert len(lines) == sum(contended[:tries]) and (last is None or last in lines[-1]), lines
@@ -54,12 +54,13 @@ def test_a_contended_run_is_run_again_at_most_reruns_times(tmp_path, monkeypatch
 
 
 def test_the_demo_runs_each_scale_and_reruns_only_the_training_runs(tmp_path, monkeypatch):
+    """A contended scale runs again after the other scales (1, 2, then 1 again), and the profiled run never."""
     calls = []
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
-    # 1 rank contended then quiet; 2 ranks quiet; the profiled run contended, and not run again
+    # 1 rank contended; 2 ranks quiet; 1 rank again, quiet; the profiled run contended, and not run again
     monkeypatch.setattr(demo.notebooks, "run", runner(tmp_path / "runs", [True, False, False, True], calls))
     assert demo.main(["--reruns", "1", "-p", "label", "demo"]) == 0
-    assert calls == [("01_train", 1), ("01_train", 1), ("01_train", 2), ("02_profile", 2)]
+    assert calls == [("01_train", 1), ("01_train", 2), ("01_train", 1), ("02_profile", 2)]
     assert len(list((tmp_path / "runs").iterdir())) == 4
     assert records.read_json(tmp_path / "runs" / "r0-g1" / "summary.json")["contention"]["contended"]
 

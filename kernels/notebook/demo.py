@@ -3,10 +3,11 @@
 Runs notebooks/01_train on 1 and on 2 ranks, then notebooks/02_profile on 2, with the demo's parameters (the
 Makefile passes them, and one OpenMP thread per rank at every scale). A training run whose record says it was
 contended (foreign work used its cores: summary.json's `contention`, kernels/profiling/monitor.py) is run again,
-at most `--reruns` times. A quiet re-run then measures the point and the analysis leaves the contended repeat
-out of it (kernels/analysis/trust.py: superseded); a point still contended after the last try is set aside by the
-analysis, with the reason and the command that re-runs it. The profiled run is not re-run: it is no scaling
-point, and its record says whether it was contended.
+at most `--reruns` times, after the other scales (1, 2, then the contended ones again in that order). A quiet
+re-run then measures the point and the analysis leaves the contended repeat out of it (kernels/analysis/trust.py:
+superseded); a point still contended after the last try is set aside by the analysis, with the reason and the
+command that re-runs it. The profiled run is not re-run: it is no scaling point, and its record says whether it
+was contended.
 
     python -m kernels.notebook.demo [--reruns N] -p NAME VALUE ...
 """
@@ -37,31 +38,34 @@ def contention_of(runs_dir: Path, before: set[Path]) -> str | None:
     return None
 
 
-def run_scale(notebook: str, gpus: int, args: list[str], reruns: int, runs_dir: Path, out=sys.stdout) -> int:
-    """One scale of the demo: the run, and its re-runs while contended. The notebook runner's exit status."""
+def run_scales(scales: list[tuple[str, int, list[str]]], reruns: int, runs_dir: Path, out=sys.stdout) -> int:
+    """The demo's training scales [(notebook, ranks, arguments)], each run once in order, then in rounds the
+    ones whose last run was contended, in the same order (1, 2, then 1, 2 again: a load that passes touches
+    every scale, not only the repeats of one), at most `reruns` rounds. The first failing runner's exit status,
+    else 0."""
+    todo = list(scales)
     for attempt in range(reruns + 1):
-        before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
-        rc = notebooks.run(notebooks.NOTEBOOK_DIR / f"{notebook}.ipynb", ["-p", "gpus", str(gpus), *args])
-        if rc:
-            return rc
-        why = contention_of(runs_dir, before)
-        if why is None:
-            return 0
-        if attempt < reruns:
-            print(
-                f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why}); running it again "
-                f"({attempt + 1} of {reruns})",
-                file=out,
-                flush=True,
-            )
-        else:
-            print(
-                f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why})"
-                + (f" in all {reruns + 1} tries" if reruns else "")
-                + "; the analysis sets the point aside and says why",
-                file=out,
-                flush=True,
-            )
+        still = []
+        for notebook, gpus, args in todo:
+            before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
+            rc = notebooks.run(notebooks.NOTEBOOK_DIR / f"{notebook}.ipynb", ["-p", "gpus", str(gpus), *args])
+            if rc:
+                return rc
+            why = contention_of(runs_dir, before)
+            if why is None:
+                continue
+            where = f"demo: {notebook} on {gpus} rank(s) shared its cores with other work ({why})"
+            if attempt < reruns:
+                still.append((notebook, gpus, args))
+                print(
+                    f"{where}; running it again after the other scales ({attempt + 1} of {reruns})",
+                    file=out,
+                    flush=True,
+                )
+            else:
+                tries = f" in all {reruns + 1} tries" if reruns else ""
+                print(f"{where}{tries}; the analysis sets the point aside and says why", file=out, flush=True)
+        todo = still
     return 0
 
 
@@ -73,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --reruns {args.reruns}: give 0 or more", file=sys.stderr)
         return 2
     runs_dir = results_home() / "runs"
-    for notebook, gpus, extra, rerun in RUNS:
-        rc = run_scale(notebook, gpus, [*papermill, *extra], args.reruns if rerun else 0, runs_dir)
+    for rerun in (True, False):  # the training scales with their re-runs, then the profiled run once
+        scales = [(notebook, gpus, [*papermill, *extra]) for notebook, gpus, extra, again in RUNS if again == rerun]
+        rc = run_scales(scales, args.reruns if rerun else 0, runs_dir)
         if rc:
             return rc
     return 0
