@@ -806,6 +806,12 @@ def test_criteria_are_judged_from_the_records(study, tmp_path):
         assert c.loc[k, "status"] == "not measured", k
     for k in ("dcrnn_strong", "dcrnn_time", "dcrnn_mae"):
         assert c.loc[k, "status"] == "not measured" and "studies/dcrnn_strong.yaml" in c.loc[k, "evidence"]
+    # the conclusion answers the research questions with the same numbers
+    concl = (tmp_path / "out" / "tables" / "conclusion.tex").read_text()
+    assert "70\\,\\% at N=8 against N=1" in concl and "+71\\,\\% at N=1" in concl, concl
+    assert "-2.10 points" in concl and "RQ2 (what limits it) stays open" in concl
+    met, not_met, unmeasured = (int((c["status"] == k).sum()) for k in ("met", "not met", "not measured"))
+    assert f"{len(c)} targets, {met} are met, {not_met} are not met and {unmeasured} are not measured" in concl
     # each cites its brief and line: the paper's table shows the brief's title and the line
     assert c.loc["strong_e8", "brief"] == "001_e7ce76790d10dce0.txt:338"
     tex = (tmp_path / "out" / "tables" / "criteria_table.tex").read_text()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernels.analysis import runs as analysis
-from kernels.report import comm, criteria_table, io, lab, profiling_section, request, scaling, workplan
+from kernels.report import comm, conclusion, criteria_table, io, lab, profiling_section, request, scaling, workplan
 from kernels.report.context import Context
 from kernels.report.planned import describe, planned_points
 from kernels.analysis.tex import booktabs, macros_file, not_measured_list, presence_file, tex_escape, write_if_changed
@@ -39,6 +39,7 @@ SECTIONS = (
     ("Targets", criteria_table),
     ("Resource request", request),
     ("Work plan", workplan),
+    ("Conclusion", conclusion),
 )
 
 
