@@ -39,8 +39,8 @@ _names_before_parameters = set(globals())
 backend = 'auto'   # auto (nccl when GPUs are visible, else gloo), nccl, gloo or mpi (mpi4py)
 gpus = 2           # ranks (one per GPU; CPU processes on gloo and MPI)
 # collectives to run, comma-separated: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
-# all_to_all, send_recv
-ops = 'all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all,send_recv'
+# all_to_all, send_recv, gather, scatter
+ops = 'all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all,send_recv,gather,scatter'
 dtypes = 'fp32'    # element types, comma-separated: fp32, bf16, fp16 (MPI: fp32 only)
 min_bytes = '8'    # smallest size in bytes, K/M/G suffixes in powers of 1024 (nccl-tests -b)
 max_bytes = '16M'  # largest size in bytes (nccl-tests -e)

@@ -45,7 +45,7 @@ def test_bandwidths_follow_the_nccl_tests_definitions():
     mib, t = 1024 * 1024, 100e-6
     algbw = mib / t / 1e9
     assert bench.bandwidths(OPS["all_reduce"], mib, t, 4) == pytest.approx((algbw, algbw * 2 * 3 / 4))
-    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+    for op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         assert bench.bandwidths(OPS[op], mib, t, 8) == pytest.approx((algbw, algbw * 7 / 8))
     for op in ("broadcast", "reduce", "send_recv"):
         assert bench.bandwidths(OPS[op], mib, t, 8) == pytest.approx((algbw, algbw))
@@ -170,9 +170,12 @@ def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
                         assert r[f"busbw_{f}"] == pytest.approx(r[f"algbw_{f}"] * OPS[op].factor(2), rel=1e-3)
     text = (run / "commbench.txt").read_text()
     assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in text
-    assert "#        (B)    (elements)" in text and text.count("# Avg bus bandwidth") == 21
+    assert "#        (B)    (elements)" in text and text.count("# Avg bus bandwidth") == 3 * len(OPS)
     assert "# Out of bounds values : 0 OK" in text
-    assert "# OSU-style Allreduce Latency Test" in (run / "osu.txt").read_text()
+    osu = (run / "osu.txt").read_text()
+    assert "# OSU-style Allreduce Latency Test" in osu and "# OSU-style Gather Latency Test" in osu
+    # the rooted collectives were checked element by element: at the root for gather, on every rank for scatter
+    assert {r["op"] for r in rows if r["root"] == 0} == {"broadcast", "reduce", "gather", "scatter"}
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["versions"]["torch"] and len(cfg["rank_list"]) == 2 and cfg["params"]["backend"] == "gloo"
 

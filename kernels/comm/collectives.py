@@ -3,10 +3,13 @@
 Definitions follow nccl-tests (doc/PERFORMANCE.md there):
 - `size` is bytes: the buffer of one rank for all_reduce, broadcast, reduce and send_recv;
   per-rank count x ranks for all_gather (the gathered output), reduce_scatter (the input
-  that is scattered) and all_to_all (what one rank sends in all);
+  that is scattered), all_to_all (what one rank sends in all), gather (what the root
+  receives) and scatter (what the root sends);
 - algbw = size / time (GB = 1e9 bytes); busbw = algbw x factor, the factor making the
   figure comparable with the link's bandwidth: 2(n-1)/n for all_reduce; (n-1)/n for
-  all_gather, reduce_scatter and all_to_all; 1 for broadcast, reduce and send_recv.
+  all_gather, reduce_scatter, all_to_all, gather and scatter (the root's link carries all
+  but its own share); 1 for broadcast, reduce and send_recv.
+- Rooted collectives (broadcast, reduce, gather, scatter) use the root given (`root`).
 - The alpha-beta cost model of a ring (used by kernels/comm/predict.py): `steps(n)`
   latency terms and `factor(n) x size / busbw` bytes on the slowest link.
 
@@ -74,11 +77,13 @@ OPS = {
         Op("reduce", False, True, True, "Reduce"),
         Op("all_to_all", True, False, False, "Alltoall"),
         Op("send_recv", False, False, False, "Sendrecv"),
+        Op("gather", True, False, True, "Gather"),
+        Op("scatter", True, False, True, "Scatter"),
     )
 }
 # Forms each API has: torch.distributed has no out-of-place all_reduce/broadcast/reduce (they work in
-# place), and no in-place all_to_all or send/recv; MPI has IN_PLACE for all but broadcast (in place by
-# nature) and send/recv.
+# place), and no in-place all_to_all, send/recv, gather or scatter; MPI has IN_PLACE for all but broadcast (in
+# place by nature) and send/recv; the lab runs MPI's gather and scatter out of place, as torch's.
 FORMS = {
     "torch": {
         "all_reduce": ("in",),
@@ -88,6 +93,8 @@ FORMS = {
         "reduce": ("in",),
         "all_to_all": ("out",),
         "send_recv": ("out",),
+        "gather": ("out",),
+        "scatter": ("out",),
     },
     "mpi": {
         "all_reduce": ("out", "in"),
@@ -97,6 +104,8 @@ FORMS = {
         "reduce": ("out", "in"),
         "all_to_all": ("out", "in"),
         "send_recv": ("out",),
+        "gather": ("out",),
+        "scatter": ("out",),
     },
 }
 
@@ -108,7 +117,7 @@ def values(rank: int, n_elems: int) -> np.ndarray:
 
 def input_elems(op: Op, count: int, n: int) -> int:
     """Elements of one rank's input buffer."""
-    return count * n if op.name in ("reduce_scatter", "all_to_all") else count
+    return count * n if op.name in ("reduce_scatter", "all_to_all", "scatter") else count
 
 
 def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | None:
@@ -127,6 +136,10 @@ def expected(op: Op, count: int, n: int, rank: int, root: int) -> np.ndarray | N
         return np.concatenate([values(r, count * n)[rank * count : (rank + 1) * count] for r in range(n)])
     if op.name == "send_recv":
         return values((rank - 1) % n, count)
+    if op.name == "gather":
+        return np.concatenate([values(r, count) for r in range(n)]) if rank == root else None
+    if op.name == "scatter":
+        return values(root, count * n)[rank * count : (rank + 1) * count]
     raise KeyError(op.name)
 
 
@@ -168,6 +181,10 @@ class TorchRunner:
                 self.inp, self.out = src, t.empty(count, dtype=dt, device=self.device)
         elif name in ("all_to_all", "send_recv"):
             self.inp, self.out = src, t.empty_like(src)
+        elif name == "gather":  # the root receives every rank's share into the views of one buffer
+            self.inp, self.out = src, t.empty(count * n, dtype=dt, device=self.device)
+        elif name == "scatter":  # the root sends the views of its buffer, one share per rank
+            self.inp, self.out = src, t.empty(count, dtype=dt, device=self.device)
         else:  # all_reduce, broadcast, reduce: in place
             self.inp = self.out = src
 
@@ -188,6 +205,13 @@ class TorchRunner:
             return partial(d.reduce, self.inp, self.root)
         if name == "all_to_all":
             return partial(d.all_to_all_single, self.out, self.inp)
+        at_root, shares = self.rank == self.root, self.n
+        if name == "gather":
+            into = list(self.out.chunk(shares)) if at_root else None
+            return partial(d.gather, self.inp, into, dst=self.root)
+        if name == "scatter":
+            parts = list(self.inp.chunk(shares)) if at_root else None
+            return partial(d.scatter, self.out, parts, src=self.root)
         ops = [
             d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),  # send_recv: a ring shift
             d.P2POp(d.irecv, self.out, (self.rank - 1) % self.n),
@@ -272,6 +296,10 @@ class MpiRunner:
         elif name in ("all_to_all", "send_recv"):
             self.inp = src
             self.out = src if form == "in" else page_aligned(np.zeros(src.size), dt)
+        elif name == "gather":
+            self.inp, self.out = src, page_aligned(np.zeros(count * n), dt)
+        elif name == "scatter":
+            self.inp, self.out = src, page_aligned(np.zeros(count), dt)
         elif form == "in":  # all_reduce, broadcast, reduce
             self.inp = self.out = src
         else:
@@ -302,6 +330,12 @@ class MpiRunner:
             call = partial(c.Reduce, spec, [recv, t] if at_root else None, MPI.SUM, self.root)
         elif name == "all_to_all":
             call, count = partial(c.Alltoall, spec, [recv, t]), self.inp.size // n
+        elif name == "gather":  # the receive buffer matters at the root only
+            recv, count = (recv if at_root else None), self.count
+            call = partial(c.Gather, [self.inp, t], [recv, t] if at_root else None, self.root)
+        elif name == "scatter":  # the send buffer matters at the root only
+            send, count = (self.inp if at_root else None), self.count
+            call = partial(c.Scatter, [self.inp, t] if at_root else None, [recv, t], self.root)
         else:  # send_recv: a ring shift
             call = partial(c.Sendrecv, [self.inp, t], (self.rank + 1) % n, 0, [recv, t], (self.rank - 1) % n, 0)
         c_args = (

@@ -7,12 +7,13 @@
  * The arguments are what MpiRunner._bind in kernels/comm/collectives.py passes: SEND is NULL for the in-place form
  * (MPI_IN_PLACE), RECV is NULL where the rank receives nothing (reduce off the root), COUNT is what MPI calls the
  * count of the call: the whole buffer for all_reduce, broadcast, reduce and send_recv, one rank's share for
- * all_gather and reduce_scatter, one peer's share for all_to_all. Returns the loop's seconds (MPI_Wtime), or -1 for
+ * all_gather, reduce_scatter, gather and scatter, one peer's share for all_to_all; a NULL buffer of gather (RECV)
+ * or scatter (SEND) off the root is what MPI ignores there. Returns the loop's seconds (MPI_Wtime), or -1 for
  * an unknown OP. */
 #include <mpi.h>
 #include <stddef.h>
 
-enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, SEND_RECV };
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, SEND_RECV, GATHER, SCATTER };
 
 double lab_timed_loop(int op, MPI_Fint fcomm, void *send, void *recv, int count, MPI_Fint ftype, MPI_Fint fop,
                       int root, long iters) {
@@ -47,6 +48,12 @@ double lab_timed_loop(int op, MPI_Fint fcomm, void *send, void *recv, int count,
     case SEND_RECV:
         for (long i = 0; i < iters; i++)
             MPI_Sendrecv(send, count, type, next, 0, recv, count, type, prev, 0, comm, MPI_STATUS_IGNORE);
+        break;
+    case GATHER:
+        for (long i = 0; i < iters; i++) MPI_Gather(send, count, type, recv, count, type, root, comm);
+        break;
+    case SCATTER:
+        for (long i = 0; i < iters; i++) MPI_Scatter(send, count, type, recv, count, type, root, comm);
         break;
     default:
         return -1.0;

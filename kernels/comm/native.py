@@ -31,6 +31,8 @@ OP_CODES = {
     "reduce": 4,
     "all_to_all": 5,
     "send_recv": 6,
+    "gather": 7,
+    "scatter": 8,
 }  # the enum in mpi_loop.c
 LOOP_CHOICES = ("auto", "python")
 
