@@ -78,7 +78,7 @@ PARAMS: tuple[Param, ...] = (
         "commbench",
     ),
     Param("check", bool, True, "check every result element by element (#wrong; nccl-tests -c)", (), "commbench"),
-    Param("root", int, 0, "root rank of broadcast and reduce", (), "commbench"),
+    Param("root", int, 0, "root rank of broadcast, reduce, gather and scatter", (), "commbench"),
     Param(
         "timeout_min",
         float,
