@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from kernels.base.dist import all_gather_object, process_group, rank_env, select_device
+from kernels.base.dist import agreed_precision, all_gather_object, process_group, rank_env, select_device
 from kernels.base.params import RunConfig, device_type
 from kernels.base.timers import synchronize
 from kernels.data.pipeline import micro_batches
@@ -37,9 +37,11 @@ def run(cfg: RunConfig) -> str:
     stops = StopSignals(cfg.term_grace_s)
     renv = rank_env()
     renv.check_world(cfg.gpus)
-    device = select_device(device_type(cfg), renv.local_rank, cfg.precision)  # on a GPU: TF32, cuDNN autotuner
+    device = select_device(device_type(cfg), renv.local_rank)  # on a GPU: TF32, cuDNN autotuner
     with process_group(renv, device, cfg.timeout_min, cfg.startup_timeout_min, cfg.backend) as backend:
-        return RankLoop(cfg, renv, device, backend, stops).run()
+        precision, note = agreed_precision(cfg.precision, device)  # fp16 on every rank where a GPU has no bf16
+        cfg = cfg if note is None else RunConfig({**cfg.to_dict(), "precision": precision})
+        return RankLoop(cfg, renv, device, backend, stops, {"precision_note": note} if note else {}).run()
 
 
 class RankLoop:
@@ -48,8 +50,9 @@ class RankLoop:
     parts: RankParts | None
     state: LoopState
 
-    def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str, stops: StopSignals):
+    def __init__(self, cfg: RunConfig, renv, device: torch.device, backend: str, stops: StopSignals, notes: dict):
         self.cfg, self.renv, self.device, self.backend, self.stops = cfg, renv, device, backend, stops
+        self.notes = notes  # what the rank changed from the asked configuration, for config.json's derived facts
         self.rank, self.world = renv.global_rank, renv.world_size
         self.log = partial(print, flush=True) if renv.is_rank0 else (lambda msg: None)  # rank 0 speaks
         self.wl = get_workload(cfg.workload)
@@ -72,7 +75,9 @@ class RankLoop:
             self.state = LoopState.resumed(saved, mine["partial_sums"])
             p.io.restore(mine["io"])
             self.record.resumed(saved)
-        self.record.write_config(self.state, p.derived)
+        for note in self.notes.values():
+            self.log(f"note: {note}")
+        self.record.write_config(self.state, {**p.derived, **self.notes})
         self._summarise("running")
         dist.barrier()
         self.watchdog.beat()

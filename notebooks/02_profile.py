@@ -43,7 +43,8 @@ dataset = None                  # data set; each workload lists the ones it take
 gpus = 1                        # world size: number of ranks (one per GPU; CPU processes on gloo
                                 # when no GPU)
 precision = None                # fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs
-                                # a GPU (None: the workload's default)
+                                # a GPU; bf16 on a GPU without it (V100, T4) trains as fp16 (None:
+                                # the workload's default)
 batch = None                    # GLOBAL batch size over all ranks; each rank takes batch / gpus
                                 # (None: the workload's default)
 micro_batches = 1               # gradient-accumulation micro-batches per rank and step (per-rank

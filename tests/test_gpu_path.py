@@ -206,7 +206,9 @@ def test_backend_gloo_lets_ranks_share_a_gpu_and_nccl_needs_one():
 
 
 def test_device_facts_hopper_peaks_mig_slices_and_bf16_capability():
-    from kernels.base.dist import bf16_refusal
+    import torch
+
+    from kernels.base.dist import agreed_precision, bf16_fallback
     from kernels.base.flops import peak_note
 
     assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.0 and peak_tflops("NVIDIA H200", "bf16") == 989.0
@@ -214,10 +216,12 @@ def test_device_facts_hopper_peaks_mig_slices_and_bf16_capability():
     assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None
     assert "MIG slice" in peak_note("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16")
     assert peak_note("NVIDIA H200", "bf16") is None
-    assert bf16_refusal("bf16", "NVIDIA H100 80GB HBM3", (9, 0)) is None
-    assert bf16_refusal("fp16", "Tesla V100-SXM2-32GB", (7, 0)) is None
-    why = bf16_refusal("bf16", "Tesla V100-SXM2-32GB", (7, 0))
-    assert why.startswith("parameter 'precision': bf16 needs") and "7.0" in why and "precision=fp16" in why
+    assert bf16_fallback("bf16", "NVIDIA H100 80GB HBM3", (9, 0)) is None
+    assert bf16_fallback("fp16", "Tesla V100-SXM2-32GB", (7, 0)) is None
+    why = bf16_fallback("bf16", "Tesla V100-SXM2-32GB", (7, 0))
+    assert why.startswith("bf16 asked, but the Tesla V100") and "7.0" in why and "fp16 with its GradScaler" in why
+    # on a CPU bf16 autocast runs as asked, with no collective
+    assert agreed_precision("bf16", torch.device("cpu")) == ("bf16", None)
 
 
 def test_the_sync_counter_counts_synchronising_calls_not_the_modes_notice():

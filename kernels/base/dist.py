@@ -115,22 +115,28 @@ def gpu_index(local_rank: int, visible: int) -> int:
     return local_rank % visible
 
 
-def bf16_refusal(precision: str, name: str, capability: tuple[int, int]) -> str | None:
-    """Why `precision` cannot run on this GPU, or None: bf16 needs compute capability 8.0 (Ampere) or newer; a V100
-    (7.0) or T4 (7.5) would emulate it at a fraction of fp16's speed, or fail inside a kernel."""
+def bf16_fallback(precision: str, name: str, capability: tuple[int, int]) -> str | None:
+    """Why this GPU trains `precision` in fp16 instead, or None: bf16 needs compute capability 8.0 (Ampere) or
+    newer; a V100 (7.0) or T4 (7.5) would emulate it at a fraction of fp16's speed, or fail inside a kernel."""
     if precision != "bf16" or capability >= (8, 0):
         return None
     return (
-        f"parameter 'precision': bf16 needs a GPU of compute capability 8.0 or newer, and this {name} is "
-        f"{capability[0]}.{capability[1]}; use precision=fp16 (with its GradScaler) or fp32"
+        f"bf16 asked, but the {name} is compute capability {capability[0]}.{capability[1]} (bf16 needs 8.0): fp16 "
+        f"with its GradScaler instead"
     )
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    if device.type == "cuda":
-        why = bf16_refusal(precision, torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
-        if why:
-            raise ConfigError(why)
+def agreed_precision(precision: str, device: torch.device) -> tuple[str, str | None]:
+    """The precision every rank trains in, and why it is not `precision` (None when it is): fp16 with the scaler on
+    every rank when any rank's GPU has no bf16 (one all-reduce, on GPUs only; a CPU runs bf16 autocast as asked)."""
+    if precision != "bf16" or device.type != "cuda":
+        return precision, None
+    why = bf16_fallback(precision, torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    flag = torch.tensor([0.0 if why is None else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0:
+        return precision, None
+    return "fp16", why or "bf16 asked, but another rank's GPU has no bf16: fp16 with its GradScaler on every rank"
 
 
 def enable_tf32() -> None:
@@ -140,15 +146,13 @@ def enable_tf32() -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def select_device(device_type: str, local_rank: int, precision: str = "fp32") -> torch.device:
-    """This rank's device; a GPU that cannot run `precision` is refused here, before any work, and a GPU gets the
-    lab's CUDA defaults (enable_tf32)."""
+def select_device(device_type: str, local_rank: int) -> torch.device:
+    """This rank's device; a GPU gets the lab's CUDA defaults (enable_tf32)."""
     if device_type == "cpu":
         return torch.device("cpu")
     index = gpu_index(local_rank, torch.cuda.device_count())
     torch.cuda.set_device(index)
     device = torch.device("cuda", index)
-    check_precision(precision, device)
     enable_tf32()
     return device
 

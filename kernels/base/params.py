@@ -64,7 +64,8 @@ COMMON: tuple[Param, ...] = (
         "precision",
         str,
         PER_WORKLOAD,
-        "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU (None: the workload's default)",
+        "fp32, bf16 or fp16 autocast; GradScaler only for fp16, which needs a GPU; bf16 on a GPU without it (V100, "
+        "T4) trains as fp16 (None: the workload's default)",
         ("fp32", "bf16", "fp16"),
     ),
     Param(
