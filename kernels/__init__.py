@@ -4,4 +4,4 @@ Needs torch and numpy only. See kernels/ddp_core.py for the training loop,
 kernels/base/params.py for the parameters and kernels/records/schema.py for run records.
 """
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"  # the one place: pyproject.toml, CITATION.cff and .zenodo.json read or match it

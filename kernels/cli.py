@@ -12,6 +12,7 @@
     lab paper     ...   records -> analysis -> paper, proposal and slides
     lab jupyter   ...   JupyterLab on this repository (.py notebooks open as notebooks)
     lab records-doc     print the record schema (results/README.md)
+    lab --version       the lab's version (also in every record's config.json versions.lab)
 
 `lab <command> --help` describes each. Every command is also `python -m kernels.<module>`.
 """
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from kernels import __version__
+
+        print(f"scaling-lab {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         import difflib

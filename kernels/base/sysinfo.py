@@ -63,6 +63,8 @@ def software_versions(import_torch: bool = True) -> dict:
     version from its installed metadata, and no CUDA, cuDNN or NCCL, which only an imported torch can tell."""
     import numpy
 
+    from kernels import __version__ as lab
+
     if not import_torch:
         from importlib import metadata
 
@@ -71,6 +73,7 @@ def software_versions(import_torch: bool = True) -> dict:
         except metadata.PackageNotFoundError:
             torch_version = None
         return {
+            "lab": lab,
             "python": platform.python_version(),
             "torch": torch_version,
             "numpy": numpy.__version__,
@@ -87,6 +90,7 @@ def software_versions(import_torch: bool = True) -> dict:
         except Exception:
             nccl = None
     return {
+        "lab": lab,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,

@@ -59,12 +59,19 @@ class DataSet:
     fetch: str = ""  # the command that fetches it ("" when it needs none)
     num_classes: int = 10
     streamed: bool = False  # read from disk during training (pipeline=stream), not resident
+    terms: str = ""  # the terms its publishers set for its use, as the documents state them ("" when none is known)
 
 
 # Every data set the lab reads; the documents list them from here, never by hand.
 DATASETS: dict[str, DataSet] = {
     "cifar10": DataSet(
-        "CIFAR-10", "md5 of the official tarball and of every batch file", _check_cifar10, "lab fetch cifar10"
+        "CIFAR-10",
+        "md5 of the official tarball and of every batch file",
+        _check_cifar10,
+        "lab fetch cifar10",
+        terms="published by its authors without a licence file, with the request to cite A. Krizhevsky, Learning "
+        "Multiple Layers of Features from Tiny Images, University of Toronto, 2009; the lab fetches it from their "
+        "site and never redistributes it",
     ),
     "mnist": DataSet(
         "MNIST",

@@ -67,7 +67,8 @@ def contents_text() -> tuple[str, str]:
     datasets = (
         "Input data sets are public and verified by checksum before every run: "
         + listing([f"{tex_escape(d.title)} ({tex_escape(d.verified)})" for d in public])
-        + "."
+        + ". "
+        + " ".join(f"{tex_escape(d.title)} is {tex_escape(d.terms)}." for d in public if d.terms)
         if public
         else ""
     )
