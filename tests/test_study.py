@@ -166,6 +166,38 @@ def test_dry_run_prints_one_array_per_geometry(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_briefs_12_gpu_point_runs_a_rounded_batch_and_stays_in_its_series(tmp_path):
+    """Global batch 512 at 12 GPUs (the ResNet-18 plan's grid): with batch_rounding: down the point runs 504, 42 per
+    GPU, its jobs name the study's batch, and the analysis keeps it in the B=512 series, showing its own batch."""
+    from test_paper import write_record
+
+    s = study.load(ROOT / "studies" / "strong_resnet18_seed.yaml")
+    assert sorted({(p.gpus, p.params["batch"]) for p in s.points}) == [
+        (1, 512),
+        (2, 512),
+        (4, 512),
+        (8, 512),
+        (12, 504),
+    ]
+    assert s.env["LAB_STUDY_BATCH"] == "512"
+    spec = yaml.safe_load((ROOT / "studies" / "strong_resnet18_seed.yaml").read_text())
+    spec.pop("name")
+    with pytest.raises(ConfigError, match="not divisible by gpus=12"):
+        study.load(write_study(tmp_path, "plain", **{k: v for k, v in spec.items() if k != "batch_rounding"}))
+    with pytest.raises(ConfigError, match="key 'batch_rounding': 'up'; the only value is down"):
+        study.load(write_study(tmp_path, "up", **{**spec, "batch_rounding": "up"}))
+    runs = tmp_path / "runs"
+    for n, x in {1: 1000.0, 2: 1900.0, 12: 9000.0}.items():
+        b = 12 * 42 if n == 12 else 512
+        write_record(runs, f"r{n}", gpus=n, batch=b, x=x, lab_ids={"lab_study_batch": "512"})
+    scal = analysis.scaling(analysis.load_runs(runs, {"labels": ["t"]})[0])
+    strong = scal[scal["mode"] == "strong"].set_index("gpus")
+    assert list(strong.index) == [1, 2, 12] and strong["series"].nunique() == 1
+    assert strong.loc[12, "batch"] == 504 and "B=512" in strong.loc[12, "series"]
+    assert strong.loc[12, "efficiency"] == pytest.approx(9000 / 12 / 1000)
+
+
+@pytest.mark.unit
 def test_a_serial_studys_repeats_interleave_across_scales(tmp_path):
     """A serial study runs its arrays one after another: one per (repeat, geometry), repeats first, so the runs
     go 1, 2, 1, 2 GPUs and a passing load touches both scales; a parallel study keeps one array per geometry."""

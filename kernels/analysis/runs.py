@@ -162,6 +162,8 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
             "lab": lab,
             "study_repeats": int(lab["lab_study_repeats"]) if lab.get("lab_study_repeats") else None,
             "study_point_index": point_index(d.name, lab),
+            # the study's global batch, where a GPU count that does not divide it ran a rounded one
+            "strong_batch": int(lab["lab_study_batch"]) if lab.get("lab_study_batch") else params["batch"],
         }
     )
     row.update(
@@ -334,7 +336,7 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     runs = runs.assign(_key=runs.apply(_key, axis=1), epoch_s=runs.get("epoch_s", float("nan")))
     out = []
-    for mode, by in (("strong", "batch"), ("weak", "per_rank_batch")):
+    for mode, by in (("strong", "strong_batch"), ("weak", "per_rank_batch")):
         for (key, fixed), series in runs.groupby(["_key", by], sort=True):
             if series["gpus"].nunique() < 2:
                 continue
@@ -406,7 +408,7 @@ def main_series(scal: pd.DataFrame, mode: str = "strong", workload: str | None =
 
 
 def series_name(key: dict, by: str, fixed) -> str:
-    what = f"B={fixed}" if by == "batch" else f"b={fixed}/rank"
+    what = f"B={fixed}" if by in ("batch", "strong_batch") else f"b={fixed}/rank"
     extras = [f"{k}={key[k]}" for k in ("precision", "pipeline") if key.get(k) is not None]
     extras += [f"engine={key['engine']}"] if key.get("engine") not in (None, "ddp") else []
     extras += [f"({key['kind']} runs)"] if key.get("kind") not in (None, "train") else []

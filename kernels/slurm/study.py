@@ -57,6 +57,9 @@ STUDY_KEYS = {
     "other, repeats interleaved across scales), for timings on nodes that share a machine",
     "env": "environment variables for this study's jobs, over the cluster profile's (e.g. OMP_NUM_THREADS)",
     "fixed": "01_train parameters held fixed (weak mode: batch_per_gpu instead of batch)",
+    "batch_rounding": "strong mode, down: a GPU count that does not divide fixed.batch runs the largest multiple "
+    "of it below (512 at 12 GPUs: 504, 42 per GPU), and its record keeps the study's batch (lab_study_batch) so "
+    "the point stays in its series; default: such a count is refused",
     "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
 }
 CLUSTER_KEYS = {
@@ -246,12 +249,15 @@ def load(path: Path) -> Study:
 
     combos = [dict(zip(sweep, vals)) for vals in itertools.product(*sweep.values())] if sweep else [{}]
     shapes = _shapes(where, gpus, rpn_list, cluster, per_node)
-    points = _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check)
+    rounding = _batch_rounding(where, spec, mode, fixed, sweep)
+    points = _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check, rounding)
     env = spec.get("env") or {}
     if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
         raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
     for k, v in env.items():
         one_line(where, f"env.{k}", v)
+    if rounding:  # the records of a rounded point name the study's batch, which keeps them in its series
+        env = {**env, "LAB_STUDY_BATCH": fixed["batch"]}
     serial = spec.get("serial", False)
     if not isinstance(serial, bool):
         raise ConfigError(f"{where}: key 'serial' must be true or false, got {serial!r}")
@@ -300,7 +306,19 @@ def _shapes(where: str, gpus: list, rpn_list: list, cluster: dict, per_node: int
     return shapes
 
 
-def _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check) -> list:
+def _batch_rounding(where: str, spec: dict, mode: str, fixed: dict, sweep: dict) -> bool:
+    """Whether the study rounds a global batch down to a multiple of the GPU count (key batch_rounding)."""
+    rounding = spec.get("batch_rounding")
+    if rounding is None:
+        return False
+    if rounding != "down":
+        raise ConfigError(f"{where}: key 'batch_rounding': {rounding!r}; the only value is down")
+    if mode != "strong" or not isinstance(fixed.get("batch"), int) or "batch" in sweep:
+        raise ConfigError(f"{where}: key 'batch_rounding' belongs to mode strong with an integer fixed.batch")
+    return True
+
+
+def _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check, rounding=False) -> list:
     """Every point of the study: shapes x grid x repeats, each checked as its notebook would."""
     points, seen = [], set()
     base_seed = int(fixed.get("seed", 0))
@@ -312,6 +330,8 @@ def _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu
                     params["seed"] = base_seed + r
                 if mode == "weak":
                     params["batch"] = per_gpu * n
+                if rounding and params["batch"] % n:
+                    params["batch"] = n * (params["batch"] // n)  # the record's lab_study_batch keeps the series
                 key = json.dumps({"gpus": n, "nodes": nodes, "repeat": r, **params}, sort_keys=True, default=str)
                 if key in seen:
                     raise ConfigError(f"{where}: duplicate point gpus={n} {combo}")
