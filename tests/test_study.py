@@ -166,6 +166,21 @@ def test_dry_run_prints_one_array_per_geometry(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_study_file_loads(path):
+    """Every committed study is a valid grid of checked points (the briefs' grids among them)."""
+    s = study.load(path)
+    assert s.points and s.name  # a study may name itself other than its file (commbench_mn5: the system)
+
+
+@pytest.mark.unit
+def test_the_completion_guides_geometry_puts_one_gpu_on_each_of_two_nodes():
+    s = study.load(ROOT / "studies" / "two_nodes_one_gpu.yaml")
+    shapes = sorted({(p.gpus, p.nodes, p.tasks_per_node, p.params["precision"]) for p in s.points})
+    assert shapes == [(1, 1, 1, "fp16"), (1, 1, 1, "fp32"), (2, 2, 1, "fp16"), (2, 2, 1, "fp32")]
+
+
+@pytest.mark.unit
 def test_the_briefs_12_gpu_point_runs_a_rounded_batch_and_stays_in_its_series(tmp_path):
     """Global batch 512 at 12 GPUs (the ResNet-18 plan's grid): with batch_rounding: down the point runs 504, 42 per
     GPU, its jobs name the study's batch, and the analysis keeps it in the B=512 series, showing its own batch."""
