@@ -222,7 +222,7 @@ def test_node_hours_equal_the_computation(study, tmp_path):
         spec = yaml.safe_load((ROOT / ref).read_text())
         combos = math.prod(len(v) for v in (spec.get("sweep") or {}).values())
         runs += [(n, spec["fixed"].get("epochs", 1)) for n in spec["gpus"] for _ in range(combos * spec["repeats"])]
-    assert len(runs) == 7 * 3 + 7 * 3 + 12 * 2  # strong and weak to 64 GPUs, 3 repeats; the sweep at 8 GPUs
+    assert len(runs) == 5 * 3 + 5 * 3 + 27  # the plan's grids: strong and weak to 12 GPUs, 3 repeats; 27 at 8 GPUs
     total = 0.0
     for n, epochs in runs:
         if n in epoch:
@@ -259,7 +259,7 @@ def test_no_node_hours_from_records_of_another_gpu_or_workload(study, tmp_path, 
     request = " ".join((tables / "request_text.tex").read_text().split())
     assert request.startswith("The node-hours are to be measured:") and why in request, request
     assert "pilot on" in request and "we request" not in request
-    assert (tables / "nodehours_table.tex").read_text().count("to be measured") == 7  # 1 to 64 GPUs, as the studies
+    assert (tables / "nodehours_table.tex").read_text().count("to be measured") == 5  # 1 to 12 GPUs, as the grids
     assert "to be measured" in (tables / "slide_request.tex").read_text()
     assert r"\newcommand{\labNodeHours}{to be measured}" in (tables / "numbers.tex").read_text()
 
