@@ -410,7 +410,7 @@ def test_the_horovod_commands_as_written(tmp_path, docs_env):
         assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
         assert s["status"] == "complete", s
     p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
-    assert p.stdout.count("sbatch --parsable") == 5 and "--nodes=4 --ntasks-per-node=16" in p.stdout
+    assert p.stdout.count("sbatch --parsable") == 7 and "--nodes=16 --ntasks-per-node=16" in p.stdout  # to 256
 
 
 @pytest.mark.system
