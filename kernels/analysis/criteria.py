@@ -53,6 +53,8 @@ def row(c: Criterion, status: str, value: str = "", evidence: str = "") -> dict:
         "short": c.short,
         "source": c.source,
         "brief": c.cites,
+        "brief_title": c.brief.title,
+        "line": c.line,
         "definition": c.definition,
         "threshold": c.threshold + (" (the lab's reading)" if c.lab_threshold else ""),
         "status": status,
@@ -71,9 +73,22 @@ def set_aside(c: Criterion, point: pd.Series) -> dict:
 
 
 def judge(criteria, tables: dict) -> pd.DataFrame:
-    """One row per criterion: key, short, source, brief, definition, threshold, status, value, evidence (or how to
-    measure). tables: runs (the quiet records), scaling, gains (each optimisation), together (all of them)."""
-    cols = ["key", "short", "source", "brief", "definition", "threshold", "status", "value", "evidence"]
+    """One row per criterion: key, short, source, brief (file:line), brief_title, line, definition, threshold, status,
+    value, evidence (or how to measure). tables: runs (the quiet records), scaling, gains (each optimisation),
+    together (all of them)."""
+    cols = [
+        "key",
+        "short",
+        "source",
+        "brief",
+        "brief_title",
+        "line",
+        "definition",
+        "threshold",
+        "status",
+        "value",
+        "evidence",
+    ]
     return pd.DataFrame([c.judge(c, tables) for c in criteria], columns=cols)
 
 

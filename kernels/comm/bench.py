@@ -479,10 +479,9 @@ def _placement(cfg: CommConfig, runner, device) -> tuple[list[dict], str, list[s
 
 def _measure(cfg: CommConfig, runner, device) -> int:
     """Every rank: measure; rank 0 writes the record (config.json, summary.json, then the results)."""
-    rank = runner.rank
     ranks, run_id, hosts, facts = _placement(cfg, runner, device)
     run_dir = cfg.results_root / run_id
-    is0 = rank == 0
+    is0 = runner.rank == 0
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     summary = {
         "run_id": run_id,

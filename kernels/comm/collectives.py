@@ -205,12 +205,12 @@ class TorchRunner:
             return partial(d.reduce, self.inp, self.root)
         if name == "all_to_all":
             return partial(d.all_to_all_single, self.out, self.inp)
-        at_root, shares = self.rank == self.root, self.n
+        at_root = self.rank == self.root
         if name == "gather":
-            into = list(self.out.chunk(shares)) if at_root else None
+            into = list(self.out.chunk(self.n)) if at_root else None
             return partial(d.gather, self.inp, into, dst=self.root)
         if name == "scatter":
-            parts = list(self.inp.chunk(shares)) if at_root else None
+            parts = list(self.inp.chunk(self.n)) if at_root else None
             return partial(d.scatter, self.out, parts, src=self.root)
         ops = [
             d.P2POp(d.isend, self.inp, (self.rank + 1) % self.n),  # send_recv: a ring shift

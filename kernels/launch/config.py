@@ -104,14 +104,14 @@ def resolve(raw: dict) -> RunConfig:
     return cfg
 
 
-def _need(cond: bool, msg: str) -> None:
+def need(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless cond."""
     if not cond:
         raise ConfigError(msg)
 
 
 def _check_ranges(cfg: RunConfig) -> None:
     """Each number within its range: sizes, counts, rates and timeouts."""
-    need = _need
     need(cfg.gpus >= 1, f"parameter 'gpus': world size must be >= 1, got {cfg.gpus}")
     need(cfg.batch >= 1, f"parameter 'batch': must be >= 1, got {cfg.batch}")
     need(
@@ -176,7 +176,6 @@ def _check_ranges(cfg: RunConfig) -> None:
 def _check_combinations(cfg: RunConfig, wl) -> None:
     """The numbers in range, then the parameters that must agree with each other, with the data set and the
     workload."""
-    need = _need
     _check_ranges(cfg)
     need(
         not cfg.cuda_graphs or cfg.compile,

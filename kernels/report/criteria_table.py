@@ -61,7 +61,7 @@ def tabular(t: pd.DataFrame) -> str:
         "\\toprule",
         " & ".join(h for h, _ in COLUMNS.values()) + r" \\",
     ]
-    for brief, g in t.groupby(t["source"].str.rsplit(", line", n=1).str[0], sort=False):
+    for brief, g in t.groupby("brief_title", sort=False):
         lines += ["\\midrule", f"\\multicolumn{{4}}{{@{{}}l}}{{\\textit{{{tex_escape(brief)}}}, line}} \\\\"]
         for r in g.itertuples():
             detail = (
@@ -72,7 +72,7 @@ def tabular(t: pd.DataFrame) -> str:
                 else r.evidence
             )
             cells = [
-                f"{r.short} {{\\tiny {r.brief.rsplit(':', 1)[1]}}}",
+                f"{r.short} {{\\tiny {r.line}}}",
                 target_tex(r.threshold),
                 STATUS_TEX[r.status],
                 tex_escape(detail),

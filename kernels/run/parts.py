@@ -59,71 +59,69 @@ def build(cfg, wl: Workload, device: torch.device, renv, backend: str, obs, reco
     seed_everything(cfg.seed)
     src, eval_src, info = wl.make_data(cfg, renv.global_rank, renv.world_size, device)
     try:
-        return _around_data(cfg, wl, device, renv, backend, obs, record, src, eval_src, info)
+        src.check_batch(cfg.batch)
+        px, py = src.probe(2)
+        memory.refuse_what_cannot_fit(wl, cfg, info, (px, py), device, renv.global_rank)
+        model, variant = wl.build_model(cfg, info)
+        model = model.to(device)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
+        flops = model_flops_per_sample(
+            copy.deepcopy(model), px, wl.loss, py, forward=lambda m, x, y: wl.forward(m, x, y, 0, True)
+        )
+        name = device_name(device)
+        engine = make_engine(cfg)
+        wrapped = engine.wrap_model(model, device)
+        # weights came from the common seed; from here on each rank draws its own random numbers (its own dropout)
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (renv.global_rank + 1))
+        capture = Capture(cfg)
+        train_model = capture.compile(wrapped, cfg)
+        obs.check_window(cfg.epochs * src.steps_per_epoch, src.steps_per_epoch)
+        recipe = wl.build_optimizer(cfg, model, src.steps_per_epoch)
+        opt = engine.wrap_optimizer(model, recipe.optimizer, cfg.micro_batches)
+        scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        autocast = (
+            torch.autocast(device.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES else nullcontext()
+        )
+        metrics, io = MetricSums(wl, device), IOAccount(src, renv.global_rank, name)
+        record.set_facts(model, wl, device, name, flops, cfg.precision, metrics.cols)
+        derived = {
+            "per_rank_batch": cfg.per_rank_batch,
+            "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
+            "steps_per_epoch": src.steps_per_epoch,
+            "train_samples_used": src.num_samples,
+            "test_samples_used": eval_src.num_samples,
+            "dropped_per_epoch": src.dropped_per_epoch,
+            "data_source": src.describe(),
+            "backend": backend,
+            "device_type": device.type,
+            "launch_source": renv.source,
+            "model_variant": variant,
+            "tf32": device.type == "cuda",
+            **flops,
+            "peak_tflops": record.facts["peak"],
+            "peak_note": record.facts["peak_note"],
+            **engine.facts(),
+        }
+        return RankParts(
+            src=src,
+            eval_src=eval_src,
+            info=info,
+            model=model,
+            variant=variant,
+            engine=engine,
+            wrapped=wrapped,
+            capture=capture,
+            train_model=train_model,
+            recipe=recipe,
+            opt=opt,
+            scaler=scaler,
+            autocast=autocast,
+            metrics=metrics,
+            io=io,
+            derived=derived,
+        )
     except BaseException:
         src.close()
         raise
-
-
-def _around_data(cfg, wl, dev, renv, backend, obs, record, src, eval_src, info) -> RankParts:
-    src.check_batch(cfg.batch)
-    px, py = src.probe(2)
-    memory.refuse_what_cannot_fit(wl, cfg, info, (px, py), dev, renv.global_rank)
-    model, variant = wl.build_model(cfg, info)
-    model = model.to(dev)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    # FLOPs per sample from the model itself on real samples, on a throw-away copy (BatchNorm untouched)
-    flops = model_flops_per_sample(
-        copy.deepcopy(model), px, wl.loss, py, forward=lambda m, x, y: wl.forward(m, x, y, 0, True)
-    )
-    name = device_name(dev)
-    engine = make_engine(cfg)
-    wrapped = engine.wrap_model(model, dev)
-    # weights came from the common seed; from here on each rank draws its own random numbers (its own dropout)
-    torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (renv.global_rank + 1))
-    capture = Capture(cfg)
-    train_model = capture.compile(wrapped, cfg)
-    obs.check_window(cfg.epochs * src.steps_per_epoch, src.steps_per_epoch)
-    recipe = wl.build_optimizer(cfg, model, src.steps_per_epoch)
-    opt = engine.wrap_optimizer(model, recipe.optimizer, cfg.micro_batches)
-    scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
-    autocast = torch.autocast(dev.type, dtype=DTYPES[cfg.precision]) if cfg.precision in DTYPES else nullcontext()
-    metrics, io = MetricSums(wl, dev), IOAccount(src, renv.global_rank, name)
-    record.set_facts(model, wl, dev, name, flops, cfg.precision, metrics.cols)
-    derived = {
-        "per_rank_batch": cfg.per_rank_batch,
-        "micro_batch": cfg.per_rank_batch // cfg.micro_batches,
-        "steps_per_epoch": src.steps_per_epoch,
-        "train_samples_used": src.num_samples,
-        "test_samples_used": eval_src.num_samples,
-        "dropped_per_epoch": src.dropped_per_epoch,
-        "data_source": src.describe(),
-        "backend": backend,
-        "device_type": dev.type,
-        "launch_source": renv.source,
-        "model_variant": variant,
-        "tf32": dev.type == "cuda",
-        **flops,
-        "peak_tflops": record.facts["peak"],
-        "peak_note": record.facts["peak_note"],
-        **engine.facts(),
-    }
-    return RankParts(
-        src,
-        eval_src,
-        info,
-        model,
-        variant,
-        engine,
-        wrapped,
-        capture,
-        train_model,
-        recipe,
-        opt,
-        scaler,
-        autocast,
-        metrics,
-        io,
-        derived,
-    )

@@ -49,8 +49,15 @@ RECORD_FIELDS = {
 }
 
 
+def runs_table(t: dict):
+    """DCRNN's table of the judged records, made once per judging: the criteria that read it share it."""
+    if NAME not in t:
+        t[NAME] = table(t["runs"])
+    return t[NAME]
+
+
 def strong_nodes(c: Criterion, t: dict) -> dict:
-    dc = table(t["runs"])
+    dc = runs_table(t)
     for _, s in dc.groupby("series") if not dc.empty else []:
         one, eight = s[s["nodes"] == 1], s[s["nodes"] == 8]
         if len(one) and len(eight):
@@ -91,7 +98,7 @@ def time_vs_node(c: Criterion, t: dict) -> dict:
 def mae_vs_original(c: Criterion, t: dict) -> dict:
     """The test MAE per horizon of the series' largest rank count against the original implementation's published
     MAE on the same data set (REFERENCE_MAE, "original-fixed"): the worst relative gap over the horizons."""
-    dc = table(t["runs"])
+    dc = runs_table(t)
     dc = dc[dc["dataset"].isin(list(REFERENCE_MAE))] if not dc.empty else dc
     if dc.empty:
         return row(c, NOT_MEASURED, evidence=f"{STUDY} on METR-LA or PEMS-BAY")
