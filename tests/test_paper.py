@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -243,25 +244,94 @@ def test_node_hours_equal_the_computation(study, tmp_path):
     assert "the target system's GPU model" in request
 
 
+CIFAR_PLAN = {**PLAN, "workloads": ["ResNet-18 on CIFAR-10"]}
+
+
 @pytest.mark.parametrize(
-    "change,why",
+    "change,why,cluster",
     [
-        ({"system": "leonardo-booster"}, "ran on NVIDIA H100 80GB HBM3, not on the NVIDIA A100"),
-        ({"workloads": ["ResNet-18 on CIFAR-10"]}, "ran resnet18 on synthetic, not the proposed ResNet-18 on CIFAR-10"),
+        ({"system": "leonardo-booster"}, "ran on NVIDIA H100 80GB HBM3, not on the NVIDIA A100", "leonardo-booster"),
+        ({"system": "jupiter-booster"}, "ran on NVIDIA H100 80GB HBM3, not on the NVIDIA GH200", "PROFILE"),
     ],
 )
-def test_no_node_hours_from_records_of_another_gpu_or_workload(study, tmp_path, change, why):
-    """H100 records do not price an A100 system, nor synthetic-data records a CIFAR-10 study: the request says
-    'to be measured' with the pilot that measures it, and no total exists to print."""
-    res = report.build(study, tmp_path / "out", {**SYNTH_PLAN, **change}, SYSTEMS, select=SELECT_T)
+def test_no_node_hours_from_records_of_another_gpu_and_the_pilot_job_named(study, tmp_path, change, why, cluster):
+    """H100 records do not price an A100 (or GH200) system: the request says 'to be measured', names the one
+    pilot job that produces the record it needs (with the system's cluster profile where there is one), and no
+    total exists to print."""
+    res = report.build(study, tmp_path / "out", {**CIFAR_PLAN, **change}, SYSTEMS, select=SELECT_T)
     assert res["node_hours_total"] is None and res["node_hours_request"] is None
     tables = tmp_path / "out" / "tables"
     request = " ".join((tables / "request_text.tex").read_text().split())
     assert request.startswith("The node-hours are to be measured:") and why in request, request
-    assert "pilot on" in request and "we request" not in request
+    job = (
+        f"lab submit notebooks/01\\_train.ipynb --gpus 1 --cluster {cluster} -p workload resnet18 -p dataset "
+        f"cifar10 -p epochs 2 -p label pilot"
+    )
+    assert f"\\texttt{{{job}}}" in request and "we request" not in request, request
+    assert PLAN["select"]["labels"].count("pilot") == 1  # the pilot's record is selected as it lands
     assert (tables / "nodehours_table.tex").read_text().count("to be measured") == 5  # 1 to 12 GPUs, as the grids
-    assert "to be measured" in (tables / "slide_request.tex").read_text()
+    assert "to be measured by a pilot job (one GPU of" in (tables / "slide_request.tex").read_text()
     assert r"\newcommand{\labNodeHours}{to be measured}" in (tables / "numbers.tex").read_text()
+
+
+def test_no_node_hours_from_records_of_another_workload(tmp_path):
+    runs = tmp_path / "runs"
+    write_record(runs, "c1", gpus=1, batch=64, x=900.0, workload="cnn", dataset="mnist")
+    res = report.build(runs, tmp_path / "out", CIFAR_PLAN, SYSTEMS, select=SELECT_T)
+    assert res["node_hours_total"] is None
+    request = " ".join((tmp_path / "out" / "tables" / "request_text.tex").read_text().split())
+    assert "ran cnn on mnist, not the proposed ResNet-18 on CIFAR-10" in request, request
+
+
+def test_synthetic_records_of_the_workload_stand_in_for_its_data_set(study, tmp_path):
+    """ResNet-18 records on synthetic data of CIFAR-10's shape on the target's GPU model price a CIFAR-10
+    study: the same model and step; each record's time per sample is scaled to CIFAR-10's 50,000 samples."""
+    res = report.build(study, tmp_path / "out", CIFAR_PLAN, SYSTEMS, select=SELECT_T)
+    table = res["node_hours"].set_index("gpus")
+    one = [1e2 * 512 / 1000.0 / (1e2 * 512) * 50_000, 50_000 / 980.0, 50_000 / 1710.0]  # s1, w1, amp: per sample
+    assert math.isclose(table.loc[1, "epoch_s"], sorted(one)[1], rel_tol=1e-12)
+    assert table.loc[1, "source"] == "measured" and res["node_hours_total"] > 0
+    request = " ".join((tmp_path / "out" / "tables" / "request_text.tex").read_text().split())
+    assert "synthetic data of the shape CIFAR-10 has" in request and "50,000 training samples" in request
+
+
+def test_a_request_from_one_gpu_records_is_labelled_predicted_with_its_error(tmp_path):
+    """Records of one GPU only, on the target's GPU model, with their gradient sizes: the request is their time
+    per epoch at 1 GPU and the step model's prediction at the others, labelled as predicted from 1-GPU
+    measurements, with the model's validation error where the records validate it and 'not known' where not."""
+    from kernels.report.request import uncertainty
+    from kernels.report.context import Context
+
+    runs = tmp_path / "runs"
+    for i, x in enumerate((1000.0, 1010.0, 990.0)):
+        write_record(runs, f"p{i}", gpus=1, batch=512, x=x, dataset="cifar10", label="pilot")
+        summary = runs / f"p{i}" / "summary.json"
+        records.write_json(summary, {**records.read_json(summary), "grad_param_bytes": [4_000_000] * 11})
+    res = report.build(runs, tmp_path / "out", CIFAR_PLAN, SYSTEMS, select={"labels": ["pilot"]})
+    table = res["node_hours"].set_index("gpus")
+    assert table.loc[1, "source"] == "measured" and math.isclose(table.loc[1, "epoch_s"], 100 * 512 / 1000.0)
+    assert table.loc[2, "source"] == "predicted (published bw)"
+    assert table.loc[12, "source"] == "predicted (published bw)"  # 512 rounded down to 504, as the study runs it
+    request = " ".join((tmp_path / "out" / "tables" / "request_text.tex").read_text().split())
+    assert "predicted from 1-GPU measurements" in request and "their error is not known" in request, request
+    assert "rounded down where it does not split, as the studies run it (504 at 12 GPUs, 42 per GPU)" in request
+    assert res["node_hours_request"] > 0 and "we request" in request
+    # a validation among the records: the error band is the predicted points' node-hours times its largest error
+    predicted = {
+        int(n): (t, s) for n, t, s in zip(table.index, table["epoch_s"], table["source"]) if n in (2, 4, 8, 12)
+    }
+    ctx = Context(
+        runs=res["runs"],
+        problems=res["problems"],
+        excluded=res["runs"].iloc[0:0],
+        plan={**CIFAR_PLAN, "profiling_overhead": 0.1},
+        systems=SYSTEMS,
+        out=tmp_path,
+        results={"predictor": pd.DataFrame({"gpus": [1, 2, 4], "error": [0.0, -0.08, 0.05]})},
+    )
+    band, text = uncertainty(ctx, res["node_hours"], predicted)
+    hours = table.loc[[2, 4, 8, 12], "node_hours"].sum() * 1.1
+    assert math.isclose(band, 0.08 * hours) and "largest error against 2 measured multi-rank points is 8" in text
 
 
 def test_mixed_versions_are_flagged(tmp_path):
@@ -451,11 +521,13 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert "NVIDIA H100 80GB HBM3" in paper
     assert "measured on GPUs" in paper and "CPU processes on one machine" not in paper
     assert "outside the selection" in paper and "0.139" not in paper
-    # these records ran synthetic data, the plan proposes CIFAR-10: the proposal prints no node-hour total
+    # these ResNet-18 records ran synthetic data of CIFAR-10's shape on the target's GPU model: they price the
+    # CIFAR-10 study the plan proposes, and the proposal says they stand in for it
     built = report.build(res / "runs", tmp_path / "check", PLAN, SYSTEMS, select=SELECT_T)
-    assert built["node_hours_total"] is None
+    assert built["node_hours_request"] > 0
     proposal = " ".join(pdf_text(pdfs["proposal"]).split())
-    assert "The node-hours are to be measured" in proposal and "we request" not in proposal
+    assert f"we request {num(built['node_hours_request'])} node-hours" in proposal, proposal
+    assert "synthetic data of the shape CIFAR-10 has" in proposal
     assert SYSTEMS[PLAN["system"]]["name"].split(" (")[0] in proposal
     assert "WP1 Port" in proposal and "Support needed." in proposal  # the Gantt chart and the paragraph
     assert "Principal investigator: <PI name, e-mail> (<institution>); code and run records: <repository>" in proposal
@@ -477,7 +549,7 @@ def test_make_paper_builds_three_documents_from_the_records(study, tmp_path):
     assert "The tables and figures behind" not in text and "the appendix of the full version" in text
     assert "??" not in text
     assert "judges the targets set before the study" in text
-    assert "Node-hours: to be measured by a pilot" in " ".join(pdf_text(pdfs["pitch"], layout=False).split())
+    assert "Request with 20 % margin" in " ".join(pdf_text(pdfs["pitch"], layout=False).split())
 
     # nothing rebuilds needlessly ...
     mtimes = {n: p.stat().st_mtime_ns for n, p in pdfs.items()}

@@ -60,6 +60,7 @@ class DataSet:
     num_classes: int = 10
     streamed: bool = False  # read from disk during training (pipeline=stream), not resident
     terms: str = ""  # the terms its publishers set for its use, as the documents state them ("" when none is known)
+    train_samples: int = 0  # its training split's size as published (0: it has no fixed size)
 
 
 # Every data set the lab reads; the documents list them from here, never by hand.
@@ -72,18 +73,21 @@ DATASETS: dict[str, DataSet] = {
         terms="published by its authors without a licence file, with the request to cite A. Krizhevsky, Learning "
         "Multiple Layers of Features from Tiny Images, University of Toronto, 2009; the lab fetches it from their "
         "site and never redistributes it",
+        train_samples=50_000,
     ),
     "mnist": DataSet(
         "MNIST",
         "sha256 of the four decompressed IDX files, md5 of the official .gz",
         _check_mnist("mnist"),
         "lab fetch mnist",
+        train_samples=60_000,
     ),
     "fashion-mnist": DataSet(
         "Fashion-MNIST",
         "sha256 of the four decompressed IDX files",
         _check_mnist("fashion-mnist"),
         "lab fetch fashion-mnist",
+        train_samples=60_000,
     ),
     "bigmnist": DataSet(
         "bigMNIST (MNIST augmented and replicated to 72 M samples, in shards)",

@@ -8,8 +8,8 @@ import pandas as pd
 
 from kernels.analysis import runs as analysis
 from kernels.analysis.trust import quiet
-from kernels.base.flops import PEAK_TFLOPS
 from kernels.report.context import Context
+from kernels.report.evidence import PILOT_EPOCHS, on_target, pilot_command, proposed_runs, stand_in_note
 from kernels.report.io import STREAMED
 from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
@@ -28,55 +28,10 @@ NODEHOURS_COLUMNS = {
 SLIDE_COLUMNS = {"gpus": ("GPUs", "d"), "nodes": ("Nodes", "d"), "node_hours": ("Node-hours", ",.3g")}
 
 
-def device_class(name: str) -> str | None:
-    """The accelerator family of a device or system description ('h100', 'a100', ...), by the peak table's keys."""
-    low = name.lower()
-    for key, _ in PEAK_TFLOPS:
-        if key in low:
-            return key
-    return None
-
-
-def on_target(runs: pd.DataFrame, system: dict) -> pd.DataFrame:
-    """The runs measured on the target system's GPU model (none when its model is not in the peak table)."""
-    target = device_class(system["gpu"])
-    return runs[[target is not None and device_class(d) == target for d in runs["device"]]] if not runs.empty else runs
-
-
 def requested(total: float, plan: dict) -> int:
     """The plan's margin on top of the computed total, rounded up to the plan's unit."""
     unit = int(plan["round_to"])
     return int(math.ceil(total * (1 + float(plan["margin"])) / unit) * unit)
-
-
-def _norm(text: str) -> str:
-    return "".join(ch for ch in str(text).lower() if ch.isalnum())
-
-
-def proposed_runs(runs: pd.DataFrame, plan: dict, system: dict) -> tuple[pd.DataFrame, str]:
-    """The runs a request may be priced from: the proposed workload and data set (paper/plan.yaml: workloads,
-    e.g. "ResNet-18 on CIFAR-10") on the target system's GPU model. The rest prices nothing: CPU epochs of a
-    small data set say nothing about GPU hours. Returns (those runs, why none qualifies; empty when some do)."""
-    if runs.empty:
-        return runs, "no complete run records"
-    wanted = [_norm(w) for w in plan.get("workloads") or []]
-    of_workload = runs[
-        [any(_norm(w) in x and _norm(d) in x for x in wanted) for w, d in zip(runs["workload"], runs["dataset"])]
-    ]
-    measured = on_target(of_workload, system)
-    if not measured.empty:
-        return measured, ""
-    ran = listing(sorted({f"{w} on {d}" for w, d in zip(runs["workload"], runs["dataset"])}))
-    if of_workload.empty:
-        return measured, (
-            f"the selected records ran {tex_escape(ran)}, not the proposed "
-            f"{tex_escape(listing(plan.get('workloads') or []))}"
-        )
-    hw = listing(sorted(set(of_workload["device"])))
-    return measured, (
-        f"the selected records of {tex_escape(listing(plan.get('workloads') or []))} ran on "
-        f"{tex_escape(hw)}, not on the {tex_escape(system['gpu'])} of {tex_escape(system['name'])}"
-    )
 
 
 def to_be_measured(ctx: Context, why: str) -> None:
@@ -97,19 +52,28 @@ def to_be_measured(ctx: Context, why: str) -> None:
     ctx.put("nodehours_table.tex", booktabs(points, cols, size="\\small"))
     ctx.put("nodehours_slide.tex", booktabs(points, cols))
     ctx.put("io_request_text.tex", io_study_hours(ctx, in_total=False)[1])
-    pilot = f"1 to {gpn} GPUs (one node)"
-    ctx.put(
-        "request_text.tex",
-        f"The node-hours are to be measured: {why}. No total is computed from them. A pilot on "
-        f"{tex_escape(system['name'])} (milestone M1: {pilot}, {tex_escape(listing(plan.get('workloads') or []))}) "
-        f"measures the time per epoch $T(N)$, and the request is computed from it by the formula above; the "
-        f"larger GPU counts are predicted from the pilot's 1-GPU record by the step model until they are "
-        f"measured.\n",
-    )
+    job = pilot_command(plan)
+    if job:
+        pilot = (
+            f"One pilot job produces the record that prices them, on one GPU of {tex_escape(system['name'])} "
+            f"(milestone M1): \\texttt{{{tex_escape(job)}}}. Its label is selected by paper/plan.yaml; "
+            f"\\texttt{{-p dataset synthetic}} measures the same step where the data set is not staged yet. "
+            f"The request is then its time per epoch times the planned runs by the formula above, the larger "
+            f"GPU counts predicted from this 1-GPU record by the step model until they are measured.\n"
+        )
+        slide = f"one GPU of {tex_escape(system['name'])}, {PILOT_EPOCHS} epochs, milestone M1"
+    else:
+        pilot = (
+            f"A pilot on {tex_escape(system['name'])} (milestone M1: 1 GPU, "
+            f"{tex_escape(listing(plan.get('workloads') or []))}) measures the time per epoch $T(N)$, and the "
+            f"request is computed from it by the formula above; the larger GPU counts are predicted from the "
+            f"pilot's 1-GPU record by the step model until they are measured.\n"
+        )
+        slide = f"1 GPU of {tex_escape(system['name'])}, milestone M1"
+    ctx.put("request_text.tex", f"The node-hours are to be measured: {why}. No total is computed from them. {pilot}")
     ctx.put(
         "slide_request.tex",
-        f"\\item Node-hours: to be measured by a pilot on {tex_escape(system['name'])} "
-        f"({pilot}, milestone M1)\n\\item {why[0].upper() + why[1:]}\n",
+        f"\\item Node-hours: to be measured by a pilot job ({slide})\n\\item {why[0].upper() + why[1:]}\n",
     )
     ctx.macro("labNodeHours", "to be measured")
     ctx.macro("labNodeHoursRequest", "to be measured")
@@ -128,23 +92,7 @@ def section(ctx: Context) -> None:
     if why:
         to_be_measured(ctx, why)
         return
-    scal = ctx.results.get("scaling", pd.DataFrame())
-    if not scal.empty:  # the series of the runs that may price the request only
-        scal = scal[scal["dataset"].isin(set(runs["dataset"]))]
-    if not scal.empty and (~scal["dataset"].isin(STREAMED)).any():
-        scal = scal[~scal["dataset"].isin(STREAMED)]  # the I/O study is costed on its own (io_study_hours)
-    aside = set_aside_note(scal, in_paper=False)
-    scal = clean(scal)  # a set-aside point never prices the request
-    main = main_series(scal) if not scal.empty else scal
-    if not main.empty:
-        epoch_by_n = main.groupby("gpus")["epoch_s"].median().to_dict()
-        basis = f"the strong-scaling series {tex_escape(main['series'].iloc[0])}"
-    elif not runs.empty:
-        projected = runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"]
-        epoch_by_n = runs.assign(e=runs["epoch_s"].fillna(projected)).groupby("gpus")["e"].median().to_dict()
-        basis = "the complete runs (no scaling series yet)"
-    else:
-        epoch_by_n = {}
+    epoch_by_n, basis, main, aside = measured_epochs(ctx, runs)
     if not epoch_by_n:
         ctx.put("io_request_text.tex", "")
         ctx.put("nodehours_table.tex", gap_note("no complete run records: the node-hours cannot be computed yet"))
@@ -167,27 +115,85 @@ def section(ctx: Context) -> None:
     hw = ", ".join(sorted(runs["device"].unique()))
     text = (
         f"The times per epoch come from {basis}, measured on {tex_escape(hw)} "
-        f"({len(runs)} record{'s' if len(runs) > 1 else ''}), the target system's GPU model. The computed total "
-        f"is \\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of {pct(float(plan['margin']))} "
-        f"for reruns and queue effects, rounded up to {int(plan['round_to'])}, we request "
-        f"\\textbf{{{num(ask)} node-hours}}. Points without a measurement "
+        f"({len(runs)} record{'s' if len(runs) > 1 else ''}), the target system's GPU model. "
+        + stand_in_note(runs)
+        + f"The computed total is \\textbf{{{num(total, 4)} node-hours}}. With the plan's margin of "
+        f"{pct(float(plan['margin']))} for reruns and queue effects, rounded up to {int(plan['round_to'])}, we "
+        f"request \\textbf{{{num(ask)} node-hours}}. Points without a measurement "
         + (
-            "are predicted as described above"
+            "are predicted from 1-GPU measurements as described above"
             if predicted
             else "use the assumed efficiency (no 1-rank record with gradient sizes is selected)"
         )
         + " and are replaced by measurements as the study proceeds."
     )
-    ctx.put("request_text.tex", pred_note + text + (" " + aside if aside else "") + "\n")
+    band, band_text = uncertainty(ctx, table, predicted)
+    ctx.put("request_text.tex", pred_note + text + band_text + (" " + aside if aside else "") + "\n")
+    source = "1-GPU time per epoch and the step model" if set(epoch_by_n) == {1} else "measured time per epoch"
     ctx.put(
         "slide_request.tex",
-        f"\\item From the measured time per epoch ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}\n"
-        f"\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
+        f"\\item From the {source} ({tex_escape(hw)}): \\textbf{{{num(total, 4)} node-hours}}"
+        + (f" ($\\pm${num(band, 2)})" if band else "")
+        + f"\n\\item Request with {pct(float(plan['margin']))} margin: \\textbf{{{num(ask)} node-hours}} on "
         f"{tex_escape(system['name'])}\n",
     )
     ctx.macro("labNodeHours", num(total, 4))
     ctx.macro("labNodeHoursRequest", num(ask))
     ctx.results.update(node_hours=table, node_hours_total=total, node_hours_request=ask)
+
+
+def measured_epochs(ctx: Context, runs: pd.DataFrame) -> tuple[dict, str, pd.DataFrame, str]:
+    """(median time per epoch by GPU count, where they come from, the strong-scaling series used, the note on
+    set-aside points): the main strong-scaling series of the pricing runs' data set where there is one, else
+    the pricing runs themselves (stand-ins always: their series ran a synthetic set of another size)."""
+    scal = ctx.results.get("scaling", pd.DataFrame())
+    if not scal.empty:  # the series of the runs that may price the request only
+        scal = scal[scal["dataset"].isin(set(runs["dataset"]))]
+    if "stand_in_for" in runs:
+        scal = scal.iloc[0:0]
+    if not scal.empty and (~scal["dataset"].isin(STREAMED)).any():
+        scal = scal[~scal["dataset"].isin(STREAMED)]  # the I/O study is costed on its own (io_study_hours)
+    aside = set_aside_note(scal, in_paper=False)
+    scal = clean(scal)  # a set-aside point never prices the request
+    main = main_series(scal) if not scal.empty else scal
+    if not main.empty:
+        return (
+            main.groupby("gpus")["epoch_s"].median().to_dict(),
+            f"the strong-scaling series {tex_escape(main['series'].iloc[0])}",
+            main,
+            aside,
+        )
+    if runs.empty:
+        return {}, "", main, aside
+    projected = runs["steps_per_epoch"] * runs["batch"] / runs["samples_per_s"]
+    by_n = runs.assign(e=runs["epoch_s"].fillna(projected)).groupby("gpus")["e"].median().to_dict()
+    return by_n, "the complete runs (no scaling series yet)", main, aside
+
+
+def uncertainty(ctx: Context, table: pd.DataFrame, predicted: dict) -> tuple[float, str]:
+    """(node-hours either side of the total, the sentence): the predicted points' node-hours times the step
+    model's largest error against measured multi-rank points among the selected records (the communication
+    section's validation); (0, "") when nothing is predicted."""
+    if not predicted:
+        return 0.0, ""
+    rows = table[table["gpus"].isin(list(predicted))]
+    hours = float(rows["node_hours"].sum()) * (1 + float(ctx.plan["profiling_overhead"]))
+    v = ctx.results.get("predictor", pd.DataFrame())
+    errors = v.loc[v["gpus"] > 1, "error"].abs().dropna() if not v.empty else pd.Series(dtype=float)
+    counts = listing([str(int(n)) for n in sorted(predicted)])
+    if errors.empty:
+        return 0.0, (
+            f" The {num(hours, 3)} node-hours at {counts} GPUs are predicted from 1-GPU measurements by a step "
+            f"model that no selected record validates yet (no multi-rank series with commbench fits): their error "
+            f"is not known."
+        )
+    worst = float(errors.max())
+    return hours * worst, (
+        f" The {num(hours, 3)} node-hours at {counts} GPUs are predicted from 1-GPU measurements; the step "
+        f"model's largest error against {len(errors)} measured multi-rank point{'s' if len(errors) > 1 else ''} "
+        f"is {pct(worst)} (the paper's communication section), so the computed total is uncertain by "
+        f"$\\pm${num(hours * worst, 3)} node-hours."
+    )
 
 
 def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch_by_n: dict) -> tuple[dict, str]:
@@ -230,35 +236,41 @@ def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch
     gpn = int(ctx.plan["gpus_per_node"])
     epoch1 = float(b["epoch_s"] or b["steps_per_epoch"] * t1)
     out = {}
+    rounded = []  # (n, the global batch it runs): the studies round a batch that does not split down
     for n in ctx.plan["gpus"]:
         n = int(n)
-        if n in epoch_by_n or n == 1 or int(b["batch"]) % n:
-            continue  # measured, or the base's global batch does not split over n ranks: not predicted
-        nodes = -(-n // gpn)
+        batch = int(b["batch"]) - int(b["batch"]) % n
+        if n in epoch_by_n or n == 1 or not batch:
+            continue  # measured, or fewer samples than ranks
+        share = batch / int(b["batch"])  # the 1-GPU step at that batch: the same time per sample
         try:
-            p90 = b["step_ms_p90"] / 1e3 if b.get("step_ms_p90") else None
+            p90 = share * b["step_ms_p90"] / 1e3 if b.get("step_ms_p90") else None
             p = predict.predict_step(
-                t1,
+                t1 * share,
                 bks,
                 n,
-                nodes,
+                -(-n // gpn),
                 intra,
                 inter,
                 "strong",
-                predict.straggler_factor(t1, p90, n),
+                predict.straggler_factor(t1 * share, p90, n),
                 overlap=True,
-                data_s=data,
+                data_s=data * share,
             )
         except ValueError:
             continue
-        out[n] = (epoch1 * p["step_s"] / t1, source)
+        out[n] = (epoch1 * p["step_s"] / (t1 * share), source)
+        if share < 1:
+            rounded.append((n, batch))
+    uneven = listing([f"{batch} at {n} GPUs, {batch // n} per GPU" for n, batch in rounded])
     note = (
         (
             f"Points without a measurement are predicted by the step model (the paper's communication section; "
             rf"\texttt{{kernels/comm/predict.py}}) from the 1-rank record {tex_escape(b['run_id'])} "
             rf"({num(1e3 * t1)}\,ms per step, {num(sum(b['grad_param_bytes']) / 1e6)}\,MB of gradients in "
-            f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs, "
-            f"with {how}. "
+            f"{len(bks)} buckets), strong scaling at its global batch of {int(b['batch'])} on nodes of {gpn} GPUs"
+            + (f", rounded down where it does not split, as the studies run it ({uneven})" if rounded else "")
+            + f", with {how}. "
         )
         if out
         else ""
