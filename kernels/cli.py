@@ -34,7 +34,7 @@ COMMANDS = {
         "collective microbenchmarks (nccl-tests layout), alpha-beta fits, scaling prediction",
     ),
     "sweep": ("kernels.slurm.sweep", "sweep any executable over a grid as a job array"),
-    "sysinfo": ("kernels.base.sysinfo", "describe this node; writes SYSTEM.md"),
+    "sysinfo": ("kernels.slurm.system_doc", "describe the target systems and this machine; writes SYSTEM.md"),
     "fetch": ("kernels.data.fetch", "download and verify a data set"),
     "bigmnist": ("kernels.slurm.bigmnist_jobs", "build (here or as a job array), verify and describe bigMNIST"),
     "paper": ("kernels.report.documents", "records -> analysis -> paper, proposal and slides"),
