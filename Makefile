@@ -18,7 +18,7 @@ help:
 	@echo "make test    run the whole suite on two workers and write tests/DURATIONS.md (sets up and builds Horovod first)"
 	@echo "make test-quick  the unit tier: in-process tests only, about 2 minutes, needs nothing but make setup"
 	@echo "make reliability the fault-injection suite, and its measured table into docs/reliability.md"
-	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop)"
+	@echo "make bench   print throughput tables (notebook overhead; lab vs seed-style script; pipelines; 1 vs 2 processes; bigMNIST; DCRNN; MPI vs a C loop; Open MPI vs MPICH)"
 	@echo "make bench-gpu  on a GPU node: the GPU validation (precisions, compile, NCCL, seed ratio, MFU) into results/bench/"
 	@echo "make records-doc  regenerate results/README.md from kernels/records/schema.py"
 
@@ -81,6 +81,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_io.py
 	$(BIN)/python benchmarks/bench_dcrnn.py
 	$(BIN)/python benchmarks/bench_comm.py
+	$(BIN)/python benchmarks/bench_mpi_libraries.py
 	$(BIN)/python benchmarks/bench_summary.py
 
 # On a GPU node: everything that needs a GPU, into results/bench/<gpu-name>.md (about 10 minutes on one H100 node).

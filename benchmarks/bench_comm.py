@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.base import sysinfo  # noqa: E402
 from kernels.comm.bench import parse_size, read_record  # noqa: E402
-from kernels.launch.launchers import mpirun_command  # noqa: E402
+from kernels.comm.mpi_library import command as mpirun_command  # noqa: E402
 
 TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)
 # a run is in the fast placement when within this factor of its side's fastest run: above the 1.3x that one
@@ -48,7 +48,7 @@ def iterations(nbytes: int) -> int:
 
 def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> float:
     p = subprocess.run(
-        mpirun_command(ranks, [str(binary), str(nbytes), str(iters), str(warmup)]),
+        mpirun_command("auto", ranks, [str(binary), str(nbytes), str(iters), str(warmup)]),
         capture_output=True,
         text=True,
         timeout=600,

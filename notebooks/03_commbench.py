@@ -36,26 +36,29 @@ _names_before_parameters = set(globals())
 
 # %% tags=["parameters"]
 # --- communication benchmark (lab comm bench --help)
-backend = 'auto'   # auto (nccl when GPUs are visible, else gloo), nccl, gloo or mpi (mpi4py)
-gpus = 2           # ranks (one per GPU; CPU processes on gloo and MPI)
+backend = 'auto'      # auto (nccl when GPUs are visible, else gloo), nccl, gloo or mpi (mpi4py)
+gpus = 2              # ranks (one per GPU; CPU processes on gloo and MPI)
 # collectives to run, comma-separated: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
 # all_to_all, send_recv, gather, scatter
 ops = 'all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all,send_recv,gather,scatter'
-dtypes = 'fp32'    # element types, comma-separated: fp32, bf16, fp16 (MPI: fp32 only)
-min_bytes = '8'    # smallest size in bytes, K/M/G suffixes in powers of 1024 (nccl-tests -b)
-max_bytes = '16M'  # largest size in bytes (nccl-tests -e)
-factor = 2         # size multiplier between steps (nccl-tests -f), at least 2
-warmup = 5         # untimed calls per size after the checked one (nccl-tests -w)
-iters = 20         # timed calls per size in one timed loop (nccl-tests -n)
-repeats = 3        # timed loops per size; the table reports the loop with the median time (noise)
-check = True       # check every result element by element (#wrong; nccl-tests -c)
-root = 0           # root rank of broadcast, reduce, gather and scatter
-timeout_min = 5.0  # process-group timeout in minutes (a collective that hangs fails after this)
-results_dir = ''   # where records go (empty: $LAB_RESULTS/comm, else <project>/results/comm)
-label = ''         # free-form label added to the record id
-run_id = ''        # record directory name (empty: generated)
-launcher = 'auto'  # auto, local (rank processes here), mpirun (MPI here), srun (inside an
-                   # allocation) or none (this process is one rank)
+dtypes = 'fp32'       # element types, comma-separated: fp32, bf16, fp16 (MPI: fp32 only)
+min_bytes = '8'       # smallest size in bytes, K/M/G suffixes in powers of 1024 (nccl-tests -b)
+max_bytes = '16M'     # largest size in bytes (nccl-tests -e)
+factor = 2            # size multiplier between steps (nccl-tests -f), at least 2
+warmup = 5            # untimed calls per size after the checked one (nccl-tests -w)
+iters = 20            # timed calls per size in one timed loop (nccl-tests -n)
+repeats = 3           # timed loops per size; the table reports the loop with the median time
+                      # (noise)
+check = True          # check every result element by element (#wrong; nccl-tests -c)
+root = 0              # root rank of broadcast, reduce, gather and scatter
+timeout_min = 5.0     # process-group timeout in minutes (a collective that hangs fails after this)
+results_dir = ''      # where records go (empty: $LAB_RESULTS/comm, else <project>/results/comm)
+label = ''            # free-form label added to the record id
+run_id = ''           # record directory name (empty: generated)
+launcher = 'auto'     # auto, local (rank processes here), mpirun (MPI here), srun (inside an
+                      # allocation) or none (this process is one rank)
+mpi_library = 'auto'  # backend=mpi: auto (the mpirun on PATH), openmpi or mpich where both are
+                      # installed (kernels/comm/mpi_library.py)
 
 # %% [markdown]
 # ## Resolve and validate

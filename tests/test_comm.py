@@ -73,6 +73,24 @@ def test_sizes_and_parameters_are_checked_before_anything_runs():
             bench.resolve(raw)
 
 
+def test_the_mpich_abi_link_is_made_once_and_never_over_a_foreign_file(tmp_path, monkeypatch):
+    """Debian's MPICH lacks the libmpi.so.12 name mpi4py's MPICH module needs: the lab links it in its own cache,
+    atomically, and refuses a file there that is not its link (a planted library would run in every rank)."""
+    from kernels.base.errors import ConfigError
+    from kernels.comm import mpi_library
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = mpi_library.abi_folder()
+    link = folder / "libmpi.so.12"
+    assert os.readlink(link) == str(mpi_library.DEBIAN_MPICH) and folder.stat().st_mode & 0o077 == 0
+    assert mpi_library.abi_folder() == folder and [p.name for p in folder.iterdir()] == ["libmpi.so.12"]
+    link.unlink()
+    link.write_bytes(b"\x7fELF planted")
+    with pytest.raises(ConfigError, match="is not the lab's link"):
+        mpi_library.abi_folder()
+    assert mpi_library.rank_env("auto") == {}  # auto: the environment as the cluster's modules set it
+
+
 @pytest.mark.parametrize(
     "args,words",
     [
@@ -82,6 +100,7 @@ def test_sizes_and_parameters_are_checked_before_anything_runs():
         (["--backend", "gloo", "--launcher", "mpirun"], "mpirun starts MPI ranks"),
         (["--backend", "mpi", "--launcher", "local"], "MPI ranks start with launcher=mpirun"),
         (["--backend", "mpi", "--loop-env", "fast"], "LAB_MPI_LOOP='fast': use auto"),
+        (["--backend", "gloo", "--mpi_library", "mpich"], "'mpi_library': mpich serves backend=mpi only"),
     ],
 )
 def test_bad_input_exits_2_and_leaves_no_record(tmp_path, capsys, monkeypatch, args, words):
@@ -182,15 +201,20 @@ def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
 
 @pytest.mark.system
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-@pytest.mark.parametrize("loop", ["auto", "python"])
-def test_mpi_commbench_under_mpirun(tmp_path, loop):
+@pytest.mark.parametrize("loop,library", [("auto", "auto"), ("python", "auto"), ("auto", "mpich")])
+def test_mpi_commbench_under_mpirun(tmp_path, loop, library):
     """Every collective in both forms, checked element by element through the loop that is timed: the C loop, built
-    from scratch into an empty cache on first use (mpicc comes with libopenmpi-dev), or mpi4py in a Python loop."""
+    from scratch into an empty cache on first use (mpicc comes with libopenmpi-dev), or mpi4py in a Python loop;
+    and with MPICH beside Open MPI (Debian's mpirun.mpich), its own C loop and mpi4py's MPICH module."""
+    if library == "mpich" and not shutil.which("mpirun.mpich"):
+        pytest.skip("needs MPICH beside Open MPI (apt-get install mpich libmpich-dev; .ci/run installs it)")
     records = tmp_path / "records"
     p = comm(
         "bench",
         "--backend",
         "mpi",
+        "--mpi_library",
+        library,
         "--gpus",
         2,
         *SMALL,
@@ -199,7 +223,7 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
         env={"LAB_MPI_LOOP": loop, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"},
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "launcher: mpirun -np 2" in p.stdout
+    assert f"launcher: mpirun{'.mpich' if library == 'mpich' else ''} -np 2" in p.stdout
     # neither the driver nor a rank imports torch (seconds per process on a small CPU); the ranks' import
     # timings reach us through mpirun, so the check sees them all
     imported = {
@@ -215,6 +239,8 @@ def test_mpi_commbench_under_mpirun(tmp_path, loop):
     cfg = json.loads((run / "config.json").read_text())
     lib = cfg["versions"]["mpi_library"]
     assert ("Open MPI" in lib or "MPICH" in lib) and "\x00" not in lib
+    if library == "mpich":
+        assert lib.startswith("MPICH") and "mpicc.mpich" in s["timed_by"], (lib, s["timed_by"])
     assert cfg["versions"]["torch"] and {r["device"] for r in cfg["rank_list"]} == {sysinfo.cpu_device_name()}
     rows = bench.read_record(run)["rows"]
     # MPI has the in-place forms torch.distributed lacks: all_reduce both ways, checked

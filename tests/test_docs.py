@@ -118,8 +118,9 @@ COMMANDS: dict[str, str] = {
     "lab sweep submit sweeps/product_grid.yaml": "skip: needs a Slurm cluster "
     "(test_study.py runs a sweep on the local one)",
     "lab sweep collect sweeps/product_grid.yaml": "skip: collects the outputs of the submission above",
-    "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system": "skip: needs an allocation; the per-node files and --merge are tested in test_study.py",
-    "lab sysinfo --merge results/system/*.json": "skip: needs the per-node files of the srun line above",
+    "srun --ntasks-per-node=1 lab sysinfo --json --out-dir results/system/leonardo-booster": "skip: needs an "
+    "allocation on Leonardo; test_study.py writes a target's node files and SYSTEM.md from them",
+    "lab sysinfo": "skip: rewrites the committed SYSTEM.md; test_study.py runs it with --out",
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
     "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012": "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
     "git clone <this repository> lab && cd lab": "skip: a template (<this repository>)",
@@ -135,6 +136,7 @@ COMMANDS: dict[str, str] = {
     # --- communication
     "lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M": RUN,
     "lab comm bench --backend mpi --gpus 2 --max_bytes 1M": RUN,
+    "lab comm bench --backend mpi --mpi_library mpich --gpus 2 --ops all_reduce": RUN,
     "lab comm fit": RUN,
     "lab study submit studies/commbench_local.yaml": "skip: needs the local Slurm; "
     "test_comm.py::test_predictor_validation_on_the_local_slurm submits it (smaller sizes)",
@@ -388,6 +390,8 @@ def test_the_communication_commands_as_written(tmp_path, docs_env):
     _sh("lab comm bench --backend gloo --gpus 2 --ops all_reduce,all_gather --max_bytes 1M", env)
     if shutil.which("mpirun") or os.environ.get("CI") == "true":
         _sh("lab comm bench --backend mpi --gpus 2 --max_bytes 1M", env)
+    if shutil.which("mpirun.mpich") or os.environ.get("CI") == "true":
+        _sh("lab comm bench --backend mpi --mpi_library mpich --gpus 2 --ops all_reduce", env)
     recs = [json.loads(p.read_text()) for p in (tmp_path / "comm").glob("*/summary.json")]
     assert recs and all(r["status"] == "complete" and r["wrong"] == 0 for r in recs), recs
     fit = _sh("lab comm fit", env).stdout

@@ -30,7 +30,6 @@ import io
 import os
 import secrets
 import shlex
-import shutil
 import socket
 import sys
 import traceback
@@ -104,6 +103,15 @@ PARAMS: tuple[Param, ...] = (
         "auto, local (rank processes here), mpirun (MPI here), srun (inside an "
         "allocation) or none (this process is one rank)",
         ("auto", "local", "mpirun", "srun", "none"),
+        "commbench",
+    ),
+    Param(
+        "mpi_library",
+        str,
+        "auto",
+        "backend=mpi: auto (the mpirun on PATH), openmpi or mpich where both are installed "
+        "(kernels/comm/mpi_library.py)",
+        ("auto", "openmpi", "mpich"),
         "commbench",
     ),
 )
@@ -273,12 +281,13 @@ def check_machine(cfg: CommConfig, launcher: str) -> CommConfig:
                 "(here) or srun (in an allocation), or auto"
             )
         load_mpi()  # after the checks of what was asked: a mistake in it is named even where no MPI library loads
-        if launcher == "mpirun" and not shutil.which("mpirun"):
-            raise ConfigError(
-                "parameter 'launcher': mpirun is not on PATH; install an MPI (Debian: apt-get install "
-                "openmpi-bin) or use srun inside an allocation"
-            )
-    elif launcher == "mpirun":
+        if launcher == "mpirun":
+            from kernels.comm.mpi_library import mpirun_path
+
+            mpirun_path(cfg.mpi_library)  # installed, and the library asked for
+    elif cfg.mpi_library != "auto":
+        raise ConfigError(f"parameter 'mpi_library': {cfg.mpi_library} serves backend=mpi only (not {cfg.backend})")
+    if launcher == "mpirun" and cfg.backend != "mpi":
         raise ConfigError(
             f"parameter 'launcher': mpirun starts MPI ranks; backend={cfg.backend} uses local, srun or "
             f"torchrun (launcher none)"
@@ -685,7 +694,8 @@ def bandwidths(o, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
 # ------------------------------------------------------------------ the driver
 def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     """Validate, then start the ranks with the chosen launcher. Returns (exit status, record directory)."""
-    from kernels.launch.launchers import RankJob, choose_launcher, mpirun_command, run_srun, spawn_local, srun_command
+    from kernels.comm import mpi_library
+    from kernels.launch.launchers import RankJob, choose_launcher, run_srun, spawn_local, srun_command
 
     stdout = stdout or sys.stdout
     launcher = choose_launcher(cfg.launcher, cfg.gpus, mpi=cfg.backend == "mpi")
@@ -695,7 +705,8 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     cfg = cfg.replace(run_id=make_run_id(cfg), results_dir=str(cfg.results_root), launcher="none")
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
-    job = RankJob(cfg.gpus, (sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args()), run_dir)
+    argv = (sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args())
+    job = RankJob(cfg.gpus, argv, run_dir, env=mpi_library.rank_env(cfg.mpi_library) if cfg.backend == "mpi" else {})
     print(
         f"commbench {cfg.run_id}: {cfg.gpus} rank(s), backend {cfg.backend}, via {launcher}; record in {run_dir}",
         file=stdout,
@@ -706,7 +717,7 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     if launcher == "srun":
         extra = [f"--mpi={os.environ.get('LAB_SRUN_MPI', 'pmix')}"] if cfg.backend == "mpi" else []
         return run_srun(job, stdout, srun_command(job, extra=extra)), run_dir
-    return run_srun(job, stdout, mpirun_command(job.ranks, list(job.command))), run_dir
+    return run_srun(job, stdout, mpi_library.command(cfg.mpi_library, job.ranks, list(job.command))), run_dir
 
 
 def read_record(run_dir: Path) -> dict:

@@ -75,13 +75,6 @@ def choose_launcher(requested: str, ranks: int, environ=None, mpi: bool = False)
     return "none" if ranks == 1 else "local"
 
 
-def mpirun_command(ranks: int, command: list[str]) -> list[str]:
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")  # Open MPI refuses root without it (containers, CI)
-    return cmd + list(command)
-
-
 def pump(stream, prefix: str, sink) -> None:
     """A rank's output into the log, line by line, with its prefix; the profiler library's marks left out."""
     for line in iter(stream.readline, ""):
