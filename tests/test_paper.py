@@ -263,9 +263,9 @@ def test_no_node_hours_from_records_of_another_gpu_and_the_pilot_job_named(study
     tables = tmp_path / "out" / "tables"
     request = " ".join((tables / "request_text.tex").read_text().split())
     assert request.startswith("The node-hours are to be measured:") and why in request, request
-    job = (
-        f"lab submit notebooks/01\\_train.ipynb --gpus 1 --cluster {cluster} -p workload resnet18 -p dataset "
-        f"cifar10 -p epochs 2 -p label pilot"
+    job = (  # an option and its value never split over two lines (~)
+        f"lab submit notebooks/01\\_train.ipynb --gpus~1 --cluster~{cluster} -p~workload~resnet18 "
+        f"-p~dataset~cifar10 -p~epochs~2 -p~label~pilot"
     )
     assert f"\\texttt{{{job}}}" in request and "we request" not in request, request
     assert PLAN["select"]["labels"].count("pilot") == 1  # the pilot's record is selected as it lands

@@ -34,6 +34,17 @@ def requested(total: float, plan: dict) -> int:
     return int(math.ceil(total * (1 + float(plan["margin"])) / unit) * unit)
 
 
+def command_tex(command: str) -> str:
+    """A command line for \\texttt: lines break between an option and the next, never inside `-p NAME VALUE`."""
+    groups: list[list[str]] = []
+    for word in command.split():
+        if groups and groups[-1][0].startswith("-") and not word.startswith("-"):
+            groups[-1].append(word)
+        else:
+            groups.append([word])
+    return " ".join("~".join(tex_escape(w) for w in g) for g in groups)
+
+
 def to_be_measured(ctx: Context, why: str) -> None:
     """The request when no record may price it: the planned points with 'to be measured', the pilot that
     measures them, and no total."""
@@ -56,7 +67,8 @@ def to_be_measured(ctx: Context, why: str) -> None:
     if job:
         pilot = (
             f"One pilot job produces the record that prices them, on one GPU of {tex_escape(system['name'])} "
-            f"(milestone M1): \\texttt{{{tex_escape(job)}}}. Its label is selected by paper/plan.yaml; "
+            f"(milestone M1):\n\\begin{{quote}}\\raggedright\\texttt{{{command_tex(job)}}}\\end{{quote}}\n"
+            f"\\noindent Its label is selected by paper/plan.yaml; "
             f"\\texttt{{-p dataset synthetic}} measures the same step where the data set is not staged yet. "
             f"The request is then its time per epoch times the planned runs by the formula above, the larger "
             f"GPU counts predicted from this 1-GPU record by the step model until they are measured.\n"
