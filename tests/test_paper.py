@@ -854,6 +854,18 @@ def test_suspicious_points_are_set_aside_named_with_their_rerun_and_never_quoted
     assert counts and max(counts) <= 4 and ("more than one reason" in why) == (sum(counts) > 4), why
 
 
+def test_the_communication_target_reads_nsight_systems_where_a_run_has_it(study, tmp_path):
+    """The plan measures the communication share with Nsight: a record whose Nsight Systems reports were read
+    back (nsys/summary.json, kernels/profiling/nsight.py) is judged by them, and the evidence says so."""
+    from kernels.profiling import nsight
+
+    summary = nsight.combine({"rank0-j7": {"comm_share": 0.15}, "rank1-j7": {"comm_share": 0.17}}, [])
+    records.write_json(study / "s8_0" / "nsys" / nsight.SUMMARY, summary)
+    c = report.build(study, tmp_path / "out", PLAN, SYSTEMS, SELECT_T)["criteria"].set_index("key")
+    assert c.loc["comm_share", "status"] == "met" and c.loc["comm_share", "value"] == "16.0 % at N=8"
+    assert c.loc["comm_share", "evidence"].endswith("(Nsight Systems)")
+
+
 def test_criteria_are_judged_from_the_records(study, tmp_path):
     """Every target gets a verdict: strong E(8) = 5600 / 8 / 1000 = 70 % meets >= 70 %; weak (64 per rank, the
     8-rank strong point included) grows the epoch time by 1000 / 969 - 1 = +3 % at N=2, +9 % at 4 and

@@ -671,3 +671,50 @@ def test_the_measurements_doc_states_the_verdict_thresholds_of_the_code():
     assert f"data wait above {100 * verdict.DATA_WAIT:.0f} %" in readme
     assert f"exposed communication above {100 * verdict.COMM:.0f} %" in readme
     assert f"less than {100 * verdict.UTILISATION:.0f} % of the time" in readme
+
+
+# nsys stats --format csv, as it prints a report (tests/data/nsys-stats-*.txt): the preamble, then the table; a
+# kernel's name is quoted where it holds commas. The kernel names are those of the committed H200 trace, plus
+# NCCL's all-reduce.
+NSYS_KERNELS = (ROOT / "tests" / "data" / "nsys-stats-cuda_gpu_kern_sum.txt").read_text()
+NSYS_NVTX = (ROOT / "tests" / "data" / "nsys-stats-nvtx_sum.txt").read_text()
+
+
+def test_nsight_systems_reports_are_read_back_into_the_record(tmp_path):
+    """Per rank: GPU time in NCCL's kernels over the host time of the loop's phases (NVTX) is the communication
+    share the plan's Nsight target reads: 3 ms over 20 ms = 15 %; quoted names keep their commas; a report
+    without the table (nsys prints no kernel table for a capture without kernels) is a ValueError naming it."""
+    from kernels.profiling import nsight
+    from kernels.records.schema import read_json, write_json
+
+    r = nsight.rank_summary(NSYS_KERNELS, NSYS_NVTX)
+    assert r["kernel_ns"] == 10_000_000 and r["nccl_ns"] == 3_000_000 and r["step_ns"] == 20_000_000
+    assert r["phases_ns"] == {"data": 2e6, "forward": 5e6, "backward": 9e6, "optimizer": 3e6, "communication": 1e6}
+    assert r["comm_share"] == pytest.approx(0.15)
+    assert [k["share"] for k in r["top_kernels"]] == [0.4, 0.3, 0.2, 0.1]
+    assert r["top_kernels"][-1]["name"].startswith("void at::native::vectorized_elementwise_kernel<(int)4, at::")
+    with pytest.raises(ValueError, match="no 'Name' table"):
+        nsight.stats_rows("SKIPPED: /scratch/r1/nsys/rank1-j7.sqlite does not contain CUDA kernel data.\n", "Name")
+    # the record: a run with two ranks' summaries; the analysis reads the median over ranks
+    other = {**r, "comm_share": 0.25}
+    run = tmp_path / "run"
+    (run / "nsys").mkdir(parents=True)
+    (run / "nsys" / "rank0-j7.nsys-rep").write_bytes(b"")
+    assert nsight.pending(tmp_path) == [run]
+    write_json(run / "nsys" / nsight.SUMMARY, nsight.combine({"rank0-j7": r, "rank1-j7": other}, []))
+    assert nsight.pending(tmp_path) == []
+    s = read_json(run / "nsys" / "summary.json")
+    assert s["comm_share_median"] == pytest.approx(0.20) and s["comm_share_range"] == pytest.approx([0.15, 0.25])
+
+
+def test_nsys_summary_names_what_is_missing(tmp_path, capsys, monkeypatch):
+    from kernels.profiling.__main__ import main
+
+    (tmp_path / "run").mkdir()
+    assert main(["nsys-summary", str(tmp_path / "run")]) == 2  # not a run profiled by slurm/profile_nsys.sbatch
+    assert "no nsys/*.nsys-rep" in capsys.readouterr().err
+    (tmp_path / "run" / "nsys").mkdir()
+    (tmp_path / "run" / "nsys" / "rank0-j1.nsys-rep").write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys on this machine
+    assert main(["nsys-summary", "--pending", str(tmp_path)]) == 2
+    assert "nsys is not on PATH; load the Nsight Systems module" in capsys.readouterr().err

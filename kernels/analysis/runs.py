@@ -147,6 +147,14 @@ def _load_one(d: Path, select: dict | None) -> tuple[str, dict]:
     return "row", run_row(d, cfg, summ, rec["metrics"])
 
 
+def nsys_summary(d: Path) -> dict:
+    """<run>/nsys/summary.json (kernels/profiling/nsight.py), {} where the run has none."""
+    from kernels.records.schema import read_json
+
+    path = d / "nsys" / "summary.json"
+    return read_json(path) if path.is_file() else {}
+
+
 def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
     """One complete record as a row of the analysis table (load_runs)."""
     params, lab = cfg["params"], cfg.get("lab") or {}
@@ -210,6 +218,7 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
             "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
             "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
             "comm_source": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_source"),
+            "nsys_comm_share": nsys_summary(d).get("comm_share_median"),
             "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
             "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
             "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),

@@ -7,4 +7,5 @@ hta.py        Holistic Trace Analysis on GPU traces (optional dependency)
 monitor.py    one sampler per node: GPU (NVML) and host (psutil) counters into monitor.csv
 verdict.py    data | communication | compute | host-bound (launch) | unknown, from measured shares
 tools.py      the nsys / ncu command lines of slurm/profile_nsys.sbatch and slurm/profile_ncu.sbatch
+nsight.py     Nsight Systems reports read back into the record (nsys stats -> <run>/nsys/summary.json)
 """

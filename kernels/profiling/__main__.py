@@ -1,5 +1,7 @@
 """python -m kernels.profiling wrapper nsys|ncu [--print]   the rank prefix of an Nsight wrapper
-python -m kernels.profiling breakdown RUN_DIR [...]          (re)compute a run's breakdown from its traces"""
+python -m kernels.profiling breakdown RUN_DIR [...]          (re)compute a run's breakdown from its traces
+python -m kernels.profiling nsys-summary RUN_DIR [...]       Nsight Systems reports -> <run>/nsys/summary.json
+python -m kernels.profiling nsys-summary --pending RUNS_DIR  the same for every run not summarised yet"""
 
 from __future__ import annotations
 
@@ -17,7 +19,12 @@ def main(argv=None) -> int:
     w.add_argument("--print", action="store_true", help="print the prefix even when the tool is not on PATH")
     b = sub.add_parser("breakdown", help="time by category and top operators from a run's traces")
     b.add_argument("run_dir", type=Path, nargs="+")
+    n = sub.add_parser("nsys-summary", help="read a run's Nsight Systems reports back into its record")
+    n.add_argument("run_dir", type=Path, nargs="*")
+    n.add_argument("--pending", type=Path, help="every run under this folder with reports and no summary yet")
     args = ap.parse_args(argv)
+    if args.cmd == "nsys-summary":
+        return nsys_summary(args.run_dir, args.pending)
     if args.cmd == "wrapper":
         from kernels.profiling import tools
 
@@ -64,6 +71,21 @@ def main(argv=None) -> int:
         for o in comb["top_ops"][:10]:
             print(f"    {o['self_ms_per_step']:9.3f} ms  {o['category']:<22} {o['name']}")
     return rc
+
+
+def nsys_summary(run_dirs: list[Path], pending_in: Path | None) -> int:
+    from kernels.base.errors import ConfigError, exit_status
+    from kernels.profiling import nsight
+
+    def body() -> None:
+        runs = list(run_dirs) + (nsight.pending(pending_in) if pending_in else [])
+        if not runs and not pending_in:
+            raise ConfigError("nsys-summary: give RUN_DIR(s), or --pending RUNS_DIR")
+        for run in runs:
+            path = nsight.summarize(run)
+            print(f"wrote {path}")
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

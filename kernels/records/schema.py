@@ -10,6 +10,8 @@ A record is a directory results/runs/<run_id>/ holding:
                   cause, written into space reserved at the start (.reserve while it runs)
     monitor.csv   the resource monitor's samples, all nodes (monitor/<node>.csv while the run lasts)
     traces/, breakdown.csv, top_ops.csv, breakdown.png   profiled runs (profile_steps > 0)
+    nsys/         runs under slurm/profile_nsys.sbatch: a report per rank and summary.json, what the
+                  reports say (kernels/profiling/nsight.py)
     sacct.json    Slurm's accounting of the job(s) that ran it, stored when a job's notebook ends
                   (kernels/slurm/accounting.py)
 Files are written atomically (temp file + rename), so a reader never sees half a
@@ -600,7 +602,8 @@ def schema_markdown(workload_fields: dict[str, dict[str, str]] | None = None) ->
         "kernels/profiling/monitor.py); a profiled run (`profile_steps > 0`) leaves "
         "`traces/rank<R>-<job>.pt.trace.json.gz`",
         "(one Chrome/Perfetto trace per rank), `breakdown.csv` (ms per step and share by operator category, per rank",
-        "and `all`), `top_ops.csv` and `breakdown.png`.",
+        "and `all`), `top_ops.csv` and `breakdown.png`. A run under slurm/profile_nsys.sbatch leaves `nsys/`: a",
+        "report per rank and `summary.json`, the reports read back (kernels/profiling/nsight.py).",
         "",
         f"## metrics.csv (schema version {SCHEMA_VERSION})",
         "",
