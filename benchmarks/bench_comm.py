@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.base import sysinfo  # noqa: E402
-from kernels.comm.bench import parse_size, read_record  # noqa: E402
+from kernels.comm.bench import parse_size  # noqa: E402
 from kernels.comm.mpi_library import command as mpirun_command  # noqa: E402
 
 TARGETS = ((8, 1.5), (64 * 1024, 1.05))  # (from this size up, the largest lab / C ratio that meets the target)
@@ -62,44 +62,20 @@ def run_c(binary: Path, ranks: int, nbytes: int, iters: int, warmup: int) -> flo
     return float(fields[2])
 
 
-def run_lab(ranks: int, nbytes: int, iters: int, warmup: int, loop: str, tmp: Path) -> tuple[float, str]:
+def run_lab(ranks: int, nbytes: int, iters: int, warmup: int, loop: str) -> tuple[float, str]:
     """(the lab's out-of-place time per call in us, what timed it)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "kernels.comm",
-        "bench",
-        "--backend",
-        "mpi",
-        "--gpus",
-        str(ranks),
-        "--ops",
-        "all_reduce",
-        "--min_bytes",
-        str(nbytes),
-        "--max_bytes",
-        str(nbytes),
-        "--iters",
-        str(iters),
-        "--warmup",
-        str(warmup),
-        "--repeats",
-        "1",
-        "--launcher",
-        "mpirun",
-        "--results_dir",
-        str(tmp),
-    ]
-    p = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "LAB_MPI_LOOP": loop}
-    )
-    record = next(
-        (ln.split("record: ", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("record: ")), None
-    )
-    if p.returncode != 0 or record is None:
-        raise RuntimeError(f"lab comm bench failed: {(p.stderr or p.stdout).strip()[-300:]}")
-    rec = read_record(Path(record))
-    shutil.rmtree(rec["dir"])
+    params = {
+        "backend": "mpi",
+        "gpus": ranks,
+        "ops": "all_reduce",
+        "min_bytes": nbytes,
+        "max_bytes": nbytes,
+        "iters": iters,
+        "warmup": warmup,
+        "repeats": 1,
+        "launcher": "mpirun",
+    }
+    rec = benchtable.commbench(params, env={"LAB_MPI_LOOP": loop}, timeout=600)
     (row,) = rec["rows"]
     return float(row["time_us_out"]), rec["summary"].get("timed_by", "")
 
@@ -135,9 +111,9 @@ def measure(args, tmp: Path) -> tuple[dict, dict]:
         warmup = max(5, iters // 10)
         cs = times.setdefault((size, "c"), [run_c(binary, args.ranks, size, iters, warmup)])
         for r in range(args.rounds):
-            lab, how = run_lab(args.ranks, size, iters, warmup, "auto", tmp)
+            lab, how = run_lab(args.ranks, size, iters, warmup, "auto")
             cs.append(run_c(binary, args.ranks, size, iters, warmup))
-            py, how_py = run_lab(args.ranks, size, iters, warmup, "python", tmp)
+            py, how_py = run_lab(args.ranks, size, iters, warmup, "python")
             cs.append(run_c(binary, args.ranks, size, iters, warmup))
             timed_by.update({"lab": how, "python": how_py})
             times.setdefault((size, "lab"), []).append(lab)

@@ -14,9 +14,7 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,49 +22,26 @@ sys.path.insert(0, str(ROOT))
 
 import benchtable  # noqa: E402  (benchmarks/, this script's directory)
 from kernels.base import sysinfo  # noqa: E402
-from kernels.comm.bench import read_record  # noqa: E402
 
 LIBRARIES = ("openmpi", "mpich")
 
 
-def run(library: str, args, tmp: Path) -> dict:
+def run(library: str, args) -> dict:
     """{(op, bytes): us per call} of one run, and the library's own version line."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "kernels.comm",
-        "bench",
-        "--backend",
-        "mpi",
-        "--mpi_library",
-        library,
-        "--gpus",
-        str(args.ranks),
-        "--ops",
-        args.ops,
-        "--min_bytes",
-        "8",
-        "--max_bytes",
-        args.max_bytes,
-        "--factor",
-        str(args.factor),
-        "--iters",
-        str(args.iters),
-        "--repeats",
-        "3",
-        "--launcher",
-        "mpirun",
-        "--results_dir",
-        str(tmp),
-    ]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    record = next(
-        (ln.split("record: ", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("record: ")), None
+    rec = benchtable.commbench(
+        {
+            "backend": "mpi",
+            "mpi_library": library,
+            "gpus": args.ranks,
+            "ops": args.ops,
+            "min_bytes": 8,
+            "max_bytes": args.max_bytes,
+            "factor": args.factor,
+            "iters": args.iters,
+            "repeats": 3,
+            "launcher": "mpirun",
+        }
     )
-    if p.returncode != 0 or record is None:
-        raise RuntimeError(f"lab comm bench ({library}) failed: {(p.stderr or p.stdout).strip()[-300:]}")
-    rec = read_record(Path(record))
-    shutil.rmtree(rec["dir"])
     times = {}  # out of place where the call has the form, else in place (MPI_Bcast, MPI_Reduce's root...)
     for r in rec["rows"]:
         form = "out" if r["time_us_out"] not in (None, "") else "in"
@@ -81,14 +56,14 @@ def run(library: str, args, tmp: Path) -> dict:
     }
 
 
-def measure(args, tmp: Path) -> tuple[dict, dict]:
+def measure(args) -> tuple[dict, dict]:
     """({library: [times of each round]}, {library: (version, timed_by)})."""
     runs = {lib: [] for lib in LIBRARIES}
     about = {}
     for r in range(args.rounds):
         order = LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]
         for lib in order:
-            out = run(lib, args, tmp)
+            out = run(lib, args)
             runs[lib].append(out["times"])
             about[lib] = (out["version"], out["timed_by"])
         print(f"  round {r + 1}/{args.rounds} done ({' then '.join(order)})", flush=True)
@@ -137,8 +112,7 @@ def main(argv=None) -> int:
     if missing:
         print(f"bench_mpi_libraries: not measured: no mpirun.{missing[0]} (Debian: apt-get install openmpi-bin mpich)")
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        runs, about = measure(args, Path(tmp))
+    runs, about = measure(args)
     lines, record = table(args, runs, about)
     path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-libraries-")
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")

@@ -90,3 +90,24 @@ def lab_run(params: dict, timeout: float | None = None) -> dict:
             raise RuntimeError(f"the lab's run failed: {last[0]}")
         summary = json.loads((rec / "summary.json").read_text())
         return {**summary, "params": json.loads((rec / "config.json").read_text())["params"]}
+
+
+def commbench(params: dict, env: dict | None = None, timeout: float = 900) -> dict:
+    """One `lab comm bench` (python -m kernels.comm bench --k v ...) in a temporary results folder: its record
+    (kernels/comm/bench.read_record). Raises RuntimeError with the run's last output when it fails."""
+    import os
+    import subprocess
+    import tempfile
+
+    from kernels.comm.bench import read_record
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kernels.comm", "bench", "--results_dir", tmp, "--run_id", "bench"]
+        for k, v in params.items():
+            cmd += [f"--{k}", str(v)]
+        p = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        )
+        if p.returncode != 0 or not (Path(tmp) / "bench" / "summary.json").exists():
+            raise RuntimeError(f"lab comm bench failed: {(p.stderr or p.stdout).strip()[-300:]}")
+        return read_record(Path(tmp) / "bench")
