@@ -22,7 +22,9 @@ def test_one_version_in_the_package_the_citation_the_archive_and_the_notes():
     assert zenodo["version"] == __version__ and zenodo["upload_type"] == "software"
     assert zenodo["license"] == cff["license"] and zenodo["creators"]
     notes = (ROOT / "docs" / "release-notes.md").read_text()
-    assert re.findall(r"^## (\S+)", notes, re.M)[0] == __version__, "the newest release notes are not this version's"
+    # the newest release's notes are this version's; changes since then wait under "Unreleased" above them
+    releases = [h for h in re.findall(r"^## (\S+)", notes, re.M) if h != "Unreleased"]
+    assert releases[0] == __version__, "the newest release notes are not this version's"
     # the package metadata reads the version from kernels/__init__.py, not from a copy
     toml = (ROOT / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in toml and 'version = {attr = "kernels.__version__"}' in toml
