@@ -91,6 +91,22 @@ def test_the_mpich_abi_link_is_made_once_and_never_over_a_foreign_file(tmp_path,
     assert mpi_library.rank_env("auto") == {}  # auto: the environment as the cluster's modules set it
 
 
+@pytest.mark.integration
+def test_a_library_that_the_mpirun_on_path_is_not_is_refused_with_its_packages(tmp_path, monkeypatch):
+    """Only Open MPI's mpirun on PATH (no mpirun.mpich): mpi_library=mpich names the packages that bring it."""
+    from kernels.base.errors import ConfigError
+    from kernels.comm import mpi_library
+
+    openmpi = shutil.which("mpirun.openmpi")
+    if not openmpi:
+        pytest.skip("needs Debian's mpirun.openmpi (apt-get install openmpi-bin)")
+    (tmp_path / "mpirun").symlink_to(openmpi)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert mpi_library.mpirun_path("auto") == mpi_library.mpirun_path("openmpi") == "mpirun"
+    with pytest.raises(ConfigError, match=r"mpirun is openmpi's\); install it \(Debian: apt-get install mpich lib"):
+        mpi_library.mpirun_path("mpich")
+
+
 @pytest.mark.parametrize(
     "args,words",
     [

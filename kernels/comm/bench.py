@@ -39,6 +39,7 @@ from pathlib import Path
 from kernels.base import files
 from kernels.records import schema as records
 from kernels.comm.collectives import DTYPES, FORMS, OPS, count_wrong
+from kernels.comm.mpi_library import LIBRARIES as MPI_LIBRARIES
 from kernels.base.errors import ConfigError
 from kernels.base.files import results_home
 from kernels.base.params import Param, coerce, unknown_name_error
@@ -111,7 +112,7 @@ PARAMS: tuple[Param, ...] = (
         "auto",
         "backend=mpi: auto (the mpirun on PATH), openmpi or mpich where both are installed "
         "(kernels/comm/mpi_library.py)",
-        ("auto", "openmpi", "mpich"),
+        MPI_LIBRARIES,
         "commbench",
     ),
 )

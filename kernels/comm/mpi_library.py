@@ -22,7 +22,8 @@ from pathlib import Path
 from kernels.base.errors import ConfigError
 from kernels.comm.native import cache_dir
 
-LIBRARIES = ("auto", "openmpi", "mpich")
+LIBRARIES = ("auto", "openmpi", "mpich")  # the comm bench's mpi_library choices
+DEBIAN_PACKAGES = {"openmpi": "openmpi-bin libopenmpi-dev", "mpich": "mpich libmpich-dev"}
 DEBIAN_MPICH = Path("/usr/lib/x86_64-linux-gnu/libmpich.so.12")
 
 
@@ -47,11 +48,12 @@ def mpirun_path(library: str) -> str:
             "parameter 'launcher': mpirun is not on PATH; install an MPI (Debian: apt-get install openmpi-bin, "
             "or mpich) or use srun inside an allocation"
         )
-    if library != "auto" and flavour(found) != library:
+    kind = flavour(found) if library != "auto" else library
+    if kind != library:
         raise ConfigError(
             f"parameter 'mpi_library': {library} asked for, but neither mpirun.{library} nor an mpirun of it is on "
-            f"PATH (mpirun is {flavour(found)}'s); install it (Debian: apt-get install {library}-bin"
-            f"{' libopenmpi-dev' if library == 'openmpi' else ' libmpich-dev'}) or use mpi_library=auto"
+            f"PATH (mpirun is {kind}'s); install it (Debian: apt-get install {DEBIAN_PACKAGES[library]}) "
+            f"or use mpi_library=auto"
         )
     return found
 

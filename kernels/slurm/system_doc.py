@@ -51,7 +51,7 @@ def _links(pub: dict) -> str:
     )
 
 
-def _software(prof: dict, nodes: list[dict], profile: str) -> list[str]:
+def _software(nodes: list[dict], profile: str) -> list[str]:
     """The rows a site's nodes answer: driver, CUDA, cuDNN, NCCL and torch, measured or how to measure them."""
     if not nodes:
         return [
@@ -94,7 +94,7 @@ def target_section(prof: dict, pub: dict, nodes: list[dict]) -> list[str]:
         f"| container | {prof['container'] or 'not set yet (apptainer/run.sh build, then `container:` in it)'} |",
         f"| Slurm | {slurm} |",
         f"| account | {'set' if prof['account'] else 'not set (most sites refuse jobs without one)'} |",
-        *_software(prof, nodes, name),
+        *_software(nodes, name),
         "",
     ]
     return lines + sysinfo.node_sections(nodes, heading="####")
