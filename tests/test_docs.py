@@ -123,6 +123,8 @@ COMMANDS: dict[str, str] = {
     "lab sysinfo": "skip: rewrites the committed SYSTEM.md; test_study.py runs it with --out",
     "python -m kernels.profiling nsys-summary --pending results/runs": "skip: needs nsys and its reports (a GPU "
     "node); test_profiling.py reads text in the layout nsys stats prints and checks the missing-tool error",
+    "python -m kernels.profiling ncu-summary --pending results/runs": "skip: needs ncu and its reports (a GPU "
+    "node); test_profiling.py reads text in the layout ncu --import --csv prints and checks the missing-tool error",
     "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 slurm/papermill_run.sbatch "
     "notebooks/01_train.ipynb -f results/studies/strong_resnet18/points/p012.yaml -p run_id rerun-p012": "skip: needs 8 GPUs; the point file it reads is written by the `points --write` line (run here)",
     "git clone <this repository> lab && cd lab": "skip: a template (<this repository>)",

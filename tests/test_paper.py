@@ -866,6 +866,22 @@ def test_the_communication_target_reads_nsight_systems_where_a_run_has_it(study,
     assert c.loc["comm_share", "evidence"].endswith("(Nsight Systems)")
 
 
+def test_the_kernel_efficiency_target_reads_nsight_compute_where_a_run_has_it(study, tmp_path):
+    """The plan measures kernel efficiency with Nsight Compute: a record whose ncu report was read back
+    (ncu/summary.json, kernels/profiling/ncu.py) is judged by its kernels' SM throughput instead of the MFU,
+    and the evidence says so: 62 % where the study's MFU is 40 %."""
+    from kernels.profiling import ncu
+
+    c = report.build(study, tmp_path / "out0", PLAN, SYSTEMS, SELECT_T)["criteria"].set_index("key")
+    assert c.loc["mfu", "value"] == "40.0 % at N=8" and not c.loc["mfu", "evidence"].endswith("(Nsight Compute)")
+    records.write_json(
+        study / "s8_0" / "ncu" / ncu.SUMMARY, ncu.combine({"rank0-j7": {"sm_throughput": 0.62, "launches": 400}}, [])
+    )
+    c = report.build(study, tmp_path / "out", PLAN, SYSTEMS, SELECT_T)["criteria"].set_index("key")
+    assert c.loc["mfu", "status"] == "met" and c.loc["mfu", "value"] == "62.0 % at N=8"
+    assert c.loc["mfu", "evidence"].endswith("(Nsight Compute)")
+
+
 def test_criteria_are_judged_from_the_records(study, tmp_path):
     """Every target gets a verdict: strong E(8) = 5600 / 8 / 1000 = 70 % meets >= 70 %; weak (64 per rank, the
     8-rank strong point included) grows the epoch time by 1000 / 969 - 1 = +3 % at N=2, +9 % at 4 and

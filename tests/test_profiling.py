@@ -707,14 +707,59 @@ def test_nsight_systems_reports_are_read_back_into_the_record(tmp_path):
     assert s["comm_share_median"] == pytest.approx(0.20) and s["comm_share_range"] == pytest.approx([0.15, 0.25])
 
 
-def test_nsys_summary_names_what_is_missing(tmp_path, capsys, monkeypatch):
+# ncu --import --csv --page details --print-units base, as it prints a report since 2023 (tests/data/
+# ncu-details-page.csv, written in that layout, not a capture): one row per metric, a metric's row one comma short
+# of the rules' columns, rules as rows of their own, values with thousands separators. Five launches: an
+# elementwise fill, two cuDNN fprop and one wgrad launches (the committed H200 trace's names), NCCL's all-reduce.
+NCU_DETAILS = (ROOT / "tests" / "data" / "ncu-details-page.csv").read_text()
+
+
+def test_nsight_compute_reports_are_read_back_into_the_record(tmp_path):
+    """Weighted by time over the four compute launches (10, 40, 30 and 20 us; NCCL's 50 us counted apart): SM
+    throughput (10 x 10.02 + 40 x 70 + 30 x 60 + 20 x 80) / 100 = 63.0 %, what the kernel-efficiency target reads;
+    90 % of the time in compute-bound launches. The layout before the rules' columns (ncu before 2023) and
+    durations in usecond (without --print-units base) read the same."""
+    import csv
+    import io
+
+    from kernels.profiling import ncu
+    from kernels.records.schema import read_json, write_json
+
+    r = ncu.report_summary(NCU_DETAILS)
+    assert r["launches"] == 5 and r["kernel_ns"] == 100_000 and r["nccl_ns"] == 50_000
+    assert r["sm_throughput"] == pytest.approx(0.63002) and r["memory_throughput"] == pytest.approx(0.46011)
+    assert r["achieved_occupancy"] == pytest.approx(0.25825) and r["compute_bound_share"] == pytest.approx(0.9)
+    top = r["top_kernels"]
+    assert [k["launches"] for k in top] == [2, 1, 1] and [k["share"] for k in top] == [0.6, 0.3, 0.1]
+    assert top[0]["name"].startswith("sm90_xmma_fprop") and top[0]["sm_throughput"] == pytest.approx(0.7333, abs=1e-4)
+    old = []
+    for row in csv.reader(io.StringIO(NCU_DETAILS)):
+        if row[13:15] == ["ns", row[14]] and row[12] == "Duration":
+            row[13:15] = ["usecond", str(float(row[14].replace(",", "")) / 1000)]
+        old.append(",".join(f'"{x}"' for x in row[:15]))
+    assert ncu.report_summary("\n".join(old)) == r
+    with pytest.raises(ValueError, match="no details table"):
+        ncu.launches("==ERROR== No kernels were profiled.\n")
+    # the record: the analysis reads the median over reports; a run with a summary is no longer pending
+    run = tmp_path / "run"
+    (run / "ncu").mkdir(parents=True)
+    (run / "ncu" / "rank0-j7.ncu-rep").write_bytes(b"")
+    assert ncu.pending(tmp_path) == [run]
+    write_json(run / "ncu" / ncu.SUMMARY, ncu.combine({"rank0-j7": r}, []))
+    assert ncu.pending(tmp_path) == [] and read_json(run / "ncu" / "summary.json")[
+        "sm_throughput_median"
+    ] == pytest.approx(0.63002)
+
+
+@pytest.mark.parametrize("tool,what", [("nsys", "Nsight Systems"), ("ncu", "Nsight Compute")])
+def test_nsight_summary_names_what_is_missing(tmp_path, capsys, monkeypatch, tool, what):
     from kernels.profiling.__main__ import main
 
     (tmp_path / "run").mkdir()
-    assert main(["nsys-summary", str(tmp_path / "run")]) == 2  # not a run profiled by slurm/profile_nsys.sbatch
-    assert "no nsys/*.nsys-rep" in capsys.readouterr().err
-    (tmp_path / "run" / "nsys").mkdir()
-    (tmp_path / "run" / "nsys" / "rank0-j1.nsys-rep").write_bytes(b"")
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys on this machine
-    assert main(["nsys-summary", "--pending", str(tmp_path)]) == 2
-    assert "nsys is not on PATH; load the Nsight Systems module" in capsys.readouterr().err
+    assert main([f"{tool}-summary", str(tmp_path / "run")]) == 2  # not a run profiled by the tool's wrapper
+    assert f"no {tool}/*.{tool}-rep (a run profiled by slurm/profile_{tool}.sbatch)" in capsys.readouterr().err
+    (tmp_path / "run" / tool).mkdir()
+    (tmp_path / "run" / tool / f"rank0-j1.{tool}-rep").write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys or ncu on this machine
+    assert main([f"{tool}-summary", "--pending", str(tmp_path)]) == 2
+    assert f"{tool} is not on PATH; load the {what} module" in capsys.readouterr().err

@@ -147,11 +147,12 @@ def _load_one(d: Path, select: dict | None) -> tuple[str, dict]:
     return "row", run_row(d, cfg, summ, rec["metrics"])
 
 
-def nsys_summary(d: Path) -> dict:
-    """<run>/nsys/summary.json (kernels/profiling/nsight.py), {} where the run has none."""
+def nsight_summary(d: Path, folder: str) -> dict:
+    """<run>/nsys/summary.json or <run>/ncu/summary.json (kernels/profiling/nsight.py, ncu.py), {} where the run
+    has none."""
     from kernels.records.schema import read_json
 
-    path = d / "nsys" / "summary.json"
+    path = d / folder / "summary.json"
     return read_json(path) if path.is_file() else {}
 
 
@@ -218,7 +219,8 @@ def run_row(d: Path, cfg: dict, summ: dict, metrics) -> dict:
             "bottleneck_reason": (summ.get("bottleneck") or {}).get("reason"),
             "comm_frac": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_frac"),
             "comm_source": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("comm_source"),
-            "nsys_comm_share": nsys_summary(d).get("comm_share_median"),
+            "nsys_comm_share": nsight_summary(d, "nsys").get("comm_share_median"),
+            "ncu_sm_throughput": nsight_summary(d, "ncu").get("sm_throughput_median"),
             "device_util": ((summ.get("bottleneck") or {}).get("evidence") or {}).get("device_util"),
             "gpu_util_mean_pct": (summ.get("monitor") or {}).get("gpu_util_mean_pct"),
             "cpu_util_mean_pct": (summ.get("monitor") or {}).get("cpu_util_mean_pct"),

@@ -1,7 +1,9 @@
 """python -m kernels.profiling wrapper nsys|ncu [--print]   the rank prefix of an Nsight wrapper
 python -m kernels.profiling breakdown RUN_DIR [...]          (re)compute a run's breakdown from its traces
 python -m kernels.profiling nsys-summary RUN_DIR [...]       Nsight Systems reports -> <run>/nsys/summary.json
-python -m kernels.profiling nsys-summary --pending RUNS_DIR  the same for every run not summarised yet"""
+python -m kernels.profiling nsys-summary --pending RUNS_DIR  the same for every run not summarised yet
+python -m kernels.profiling ncu-summary RUN_DIR [...]        Nsight Compute reports -> <run>/ncu/summary.json
+python -m kernels.profiling ncu-summary --pending RUNS_DIR   the same for every run not summarised yet"""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ def main(argv=None) -> int:
     w.add_argument("--print", action="store_true", help="print the prefix even when the tool is not on PATH")
     b = sub.add_parser("breakdown", help="time by category and top operators from a run's traces")
     b.add_argument("run_dir", type=Path, nargs="+")
-    n = sub.add_parser("nsys-summary", help="read a run's Nsight Systems reports back into its record")
-    n.add_argument("run_dir", type=Path, nargs="*")
-    n.add_argument("--pending", type=Path, help="every run under this folder with reports and no summary yet")
+    for tool, what in (("nsys", "Nsight Systems"), ("ncu", "Nsight Compute")):
+        n = sub.add_parser(f"{tool}-summary", help=f"read a run's {what} reports back into its record")
+        n.add_argument("run_dir", type=Path, nargs="*")
+        n.add_argument("--pending", type=Path, help="every run under this folder with reports and no summary yet")
     args = ap.parse_args(argv)
-    if args.cmd == "nsys-summary":
-        return nsys_summary(args.run_dir, args.pending)
+    if args.cmd.endswith("-summary"):
+        return read_back(args.cmd, args.run_dir, args.pending)
     if args.cmd == "wrapper":
         from kernels.profiling import tools
 
@@ -73,16 +76,19 @@ def main(argv=None) -> int:
     return rc
 
 
-def nsys_summary(run_dirs: list[Path], pending_in: Path | None) -> int:
+def read_back(cmd: str, run_dirs: list[Path], pending_in: Path | None) -> int:
+    """nsys-summary | ncu-summary: the reports of these runs (and of every pending run) into their records."""
     from kernels.base.errors import ConfigError, exit_status
-    from kernels.profiling import nsight
+    from kernels.profiling import ncu, nsight
+
+    tool = nsight if cmd == "nsys-summary" else ncu
 
     def body() -> None:
-        runs = list(run_dirs) + (nsight.pending(pending_in) if pending_in else [])
+        runs = list(run_dirs) + (tool.pending(pending_in) if pending_in else [])
         if not runs and not pending_in:
-            raise ConfigError("nsys-summary: give RUN_DIR(s), or --pending RUNS_DIR")
+            raise ConfigError(f"{cmd}: give RUN_DIR(s), or --pending RUNS_DIR")
         for run in runs:
-            path = nsight.summarize(run)
+            path = tool.summarize(run)
             print(f"wrote {path}")
 
     return exit_status(body)

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
 import statistics
 import subprocess
 from pathlib import Path
 
+from kernels.profiling import reports
+
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
 REPORTS = ("cuda_gpu_kern_sum", "nvtx_sum")
-SUMMARY = "summary.json"
+SUMMARY = reports.SUMMARY
 
 
 def stats_rows(text: str, last_column: str) -> list[dict]:
@@ -100,32 +101,14 @@ def combine(per_rank: dict[str, dict], problems: list[str]) -> dict:
     }
 
 
+NSYS = reports.Reports("nsys", ".nsys-rep", "nsys", "Nsight Systems", "slurm/profile_nsys.sbatch", run_stats, combine)
+
+
 def summarize(run_dir: Path, nsys: str | None = None) -> Path:
     """<run>/nsys/summary.json from every report in <run>/nsys; the path written."""
-    from kernels.base.errors import ConfigError
-    from kernels.records.schema import write_json
-
-    reports = sorted((Path(run_dir) / "nsys").glob("*.nsys-rep"))
-    if not reports:
-        raise ConfigError(f"{run_dir}: no nsys/*.nsys-rep (a run profiled by slurm/profile_nsys.sbatch)")
-    nsys = nsys or shutil.which("nsys")
-    if not nsys:
-        raise ConfigError("nsys is not on PATH; load the Nsight Systems module (or install it) and run this again")
-    per_rank, problems = {}, []
-    for rep in reports:
-        try:
-            per_rank[rep.stem] = run_stats(rep, nsys)
-        except (ValueError, KeyError, subprocess.TimeoutExpired) as e:
-            problems.append(f"{rep.name}: {e}")
-    path = Path(run_dir) / "nsys" / SUMMARY
-    write_json(path, combine(per_rank, problems))
-    return path
+    return reports.summarize(run_dir, NSYS, nsys)
 
 
 def pending(runs_dir: Path) -> list[Path]:
     """The run directories under runs_dir holding nsys reports but no summary of them yet."""
-    return sorted(
-        d
-        for d in Path(runs_dir).glob("*")
-        if (d / "nsys").is_dir() and any((d / "nsys").glob("*.nsys-rep")) and not (d / "nsys" / SUMMARY).exists()
-    )
+    return reports.pending(runs_dir, NSYS)

@@ -55,7 +55,7 @@ def ncu_prefix(environ=None) -> list[str]:
         "--launch-skip",
         env.get("LAB_NCU_SKIP", "0"),
         "--launch-count",
-        env.get("LAB_NCU_COUNT", "20"),
+        env.get("LAB_NCU_COUNT", "400"),  # about one ResNet-18 step: the first 20 would be the input pipeline's
         "--set",
         env.get("LAB_NCU_SET", "full"),
         "--force-overwrite",

@@ -12,6 +12,8 @@ A record is a directory results/runs/<run_id>/ holding:
     traces/, breakdown.csv, top_ops.csv, breakdown.png   profiled runs (profile_steps > 0)
     nsys/         runs under slurm/profile_nsys.sbatch: a report per rank and summary.json, what the
                   reports say (kernels/profiling/nsight.py)
+    ncu/          runs under slurm/profile_ncu.sbatch: one rank's report and summary.json, its kernels'
+                  throughput and occupancy (kernels/profiling/ncu.py)
     sacct.json    Slurm's accounting of the job(s) that ran it, stored when a job's notebook ends
                   (kernels/slurm/accounting.py)
 Files are written atomically (temp file + rename), so a reader never sees half a
@@ -603,7 +605,9 @@ def schema_markdown(workload_fields: dict[str, dict[str, str]] | None = None) ->
         "`traces/rank<R>-<job>.pt.trace.json.gz`",
         "(one Chrome/Perfetto trace per rank), `breakdown.csv` (ms per step and share by operator category, per rank",
         "and `all`), `top_ops.csv` and `breakdown.png`. A run under slurm/profile_nsys.sbatch leaves `nsys/`: a",
-        "report per rank and `summary.json`, the reports read back (kernels/profiling/nsight.py).",
+        "report per rank and `summary.json`, the reports read back (kernels/profiling/nsight.py); one under",
+        "slurm/profile_ncu.sbatch leaves `ncu/`: one rank's report and `summary.json`, its kernels' throughput",
+        "against the device's peak and occupancy (kernels/profiling/ncu.py).",
         "",
         f"## metrics.csv (schema version {SCHEMA_VERSION})",
         "",

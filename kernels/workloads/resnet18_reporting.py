@@ -124,12 +124,17 @@ def profiled(column: str, percent: float, good, gpu_only: bool):
     return judge
 
 
-def comm_share(c: Criterion, t: dict) -> dict:
-    """Nsight Systems' figure where any record has one (the plan names Nsight), else the lab's own."""
-    r = t["runs"]
-    nsys = not r.empty and "nsys_comm_share" in r and r.loc[r["workload"] == NAME, "nsys_comm_share"].notna().any()
-    judged = profiled("nsys_comm_share" if nsys else "comm_frac", 100.0, lambda v: v < 20, gpu_only=False)(c, t)
-    return {**judged, "evidence": judged["evidence"] + " (Nsight Systems)"} if nsys else judged
+def nsight_first(column: str, fallback: str, good, gpu_only: bool, source: str):
+    """A judge of a target the plan measures with Nsight: the Nsight figure read back into the records (`column`)
+    where any of this workload's records has one, else the lab's own (`fallback`); the evidence names the source."""
+
+    def judge(c: Criterion, t: dict) -> dict:
+        r = t["runs"]
+        has = not r.empty and column in r and r.loc[r["workload"] == NAME, column].notna().any()
+        judged = profiled(column if has else fallback, 100.0, good, gpu_only)(c, t)
+        return {**judged, "evidence": judged["evidence"] + f" ({source})"} if has else judged
+
+    return judge
 
 
 CRITERIA = (
@@ -207,7 +212,7 @@ CRITERIA = (
         "reports where a run has them, else the part not hidden by compute (the probe, or a profiled run's trace)",
         "< 20 %",
         STRONG,
-        comm_share,
+        nsight_first("nsys_comm_share", "comm_frac", lambda v: v < 20, False, "Nsight Systems"),
     ),
     Criterion(
         "loader_idle",
@@ -221,12 +226,14 @@ CRITERIA = (
     ),
     Criterion(
         "mfu",
-        "Model FLOP utilisation",
+        "Kernel efficiency",
         PLAN,
         347,
-        "model FLOPs per second over the GPU's peak at the run's precision",
+        "the kernels' SM throughput as a share of peak, weighted by their time (Nsight Compute's Speed of Light; "
+        "NCCL's kernels apart) where a run has Nsight Compute reports, else model FLOPs per second over the "
+        "GPU's peak at the run's precision (MFU)",
         "> 50 %",
         ON_GPUS,
-        profiled("mfu", 100.0, lambda v: v > 50, gpu_only=True),
+        nsight_first("ncu_sm_throughput", "mfu", lambda v: v > 50, True, "Nsight Compute"),
     ),
 )
