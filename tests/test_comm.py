@@ -519,6 +519,31 @@ def test_all_reduce_algorithm_is_the_cheaper_under_the_fits():
     assert predict.allreduce_time(mib, 1, 1, None, None) == (0.0, "none")
 
 
+def test_topology_algorithms_ring_tree_and_hierarchical():
+    """The three all_reduce algorithms under one fit (alpha 100 us, 1 GB/s). A tree has 2 ceil(log2 n) latency
+    steps and moves 2 S, a ring 2(n-1) steps and 2(n-1)/n S: at 8 ranks in a node a small message goes faster by
+    the tree, a large one by the ring; at 2 ranks the ring is never slower. Across 4 nodes of 2 ranks the tree
+    is a chain in each node then a tree over the nodes. NCCL chooses among all three; gloo runs a ring (or the
+    two-level form); forcing one algorithm gives its cost; one that does not apply is refused."""
+    fit = {"alpha_s": 1e-4, "busbw_Bps": 1e9}
+    small, large = 1024, 64 * 1024 * 1024
+    c = predict.allreduce_costs(small, 8, 1, fit, None)
+    assert c["tree"] == pytest.approx(6e-4 + 2 * small / 1e9) and c["ring"] == pytest.approx(14e-4 + 1.75 * small / 1e9)
+    assert predict.allreduce_time(small, 8, 1, fit, None, predict.CHOICES["nccl"])[1] == "tree (intra-node)"
+    assert predict.allreduce_time(large, 8, 1, fit, None, predict.CHOICES["nccl"])[1] == "ring (intra-node)"
+    assert predict.allreduce_time(small, 8, 1, fit, None)[1] == "ring (intra-node)"  # gloo: no tree
+    two = predict.allreduce_costs(small, 2, 1, fit, None)
+    assert two["ring"] <= two["tree"]
+    across = predict.allreduce_costs(large, 8, 4, fit, fit)
+    assert set(across) == {"ring", "tree", "hierarchical"}
+    assert across["tree"] == pytest.approx((2e-4 + 2 * large / 1e9) + (4e-4 + 2 * large / 1e9))
+    assert across["hierarchical"] == pytest.approx((2e-4 + large / 1e9) + (6e-4 + 1.5 * large / 2 / 1e9))
+    assert predict.allreduce_time(large, 8, 4, fit, fit, ("tree",)) == (pytest.approx(across["tree"]), "tree")
+    assert set(predict.allreduce_costs(large, 4, 4, None, fit)) == {"ring", "tree"}  # one rank per node
+    with pytest.raises(ValueError, match="none of hierarchical applies"):
+        predict.allreduce_time(large, 4, 1, fit, None, ("hierarchical",))
+
+
 # ------------------------------------------------------------------ validation on the local Slurm
 @pytest.mark.system
 def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
@@ -578,6 +603,10 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     assert list(table["cpu_share"]) == [1.0, 1.0, 2.0], table
     assert list(table["algorithm"][:2]) == ["none", "ring (intra-node)"], table
     assert table["algorithm"].iloc[2] in ("ring (flat)", "hierarchical"), table
+    # the topology comparison: each algorithm forced, the closest to the measured step named
+    four = table.iloc[2]
+    assert all(four[f"{a}_ms"] > 0 for a in predict.ALGORITHMS) and four["closest"] in predict.ALGORITHMS, table
+    assert pd.isna(table.iloc[0]["closest"]) and pd.isna(table.iloc[0]["ring_ms"])  # one rank: nothing to reduce
     # only gross errors here (a unit slip, a lost term): on a shared 2-core VM one disturbed point can be off by 4x
     # (seen: a 2-rank step 7x the 1-rank one while the host stole CPU). The accuracy is the full studies' result,
     # results/bench/predictor-local-slurm.md

@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -206,24 +207,64 @@ def buckets(param_bytes: list[int], cap_mb: float) -> list[int]:
     return out
 
 
-def allreduce_time(nbytes: float, n: int, nodes: int, intra: dict | None, inter: dict | None) -> tuple[float, str]:
-    """Seconds for one all_reduce of nbytes over n ranks on `nodes` nodes, and the algorithm that wins."""
+def tree_cost(fit: dict, nbytes: float, n: int) -> float:
+    """A pipelined (double) binary tree all_reduce of nbytes over n ranks: reduce up and broadcast down, each
+    ceil(log2 n) latency steps, every byte crossing a rank's link once each way (2 S / busbw, against the ring's
+    2 (n-1)/n S / busbw): fewer latency terms than the ring from 4 ranks on, never fewer bytes."""
+    if n <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * fit["alpha_s"] + 2 * nbytes / fit["busbw_Bps"]
+
+
+def allreduce_costs(nbytes: float, n: int, nodes: int, intra: dict | None, inter: dict | None) -> dict[str, float]:
+    """Seconds of one all_reduce of nbytes over n ranks on `nodes` nodes under each algorithm the fits allow:
+    ring: one ring over all ranks, limited by its slowest link (the inter-node fit across nodes);
+    tree: within a node a tree over its ranks; across nodes a chain through each node's ranks (intra-node fit)
+    and a tree over the nodes (inter-node fit), the two phases one after the other, as NCCL's tree without
+    pipelining across them;
+    hierarchical: reduce_scatter inside the node, all_reduce of one g-th across nodes, all_gather inside
+    (the intra-node all_reduce's two halves)."""
+    if n <= 1:
+        return {}
+    if nodes <= 1:
+        return {"ring": cost("all_reduce", intra, nbytes, n), "tree": tree_cost(intra, nbytes, n)} if intra else {}
+    if inter is None:
+        return {}
+    g = n // nodes
+    out = {"ring": cost("all_reduce", inter, nbytes, n)}
+    chain = (2 * (g - 1) * intra["alpha_s"] + 2 * nbytes / intra["busbw_Bps"]) if g > 1 and intra else 0.0
+    if g == 1 or intra is not None:
+        out["tree"] = chain + tree_cost(inter, nbytes, nodes)
+    if g > 1 and intra is not None:
+        out["hierarchical"] = cost("all_reduce", intra, nbytes, g) + cost("all_reduce", inter, nbytes / g, nodes)
+    return out
+
+
+# The algorithms the model chooses among, per backend: NCCL picks ring or tree by its own cost model (and a
+# node-level reduction where a node's GPUs share links); gloo's all_reduce is a ring, MPI's a library's choice,
+# both taken here as a ring or the two-level form.
+CHOICES = {"nccl": ("ring", "tree", "hierarchical")}
+DEFAULT_CHOICE = ("ring", "hierarchical")
+ALGORITHMS = ("ring", "tree", "hierarchical")
+
+
+def allreduce_time(
+    nbytes: float, n: int, nodes: int, intra: dict | None, inter: dict | None, choose: tuple = DEFAULT_CHOICE
+) -> tuple[float, str]:
+    """Seconds for one all_reduce of nbytes over n ranks on `nodes` nodes, and the algorithm that wins among
+    `choose` (one name forces it)."""
     if n <= 1:
         return 0.0, "none"
-    if nodes <= 1:
-        if intra is None:
-            raise ValueError("no intra-node all_reduce fit")
-        return cost("all_reduce", intra, nbytes, n), "ring (intra-node)"
-    if inter is None:
+    if nodes <= 1 and intra is None:
+        raise ValueError("no intra-node all_reduce fit")
+    if nodes > 1 and inter is None:
         raise ValueError("no inter-node all_reduce fit")
-    options = {"ring (flat)": cost("all_reduce", inter, nbytes, n)}
-    g = n // nodes
-    if g > 1 and intra is not None:
-        # hierarchical: reduce_scatter inside the node (same ring as all_reduce's first half), all_reduce of
-        # one g-th across nodes, all_gather inside the node: the intra-node all_reduce's two halves
-        options["hierarchical"] = cost("all_reduce", intra, nbytes, g) + cost("all_reduce", inter, nbytes / g, nodes)
+    options = {k: v for k, v in allreduce_costs(nbytes, n, nodes, intra, inter).items() if k in choose}
+    if not options:
+        raise ValueError(f"none of {', '.join(choose)} applies at {n} ranks on {nodes} node(s) with these fits")
     best = min(options, key=options.get)
-    return options[best], best
+    where = " (intra-node)" if nodes <= 1 else " (flat)" if best == "ring" else ""
+    return options[best], best + where
 
 
 def predict_step(
@@ -237,15 +278,17 @@ def predict_step(
     cpu_share: float = 1.0,
     overlap: bool = True,
     data_s: float = 0.0,
+    choose: tuple = DEFAULT_CHOICE,
 ) -> dict:
     """One data-parallel step at n ranks on `nodes` nodes. t1_s: the 1-rank step (compute + data wait);
-    cpu_share >= 1 slows compute when ranks share cores; overlap: reductions may run under backward."""
+    cpu_share >= 1 slows compute when ranks share cores; overlap: reductions may run under backward; choose:
+    the all_reduce algorithms to pick the cheapest of (CHOICES[backend]), or one to force."""
     compute1 = max(t1_s - data_s, 0.0)
     compute = compute1 * (1.0 / n if mode == "strong" else 1.0) * cpu_share
     algo = "none"
     times = []
     for b in bucket_bytes:
-        t, algo = allreduce_time(b, n, nodes, intra, inter)
+        t, algo = allreduce_time(b, n, nodes, intra, inter, choose)
         times.append(t)
     comm = sum(times)
     if not overlap or n <= 1:
@@ -390,6 +433,7 @@ def predict(
             share * straggler_factor(run["t1_s"], run.get("p90_s"), n),
             overlap=not busy,
             data_s=run["data_s"],
+            choose=CHOICES.get(backend, DEFAULT_CHOICE),
         )
         base = run["t1_s"]
         p["samples_per_s"] = (run["batch"] * (1 if mode == "strong" else n)) / p["step_s"] if run["batch"] else None
@@ -445,6 +489,10 @@ VALIDATION_COLUMNS = [
     "probe_exposed_ms",
     "cpu_share",
     "algorithm",
+    "ring_ms",
+    "tree_ms",
+    "hierarchical_ms",
+    "closest",
 ]
 
 
@@ -501,12 +549,14 @@ def validation(runs, comm_records: list[dict]):
                 # compute scales with the per-rank batch and with how many ranks share a host's cores
                 comp1 = (t1 - data1) * float(p0["per_rank_batch"]) / float(b0["per_rank_batch"]) * share / share1
                 comp1 *= straggler_factor(t1, p90_1, int(n))
+                step = partial(predict_step, comp1, bks, int(n), nodes, intra, inter, "weak", 1.0, not busy, 0.0)
                 try:
-                    p = predict_step(comp1, bks, int(n), nodes, intra, inter, "weak", 1.0, overlap=not busy, data_s=0.0)
+                    p = step(CHOICES.get(backend, DEFAULT_CHOICE))
                 except ValueError:
                     continue
                 pred = p["step_s"] + data1
                 meas = float(pts["step_ms"].median()) / 1e3
+                each = by_algorithm(step, data1, meas, int(n))
                 rows.append(
                     {
                         "mode": mode,
@@ -532,9 +582,24 @@ def validation(runs, comm_records: list[dict]):
                         if "exposed_comm_ms" in pts and pts["exposed_comm_ms"].notna().any()
                         else None,
                         "algorithm": p["algorithm"],
+                        **each,
                     }
                 )
     return pd.DataFrame(rows, columns=VALIDATION_COLUMNS)
+
+
+def by_algorithm(step, data_s: float, measured_s: float, n: int) -> dict:
+    """The step predicted with each all_reduce algorithm forced (ms; None where it does not apply, and all None
+    at one rank), and the one closest to the measured step: the topology comparison of the validation."""
+    out = {f"{algo}_ms": None for algo in ALGORITHMS}
+    for algo in ALGORITHMS if n > 1 else ():
+        try:
+            out[f"{algo}_ms"] = 1e3 * (step((algo,))["step_s"] + data_s)
+        except ValueError:
+            out[f"{algo}_ms"] = None
+    known = {a: out[f"{a}_ms"] for a in ALGORITHMS if out[f"{a}_ms"] is not None}
+    out["closest"] = min(known, key=lambda a: abs(known[a] / 1e3 - measured_s)) if known else None
+    return out
 
 
 def _eff(t1: float, tn: float, point, base) -> float:
@@ -658,10 +723,15 @@ def write_markdown(path: Path, table, runs, args) -> None:
         "Measured: median step time over repeats (each run's median over its timed steps, slowest rank per "
         "step), min-max over repeats in brackets. Error: predicted / measured - 1.",
         "",
+        "Ring, tree, hierarchical: the step predicted with that all-reduce algorithm forced (blank where it does "
+        "not apply); closest: the one nearest the measured step. The predicted column takes the cheapest the "
+        "backend runs (kernels/comm/predict.py, CHOICES).",
+        "",
         "| series | ranks | nodes | repeats | measured "
         "ms | predicted ms | error | eff. measured | eff. predicted |"
-        " compute ms | all-reduce ms | exposed ms | probe exposed ms | algorithm |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        " compute ms | all-reduce ms | exposed ms | probe exposed ms | algorithm |"
+        " ring ms | tree ms | hierarchical ms | closest |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for _, r in table.iterrows():
         err = f"{100 * r['error']:+.1f} %" if r["error"] is not None and r["error"] == r["error"] else "(base)"
@@ -670,7 +740,9 @@ def write_markdown(path: Path, table, runs, args) -> None:
             f"({r['measured_step_ms_min']:.1f}-{r['measured_step_ms_max']:.1f}) | "
             f"{r['predicted_step_ms']:.1f} | {err} | {r['measured_efficiency']:.2f} | "
             f"{r['predicted_efficiency']:.2f} | {r['compute_ms']:.1f} | {r['comm_ms']:.2f} | "
-            f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} |"
+            f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} | "
+            + " | ".join(_fmt(r[f"{a}_ms"]) for a in ALGORITHMS)
+            + f" | {r['closest'] or ''} |"
         )
     atomic_write_bytes(Path(path), ("\n".join(lines) + "\n").encode())
 

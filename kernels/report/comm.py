@@ -203,6 +203,7 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
             f"{int(worst['gpus'])} ranks on {int(worst['nodes'])} node{'s' if worst['nodes'] > 1 else ''} "
             f"({tex_escape(worst['system'])}, {tex_escape(worst['backend'])}). "
         )
+        out += topology_text(multi)
     if not eng.empty:
         parts = [
             f"{num(r['ratio'], 2)}$\\times$ DDP's throughput at {int(r['gpus'])} ranks ({tex_escape(r['series'])})"
@@ -210,6 +211,22 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
         ]
         out += "Horovod reaches " + listing(parts) + ". "
     return out + "\n"
+
+
+def topology_text(multi: pd.DataFrame) -> str:
+    """The topology comparison: at each multi-node point, the step predicted with each all-reduce algorithm
+    forced, beside the measured one."""
+    across = multi[(multi["nodes"] > 1) & multi["closest"].notna()] if "closest" in multi else multi.iloc[:0]
+    if across.empty:
+        return ""
+    parts = []
+    for _, r in across.iterrows():
+        each = [f"{a} {num(r[f'{a}_ms'])}" for a in predict.ALGORITHMS if pd.notna(r[f"{a}_ms"])]
+        parts.append(
+            rf"at {int(r['gpus'])} ranks on {int(r['nodes'])} nodes the measured {num(r['measured_step_ms'])}\,ms "
+            rf"is closest to the {r['closest']} prediction ({', '.join(each)}\,ms)"
+        )
+    return "With each all-reduce algorithm forced in turn, " + listing(parts) + ". "
 
 
 def section(ctx: Context) -> None:

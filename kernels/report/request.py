@@ -268,6 +268,7 @@ def predicted_epochs(ctx: Context, runs: pd.DataFrame, main: pd.DataFrame, epoch
                 predict.straggler_factor(t1 * share, p90, n),
                 overlap=True,
                 data_s=data * share,
+                choose=predict.CHOICES["nccl"],  # the target's GPUs: NCCL's ring or tree, whichever is cheaper
             )
         except ValueError:
             continue
