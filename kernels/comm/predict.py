@@ -742,7 +742,7 @@ def write_markdown(path: Path, table, runs, args) -> None:
             f"{r['predicted_efficiency']:.2f} | {r['compute_ms']:.1f} | {r['comm_ms']:.2f} | "
             f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} | "
             + " | ".join(_fmt(r[f"{a}_ms"]) for a in ALGORITHMS)
-            + f" | {r['closest'] or ''} |"
+            + f" | {r['closest'] if isinstance(r['closest'], str) else ''} |"
         )
     atomic_write_bytes(Path(path), ("\n".join(lines) + "\n").encode())
 
