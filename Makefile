@@ -80,6 +80,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_io.py
 	$(BIN)/python benchmarks/bench_dcrnn.py
+	$(BIN)/python benchmarks/dcrnn_accuracy.py
 	$(BIN)/python benchmarks/bench_comm.py
 	$(BIN)/python benchmarks/bench_mpi_libraries.py
 	$(BIN)/python benchmarks/bench_summary.py

@@ -162,6 +162,39 @@ def test_dcrnn_benchmark_checks_both_models_agree_and_times_them(tmp_path):
     assert record["rows"]["public"]["data_bytes"] > 10 * record["rows"]["lab"]["data_bytes"]
 
 
+@pytest.mark.integration
+def test_dcrnn_accuracy_trains_both_pipelines_from_the_same_weights(tmp_path):
+    """Untrained, the two models forecast the same test windows with the same MAE (the weights are shared and
+    both are scored by one metric code); after an epoch each in its own pipeline, the table sets them side by
+    side per seed, the JSON holds the median gap the criterion reads, and the criterion judges it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import dcrnn_accuracy
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    tiny = ["--data_dir", str(tmp_path / "data"), "--time_steps", "300", "--units", "4", "--batch", "16"]
+    assert dcrnn_accuracy.main([*tiny, "--epochs", "0", "--seeds", "0", "--out", str(tmp_path / "untrained")]) == 0
+    rec = json.loads(next((tmp_path / "untrained").glob("dcrnn_accuracy-*.json")).read_text())
+    assert abs(rec["worst_gap"]) < 1e-4 and all(v > 0 for v in rec["seeds"][0]["lab"].values()), rec["seeds"]
+    p = subprocess.run(
+        [sys.executable, "benchmarks/dcrnn_accuracy.py", *tiny, "--epochs", "1", "--seeds", "0", "1"]
+        + ["--out", str(tmp_path / "bench")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(re.findall(r"seed \d: MAE lab [\d./]+, public [\d./]+ mph; gap 15min", p.stdout)) == 2, p.stdout
+    text = next((tmp_path / "bench").glob("dcrnn_accuracy-*.md")).read_text()
+    assert "| seed | public MAE | lab MAE | gap |" in text and "Median gap over seeds:" in text
+    assert "Historical average on the same test windows" in text
+    rec = json.loads(next((tmp_path / "bench").glob("dcrnn_accuracy-*.json")).read_text())
+    gaps = [s["gap"]["60min"] for s in rec["seeds"]]
+    assert rec["median_gap"]["60min"] == pytest.approx(sum(gaps) / 2)  # the median of two
+    assert all(len(s["lab_losses"]) == len(s["public_losses"]) == 1 for s in rec["seeds"])
+
+
 @pytest.mark.unit
 def test_dcrnn_benchmark_sets_auto_beside_the_form_it_did_not_choose():
     """On a CPU supports=auto holds a road graph sparse, so the third row is dense; on a GPU auto holds it dense,

@@ -75,7 +75,7 @@ def set_aside(c: Criterion, point: pd.Series) -> dict:
 def judge(criteria, tables: dict) -> pd.DataFrame:
     """One row per criterion: key, short, source, brief (file:line), brief_title, line, definition, threshold, status,
     value, evidence (or how to measure). tables: runs (the quiet records), scaling, gains (each optimisation),
-    together (all of them)."""
+    together (all of them), bench_dirs (folders of benchmark records besides the repository's results/bench)."""
     cols = [
         "key",
         "short",

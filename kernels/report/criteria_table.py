@@ -41,6 +41,7 @@ def table(ctx: Context) -> pd.DataFrame:
         "scaling": ctx.results.get("scaling", pd.DataFrame()),
         "gains": ctx.results.get("gains", pd.DataFrame()),
         "together": analysis.optimisations_together(runs),
+        "bench_dirs": [ctx.out / "bench"],  # benchmark records beside the repository's (analysis/benchmarks.py)
     }
     return criteria.judge(all_criteria(), tables)
 

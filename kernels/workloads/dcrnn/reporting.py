@@ -3,7 +3,8 @@ records, what its entries of summary.json mean, and its section of the paper (se
 
 Its table of runs is scaling_table.py's. The plan's targets: scaling efficiency from 1 to 8 nodes, training
 time against one node of the target system, and test accuracy against the original implementation's (its
-published MAE per horizon, REFERENCE_MAE).
+published MAE per horizon, REFERENCE_MAE) and against the public PyTorch pipeline's trained from the same weights
+on the same data and seeds (benchmarks/dcrnn_accuracy.py's records).
 """
 
 from __future__ import annotations
@@ -116,6 +117,43 @@ def mae_vs_original(c: Criterion, t: dict) -> dict:
     )
 
 
+def resolves(r: dict) -> bool:
+    """Whether an accuracy record (benchmarks/dcrnn_accuracy.py) can tell its gap: two seeds or more, and no seed
+    moving either implementation's MAE by more than the target gap."""
+    noise = max(v for impl in ("lab", "public") for v in r["seed_spread"][impl].values())
+    return len(r["seeds"]) >= 2 and noise <= r["target_gap"]
+
+
+def mae_vs_public(c: Criterion, t: dict) -> dict:
+    """The benchmark that trains the lab's model and the public pipeline's from the same weights on the same data
+    and seeds (results/bench/dcrnn_accuracy-*.json): its median gap over seeds at the worst horizon; with several
+    records, the one with the most training (seeds x epochs), and of those the farthest from the public pipeline.
+    Not measured while one seed alone moves either implementation's MAE by more than the gap to resolve (the
+    models are not trained far enough for 2 % to mean anything), nor from a single seed."""
+    from kernels.analysis import benchmarks
+
+    recs = benchmarks.load("dcrnn_accuracy", t.get("bench_dirs"))
+    if not recs:
+        return row(c, NOT_MEASURED)
+    r = max(recs, key=lambda x: (len(x["seeds"]) * x["epochs"], abs(x["worst_gap"])))
+    spread = "; ".join(f"{impl} {100 * max(r['seed_spread'][impl].values()):.1f} %" for impl in ("lab", "public"))
+    if not resolves(r):
+        return row(
+            c,
+            NOT_MEASURED,
+            evidence=f"{len(r['seeds'])} seed(s) after {r['epochs']} epochs ({r['device']}): the spread between seeds "
+            f"({spread}) exceeds the {100 * r['target_gap']:.0f} % to resolve; rerun "
+            "python benchmarks/dcrnn_accuracy.py with more --epochs",
+        )
+    return row(
+        c,
+        MET if abs(r["worst_gap"]) <= r["target_gap"] else NOT_MET,
+        f"{100 * r['worst_gap']:+.2f} % at {r['worst_horizon']} (median of {len(r['seeds'])} seeds)",
+        f"synthetic {r['shape']}, {r['time_steps']:,} steps, {r['layers']} x {r['units']} units, {r['epochs']} "
+        f"epochs on {r['device']}; spread between seeds: {spread}",
+    )
+
+
 CRITERIA = (
     Criterion(
         "dcrnn_strong",
@@ -148,5 +186,16 @@ CRITERIA = (
         "within 2 %",
         STUDY,
         mae_vs_original,
+    ),
+    Criterion(
+        "dcrnn_mae_public",
+        "DCRNN, MAE vs the public pipeline",
+        PLAN,
+        9,
+        "test MAE of the lab's DCRNN against the public PyTorch pipeline's, both trained from the same weights on "
+        "the same data and seeds, worst horizon, median gap over seeds",
+        "within 2 %",
+        "python benchmarks/dcrnn_accuracy.py (make bench)",
+        mae_vs_public,
     ),
 )
