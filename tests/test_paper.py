@@ -265,7 +265,7 @@ def test_no_node_hours_from_records_of_another_gpu_and_the_pilot_job_named(study
     request = " ".join((tables / "request_text.tex").read_text().split())
     assert request.startswith("The node-hours are to be measured:") and why in request, request
     job = (  # an option and its value never split over two lines (~)
-        f"lab submit notebooks/01\\_train.ipynb --gpus~1 --cluster~{cluster} -p~workload~resnet18 "
+        f"lab submit notebooks/01\\_train.ipynb -{{}}-gpus~1 -{{}}-cluster~{cluster} -p~workload~resnet18 "
         f"-p~dataset~cifar10 -p~epochs~2 -p~label~pilot"
     )
     assert f"\\texttt{{{job}}}" in request and "we request" not in request, request
@@ -503,6 +503,7 @@ def test_who_writes_the_documents_comes_from_the_plan_and_placeholders_are_named
     assert report.placeholders(mine) == []  # an e-mail in <...> after a name is not a placeholder
     assert report.placeholders({**mine, "repository": " <repository address> "}) == ["repository"]
     assert tex_escape("<your names>") == r"\textless{}your names\textgreater{}"  # not the OT1 font's inverted marks
+    assert tex_escape("rerun with --epochs 20 ---") == "rerun with -{}-epochs 20 -{}-{}-"  # hyphens, not dashes
 
 
 @pytest.mark.system

@@ -37,6 +37,8 @@ def tex_escape(s) -> str:
         (">", r"\textgreater{}"),
     ):  # < and > print as such in any font encoding
         s = s.replace(a, b)
+    while "--" in s:  # an option's two hyphens, not TeX's en or em dash
+        s = s.replace("--", "-{}-")
     return s
 
 
