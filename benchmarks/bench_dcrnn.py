@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -250,11 +249,7 @@ def main(argv=None) -> int:
         "|---|---|---|---|---|---|",
     ]
     record = {
-        "device": dev,
-        "host": sysinfo.host(),
-        "cores": os.cpu_count(),
-        "versions": sysinfo.software_versions(),
-        "git": sysinfo.git_info().get("commit"),
+        **benchtable.provenance(dev),
         "shape": args.shape,
         "sensors": series.num_nodes,
         "units": args.units,

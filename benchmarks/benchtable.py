@@ -25,6 +25,17 @@ def header(title: str) -> list[str]:
     ]
 
 
+def provenance(device_name: str) -> dict:
+    """Where and with what a benchmark record was measured: device, host, cores, software versions, git commit."""
+    return {
+        "device": device_name,
+        "host": sysinfo.host(),
+        "cores": os.cpu_count(),
+        "versions": sysinfo.software_versions(),
+        "git": sysinfo.git_info().get("commit"),
+    }
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 

@@ -282,11 +282,7 @@ def main(argv=None) -> int:
     lines = benchtable.header(f"DCRNN accuracy: the lab's workload against the public pipeline ({dev})")
     lines += table(seeds, s, baseline, args, series, splits)
     record = {
-        "device": dev,
-        "host": sysinfo.host(),
-        "cores": os.cpu_count(),
-        "versions": sysinfo.software_versions(),
-        "git": sysinfo.git_info().get("commit"),
+        **benchtable.provenance(dev),
         **{k: getattr(args, k) for k in ("shape", "units", "layers", "k", "batch", "epochs", "cl_decay_steps")},
         "time_steps": series.num_steps,
         "sensors": series.num_nodes,

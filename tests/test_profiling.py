@@ -684,7 +684,7 @@ def test_nsight_systems_reports_are_read_back_into_the_record(tmp_path):
     """Per rank: GPU time in NCCL's kernels over the host time of the loop's phases (NVTX) is the communication
     share the plan's Nsight target reads: 3 ms over 20 ms = 15 %; quoted names keep their commas; a report
     without the table (nsys prints no kernel table for a capture without kernels) is a ValueError naming it."""
-    from kernels.profiling import nsight
+    from kernels.profiling import nsight, reports
     from kernels.records.schema import read_json, write_json
 
     r = nsight.rank_summary(NSYS_KERNELS, NSYS_NVTX)
@@ -700,9 +700,9 @@ def test_nsight_systems_reports_are_read_back_into_the_record(tmp_path):
     run = tmp_path / "run"
     (run / "nsys").mkdir(parents=True)
     (run / "nsys" / "rank0-j7.nsys-rep").write_bytes(b"")
-    assert nsight.pending(tmp_path) == [run]
+    assert reports.pending(tmp_path, nsight.NSYS) == [run]
     write_json(run / "nsys" / nsight.SUMMARY, nsight.combine({"rank0-j7": r, "rank1-j7": other}, []))
-    assert nsight.pending(tmp_path) == []
+    assert reports.pending(tmp_path, nsight.NSYS) == []
     s = read_json(run / "nsys" / "summary.json")
     assert s["comm_share_median"] == pytest.approx(0.20) and s["comm_share_range"] == pytest.approx([0.15, 0.25])
 
@@ -722,7 +722,7 @@ def test_nsight_compute_reports_are_read_back_into_the_record(tmp_path):
     import csv
     import io
 
-    from kernels.profiling import ncu
+    from kernels.profiling import ncu, reports
     from kernels.records.schema import read_json, write_json
 
     r = ncu.report_summary(NCU_DETAILS)
@@ -744,9 +744,9 @@ def test_nsight_compute_reports_are_read_back_into_the_record(tmp_path):
     run = tmp_path / "run"
     (run / "ncu").mkdir(parents=True)
     (run / "ncu" / "rank0-j7.ncu-rep").write_bytes(b"")
-    assert ncu.pending(tmp_path) == [run]
+    assert reports.pending(tmp_path, ncu.NCU) == [run]
     write_json(run / "ncu" / ncu.SUMMARY, ncu.combine({"rank0-j7": r}, []))
-    assert ncu.pending(tmp_path) == [] and read_json(run / "ncu" / "summary.json")[
+    assert reports.pending(tmp_path, ncu.NCU) == [] and read_json(run / "ncu" / "summary.json")[
         "sm_throughput_median"
     ] == pytest.approx(0.63002)
 

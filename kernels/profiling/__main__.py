@@ -79,16 +79,16 @@ def main(argv=None) -> int:
 def read_back(cmd: str, run_dirs: list[Path], pending_in: Path | None) -> int:
     """nsys-summary | ncu-summary: the reports of these runs (and of every pending run) into their records."""
     from kernels.base.errors import ConfigError, exit_status
-    from kernels.profiling import ncu, nsight
+    from kernels.profiling import ncu, nsight, reports
 
-    tool = nsight if cmd == "nsys-summary" else ncu
+    kind = nsight.NSYS if cmd == "nsys-summary" else ncu.NCU
 
     def body() -> None:
-        runs = list(run_dirs) + (tool.pending(pending_in) if pending_in else [])
+        runs = list(run_dirs) + (reports.pending(pending_in, kind) if pending_in else [])
         if not runs and not pending_in:
             raise ConfigError(f"{cmd}: give RUN_DIR(s), or --pending RUNS_DIR")
         for run in runs:
-            path = tool.summarize(run)
+            path = reports.summarize(run, kind)
             print(f"wrote {path}")
 
     return exit_status(body)

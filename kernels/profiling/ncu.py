@@ -152,13 +152,3 @@ def combine(per_report: dict[str, dict], problems: list[str]) -> dict:
 
 
 NCU = reports.Reports("ncu", ".ncu-rep", "ncu", "Nsight Compute", "slurm/profile_ncu.sbatch", read_report, combine)
-
-
-def summarize(run_dir: Path, ncu: str | None = None) -> Path:
-    """<run>/ncu/summary.json from every report in <run>/ncu; the path written."""
-    return reports.summarize(run_dir, NCU, ncu)
-
-
-def pending(runs_dir: Path) -> list[Path]:
-    """The run directories under runs_dir holding ncu reports but no summary of them yet."""
-    return reports.pending(runs_dir, NCU)

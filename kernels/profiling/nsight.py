@@ -102,13 +102,3 @@ def combine(per_rank: dict[str, dict], problems: list[str]) -> dict:
 
 
 NSYS = reports.Reports("nsys", ".nsys-rep", "nsys", "Nsight Systems", "slurm/profile_nsys.sbatch", run_stats, combine)
-
-
-def summarize(run_dir: Path, nsys: str | None = None) -> Path:
-    """<run>/nsys/summary.json from every report in <run>/nsys; the path written."""
-    return reports.summarize(run_dir, NSYS, nsys)
-
-
-def pending(runs_dir: Path) -> list[Path]:
-    """The run directories under runs_dir holding nsys reports but no summary of them yet."""
-    return reports.pending(runs_dir, NSYS)
