@@ -113,6 +113,7 @@ def train_lab(model, store, train: range, args, seed: int) -> list[float]:
             total.append(step(model, opt, dcrnn.loss(dcrnn.forward(model, x, y, seen, True), y)))
             seen += 1
         losses.append(statistics.fmean(total))
+        print(f"  seed {seed}, lab epoch {epoch + 1}/{args.epochs}: training loss {losses[-1]:.3f}", flush=True)
     return losses
 
 
@@ -138,6 +139,7 @@ def train_public(model, series, mean, std, train: range, args, device, seed: int
             total.append(step(model, opt, torch.nan_to_num((out - truth).abs() * mask).mean()))
             seen += 1
         losses.append(statistics.fmean(total))
+        print(f"  seed {seed}, public epoch {len(losses)}/{args.epochs}: training loss {losses[-1]:.3f}", flush=True)
     return losses
 
 

@@ -410,13 +410,26 @@ def test_the_horovod_commands_as_written(tmp_path, docs_env):
 
     if import_error() is None or os.environ.get("CI") == "true":  # `make test` builds it first
         assert "nothing to" in _sh("make horovod", env).stdout.lower()  # built already: no rebuild
-        s, _, p = _new_record(
+        from kernels.base.params import default
+
+        s, new, p = _new_record(
             runs,
             "lab train --engine horovod --gpus 2 --dataset digits --width 16 --batch 64 --precision fp32 --epochs 2",
             env,
         )
-        assert "Total img/sec on 2 CPU(s)" in p.stdout and "horovodrun" in p.stdout
-        assert s["status"] == "complete", s
+        assert s["status"] == "complete" and s["epochs_done"] == 2 and s["world_size"] == 2, s
+        d = json.loads((new / "config.json").read_text())["derived"]
+        assert d["engine"] == "horovod" and d["controller"] == "gloo" and d["launch_source"] == "horovodrun"
+        assert d["fusion_threshold_bytes"] == default("hvd_fusion_mb") * 1024 * 1024
+        assert d["cycle_time_ms"] == default("hvd_cycle_ms") and "horovodrun" in p.stdout
+        # Horovod's synthetic benchmark lines, from the same timed steps as the record's headline; the seed study's
+        # scaling script greps the last one (horovodrun prefixes [rank]<stdout>:)
+        assert "Img/sec per CPU:" in p.stdout
+        total = [ln for ln in p.stdout.splitlines() if "Total img/sec on 2 CPU(s):" in ln]
+        assert total, p.stdout[-2000:]
+        value = float(total[0].split("):")[1].split("+-")[0])
+        glob = [ln for ln in p.stdout.splitlines() if "Global Img/sec: " in ln]
+        assert 0 < value < 1e6 and len(glob) == 1 and float(glob[0].split("Global Img/sec: ")[1]) == value, glob
     p = _sh("lab study submit studies/horovod_strong.yaml --dry-run", env)
     assert p.stdout.count("sbatch --parsable") == 7 and "--nodes=16 --ntasks-per-node=16" in p.stdout  # to 256
 
