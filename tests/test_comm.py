@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -625,7 +626,14 @@ def test_predictor_validation_on_the_local_slurm(slurm, tmp_path, monkeypatch):
     assert len(res["predictor"]) == 3 and len(res["comm_compare"]) == 3
     tables = tmp_path / "report" / "tables"
     assert "Gap" not in (tables / "predictor_table.tex").read_text()
-    assert "all-reduce fits are gloo inter-node on lab" in (tables / "comm_text.tex").read_text()
+    comm_text = (tables / "comm_text.tex").read_text()
+    assert "all-reduce fits are gloo inter-node on lab" in comm_text
+    # the topology comparison: at the 2-node point, each algorithm's prediction beside the measured step
+    assert re.search(
+        r"at 4 ranks on 2 nodes the measured [\d.,]+\\,ms is closest to the (ring|tree|hierarchical) "
+        r"prediction \(ring [\d.,]+, tree [\d.,]+, hierarchical [\d.,]+\\,ms\)",
+        comm_text,
+    ), comm_text
     assert (tmp_path / "report" / "figures" / "predictor.pdf").exists()
     assert "includegraphics" in (tables / "fig_predictor.tex").read_text()
 

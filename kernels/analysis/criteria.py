@@ -64,11 +64,16 @@ def row(c: Criterion, status: str, value: str = "", evidence: str = "") -> dict:
 
 
 def set_aside(c: Criterion, point: pd.Series) -> dict:
+    """Not measured: the point is set aside. The reasons by their kind only; the detail (which runs, how much
+    foreign work) is the table of results to re-run's, beside the command."""
+    from kernels.analysis.trust import REASON_WORDS
+
+    reasons = point.get("reasons")
+    why = ", ".join(dict.fromkeys(REASON_WORDS.get(k, k) for k, _ in reasons)) if reasons else point["flags"]
     return row(
         c,
         NOT_MEASURED,
-        evidence=f"the N={int(point['gpus'])} point is set aside ({point['flags']}); "
-        f"re-run it (Table of results to re-run)",
+        evidence=f"the N={int(point['gpus'])} point is set aside ({why}); re-run it (Table of results to re-run)",
     )
 
 
