@@ -90,6 +90,33 @@ def test_the_mpich_abi_link_is_made_once_and_never_over_a_foreign_file(tmp_path,
     with pytest.raises(ConfigError, match="is not the lab's link"):
         mpi_library.abi_folder()
     assert mpi_library.rank_env("auto") == {}  # auto: the environment as the cluster's modules set it
+    # a cache others may write to is not trusted: a library put beside the link would load in every rank
+    link.unlink()
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError, match=r"mpich-abi is writable by others \(mode 777\); remove it"):
+        mpi_library.abi_folder()
+
+
+def test_the_c_loop_is_not_loaded_from_a_cache_others_can_write(tmp_path, monkeypatch):
+    """The comm bench's C loop (kernels/comm/native.py) is a shared library in the user's cache: from a folder
+    others may write to, or a file that is not the user's, the bench times in Python instead and says why."""
+    from kernels.comm import native
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("LAB_MPICC", "/nonexistent/mpicc")  # never run: the check comes before any build
+    monkeypatch.delenv("LAB_MPI_LOOP", raising=False)
+    native.cache_dir().mkdir(mode=0o700)
+    native.cache_dir().chmod(0o777)
+    lib, how = native.load("Open MPI v4.1.4")
+    assert lib is None and "scaling-lab is writable by others (mode 777)" in how and how.startswith("python loop")
+    native.cache_dir().chmod(0o700)
+    import hashlib
+
+    key = hashlib.sha256(native.SOURCE.read_bytes() + b"Open MPI v4.1.4" + b"/nonexistent/mpicc").hexdigest()[:16]
+    planted = native.cache_dir() / f"mpi_loop-{key}.so"  # where the built loop goes, a link planted there
+    planted.symlink_to(tmp_path / "elsewhere.so")
+    lib, how = native.load("Open MPI v4.1.4")
+    assert lib is None and f"{planted} is a symbolic link" in how, how
 
 
 @pytest.mark.integration

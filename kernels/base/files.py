@@ -103,6 +103,25 @@ def foreign(path: Path, own_link_ok: bool = False) -> str | None:
     return None
 
 
+def not_private(path: Path) -> str | None:
+    """Why code the lab keeps at `path` (a cache folder or a library in it) could be another user's, or None: it
+    is a symbolic link, belongs to another user, or others may write to it. A library loaded from there runs in
+    every rank, so only the user's own, written by the user alone, is trusted. A path that does not exist is fine."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link (to {os.readlink(path)})"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid}; you are {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
     """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
     fix = (

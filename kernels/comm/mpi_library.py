@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from kernels.base.errors import ConfigError
+from kernels.base.files import not_private
 from kernels.comm.native import cache_dir
 
 LIBRARIES = ("auto", "openmpi", "mpich")  # the comm bench's mpi_library choices
@@ -88,6 +89,9 @@ def abi_folder() -> Path:
     """<cache>/mpich-abi holding libmpi.so.12 -> Debian's libmpich.so.12; made once, atomically."""
     folder = cache_dir() / "mpich-abi"
     link = folder / "libmpi.so.12"
+    why = not_private(cache_dir()) or not_private(folder)
+    if why:  # a library another user puts there would run in every rank (the folder goes on LD_LIBRARY_PATH)
+        raise ConfigError(f"parameter 'mpi_library': {why}; remove it, or set XDG_CACHE_HOME to a folder of your own")
     if link.is_symlink() and os.readlink(link) == str(DEBIAN_MPICH):
         return folder
     if link.exists() or link.is_symlink():

@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.base.files import not_private
+
 SOURCE = Path(__file__).with_name("mpi_loop.c")
 OP_CODES = {
     "all_reduce": 0,
@@ -60,6 +62,9 @@ def load(library_version: str) -> tuple[ctypes.CDLL | None, str]:
         return None, "python loop (no mpicc on PATH to build kernels/comm/mpi_loop.c; set LAB_MPICC)"
     key = hashlib.sha256(SOURCE.read_bytes() + library_version.encode() + mpicc.encode()).hexdigest()[:16]
     path = cache_dir() / f"mpi_loop-{key}.so"
+    why = not_private(cache_dir()) or not_private(path)
+    if why:  # another user's library would run in every rank
+        return None, f"python loop ({why}: the built loop is not loaded from there; remove it or set XDG_CACHE_HOME)"
     if not path.exists():
         why = _build(mpicc, path)
         if why:
