@@ -109,14 +109,10 @@ def not_private(path: Path) -> str | None:
     every rank, so only the user's own, written by the user alone, is trusted. A path that does not exist is fine."""
     import stat
 
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link (to {os.readlink(path)})"
-    if st.st_uid != os.getuid():
-        return f"{path} belongs to another user (uid {st.st_uid}; you are {os.getuid()})"
+    why = foreign(path)  # a link, or another user's
+    if why or not os.path.lexists(path):
+        return why
+    st = os.lstat(path)
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
     return None

@@ -596,7 +596,7 @@ def by_algorithm(step, data_s: float, measured_s: float, n: int) -> dict:
         try:
             out[f"{algo}_ms"] = 1e3 * (step((algo,))["step_s"] + data_s)
         except ValueError:
-            out[f"{algo}_ms"] = None
+            continue  # the algorithm does not apply here: left None
     known = {a: out[f"{a}_ms"] for a in ALGORITHMS if out[f"{a}_ms"] is not None}
     out["closest"] = min(known, key=lambda a: abs(known[a] / 1e3 - measured_s)) if known else None
     return out

@@ -44,8 +44,12 @@ METRICS = {
     ("Occupancy", "Achieved Occupancy"): "occupancy_pct",
 }
 TIME_UNITS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
-WEIGHTED = {"sm_pct": "sm_throughput", "mem_pct": "memory_throughput", "dram_pct": "dram_throughput"}
-WEIGHTED["occupancy_pct"] = "achieved_occupancy"
+WEIGHTED = {  # a launch's percent field -> the summary's time-weighted fraction
+    "sm_pct": "sm_throughput",
+    "mem_pct": "memory_throughput",
+    "dram_pct": "dram_throughput",
+    "occupancy_pct": "achieved_occupancy",
+}
 
 
 def number(text: str) -> float | None:
@@ -88,15 +92,16 @@ def weighted(group: list[dict], field: str) -> float | None:
     return sum(d * v for d, v in pairs) / total / 100 if total else None
 
 
-def is_nccl(name: str) -> bool:
-    return name.lstrip().lower().startswith(("nccl", "void nccl"))
+def time_ns(group: list[dict]) -> float:
+    """The launches' summed duration (a launch without one counts nothing)."""
+    return sum(x.get("duration_ns") or 0 for x in group)
 
 
 def kernel_rows(groups: list[tuple[str, list[dict]]], total_ns: float) -> list[dict]:
     """Per kernel name: its launches, time, share of total_ns and weighted figures."""
     rows = []
     for name, group in groups:
-        ns = sum(x.get("duration_ns") or 0 for x in group)
+        ns = time_ns(group)
         weights = {key: weighted(group, field) for field, key in WEIGHTED.items()}
         rows.append(
             {"name": name, "launches": len(group), "ns": ns, "share": ns / total_ns if total_ns else None, **weights}
@@ -108,19 +113,19 @@ def report_summary(details_csv: str) -> dict:
     """One report's figures from the text of its details page. NCCL's kernels (communication, judged by the
     communication target) are counted in nccl_ns and left out of the efficiency figures."""
     got = launches(details_csv)
-    compute = [x for x in got if not is_nccl(x["name"])]
-    kernel_ns = sum(x.get("duration_ns") or 0 for x in compute)
+    compute = [x for x in got if not reports.is_nccl(x["name"])]
+    kernel_ns = time_ns(compute)
     bound = sum(
         x["duration_ns"] for x in compute if x.get("duration_ns") and (x.get("sm_pct") or 0) > (x.get("mem_pct") or 0)
     )
     by_name = defaultdict(list)
     for x in compute:
         by_name[x["name"]].append(x)
-    top = sorted(by_name.items(), key=lambda kv: -sum(x.get("duration_ns") or 0 for x in kv[1]))[:5]
+    top = sorted(by_name.items(), key=lambda kv: -time_ns(kv[1]))[:5]
     return {
         "launches": len(got),
         "kernel_ns": kernel_ns,
-        "nccl_ns": sum(x.get("duration_ns") or 0 for x in got if is_nccl(x["name"])),
+        "nccl_ns": time_ns([x for x in got if reports.is_nccl(x["name"])]),
         **{name: weighted(compute, field) for field, name in WEIGHTED.items()},
         "compute_bound_share": bound / kernel_ns if kernel_ns else None,
         "top_kernels": kernel_rows(top, kernel_ns),

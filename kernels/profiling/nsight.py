@@ -54,7 +54,7 @@ def rank_summary(kernels_csv: str, nvtx_csv: str) -> dict:
         (r["Name"], int(float(r["Total Time (ns)"])), int(r["Instances"])) for r in stats_rows(kernels_csv, "Name")
     ]
     total = sum(ns for _, ns, _ in kernels)
-    nccl = sum(ns for name, ns, _ in kernels if name.lstrip().lower().startswith(("nccl", "void nccl")))
+    nccl = sum(ns for name, ns, _ in kernels if reports.is_nccl(name))
     phases = {p: 0 for p in PHASES}
     for r in stats_rows(nvtx_csv, "Range"):
         name = r["Range"].lstrip(":")  # nsys prefixes a range of the default domain with ':' in some versions

@@ -14,6 +14,11 @@ from typing import Callable
 SUMMARY = "summary.json"
 
 
+def is_nccl(kernel: str) -> bool:
+    """Whether a kernel name (as nsys and ncu print it, demangled) is one of NCCL's: communication, not compute."""
+    return kernel.lstrip().lower().startswith(("nccl", "void nccl"))
+
+
 @dataclass(frozen=True)
 class Reports:
     folder: str  # nsys | ncu, under the run directory

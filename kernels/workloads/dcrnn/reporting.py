@@ -140,13 +140,13 @@ def mae_vs_public(c: Criterion, t: dict) -> dict:
     if not recs:
         return row(c, NOT_MEASURED)
     r = max(recs, key=lambda x: (len(x["seeds"]) * x["epochs"], abs(x["worst_gap"])))
-    spread = "; ".join(f"{impl} {100 * max(r['seed_spread'][impl].values()):.1f} %" for impl in ("lab", "public"))
     if not resolves(r):
         return row(
             c,
             NOT_MEASURED,
             evidence=f"seeds {100 * noise(r):.0f} % apart: benchmarks/dcrnn_accuracy.py with more --epochs",
         )
+    spread = "; ".join(f"{impl} {100 * max(r['seed_spread'][impl].values()):.1f} %" for impl in ("lab", "public"))
     return row(
         c,
         MET if abs(r["worst_gap"]) <= r["target_gap"] else NOT_MET,
