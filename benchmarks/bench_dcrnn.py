@@ -102,13 +102,9 @@ def timed_steps(name: str, model, opt, loss_of, args, device) -> list[float]:
 
 def time_public(series, mean, std, train, args, device):
     t0 = time.perf_counter()
-    xs, ys = public.materialise_windows(series.speeds, series.time_of_day)
-    xs, ys = xs[train.start : train.stop], ys[train.start : train.stop]
-    xs[..., 0] = (xs[..., 0] - mean) / std
-    ys[..., 0] = (ys[..., 0] - mean) / std
+    xs, ys = public.normalised_windows(series, mean, std, train)
     loader = public.HostLoader(xs, ys, args.batch)
-    s1, s2 = dual_supports(series.adj)
-    supports = [public.sparse_support(s1, device), public.sparse_support(s2, device)]
+    supports = public.sparse_supports(dual_supports(series.adj), device)
     setup = time.perf_counter() - t0
     held = xs.nbytes + ys.nbytes + loader.xs.nbytes + loader.ys.nbytes
     torch.manual_seed(0)
@@ -120,11 +116,7 @@ def time_public(series, mean, std, train, args, device):
 
     def loss_of(step):
         x, y = public.to_device(*next(it), device)
-        out = model(x, y, step, rng) * std + mean
-        truth = y * std + mean  # the port unscales the labels: float error hides some zeros from the mask
-        mask = (truth != 0).float()
-        mask = mask / mask.mean()
-        return torch.nan_to_num((out - truth).abs() * mask).mean()
+        return public.masked_loss(model(x, y, step, rng), y, mean, std)
 
     times = timed_steps("public", model, opt, loss_of, args, device)
     return setup, held, times, len(loader.xs) // args.batch
@@ -133,14 +125,9 @@ def time_public(series, mean, std, train, args, device):
 def same_function(series, mean, std, args, device) -> float:
     """Max |difference| in mph between the two models' forecasts of one batch with the same weights."""
     lab = lab_model(series, mean, std, "dense", args, device).eval()
-    s1, s2 = dual_supports(series.adj)
     pub = (
         public.PublicDCRNN(
-            [public.sparse_support(s1, device), public.sparse_support(s2, device)],
-            series.num_nodes,
-            args.units,
-            args.layers,
-            args.k,
+            public.sparse_supports(dual_supports(series.adj), device), series.num_nodes, args.units, args.layers, args.k
         )
         .to(device)
         .eval()

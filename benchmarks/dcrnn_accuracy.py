@@ -83,8 +83,7 @@ def lab_model(series, mean, std, args, device, seed: int) -> DCRNN:
 
 
 def public_model(series, args, device) -> public.PublicDCRNN:
-    s1, s2 = dual_supports(series.adj)
-    supports = [public.sparse_support(s1, device), public.sparse_support(s2, device)]
+    supports = public.sparse_supports(dual_supports(series.adj), device)
     return public.PublicDCRNN(
         supports, series.num_nodes, args.units, args.layers, args.k, cl_decay_steps=args.cl_decay_steps
     ).to(device)
@@ -120,11 +119,7 @@ def train_lab(model, store, train: range, args, seed: int) -> list[float]:
 def train_public(model, series, mean, std, train: range, args, device, seed: int) -> list[float]:
     """Epochs of the public pipeline: float64 windows shuffled once (the same order every epoch), its loss on
     unscaled labels, its own scheduled-sampling draws."""
-    xs, ys = public.materialise_windows(series.speeds, series.time_of_day)
-    xs, ys = xs[train.start : train.stop], ys[train.start : train.stop]
-    xs[..., 0] = (xs[..., 0] - mean) / std
-    ys[..., 0] = (ys[..., 0] - mean) / std
-    loader = public.HostLoader(xs, ys, args.batch, seed)
+    loader = public.HostLoader(*public.normalised_windows(series, mean, std, train), args.batch, seed)
     rng = np.random.default_rng(seed)
     opt, seen, losses = adam(model), 0, []
     model.train()
@@ -132,11 +127,7 @@ def train_public(model, series, mean, std, train: range, args, device, seed: int
         total = []
         for xb, yb in loader:
             x, y = public.to_device(xb, yb, device)
-            out = model(x, y, seen, rng) * std + mean
-            truth = y * std + mean
-            mask = (truth != 0).float()
-            mask = mask / mask.mean()
-            total.append(step(model, opt, torch.nan_to_num((out - truth).abs() * mask).mean()))
+            total.append(step(model, opt, public.masked_loss(model(x, y, seen, rng), y, mean, std)))
             seen += 1
         losses.append(statistics.fmean(total))
         print(f"  seed {seed}, public epoch {len(losses)}/{args.epochs}: training loss {losses[-1]:.3f}", flush=True)
@@ -155,8 +146,7 @@ def test_mae(forecast, store, test: range, batch: int) -> dict:
     return dict(zip(dcrnn.LABELS, mae))
 
 
-def one_seed(series, mean, std, splits, args, device, seed: int) -> dict:
-    store = SeriesStore(series.inputs(mean, std), series.speeds, (series.speeds != 0).sum(1), device, 12, 12)
+def one_seed(series, store, mean, std, splits, args, device, seed: int) -> dict:
     lab = lab_model(series, mean, std, args, device, seed)
     pub = public_model(series, args, device)
     public.load_lab_weights(pub, lab)
@@ -268,7 +258,8 @@ def main(argv=None) -> int:
     mean, std = series.scaler()
     splits = series.splits()
     args.cl_decay_steps = args.cl_decay_steps or decay_steps(args.epochs * (len(splits["train"]) // args.batch))
-    seeds = [one_seed(series, mean, std, splits, args, device, seed) for seed in args.seeds]
+    store = SeriesStore(series.inputs(mean, std), series.speeds, (series.speeds != 0).sum(1), device, 12, 12)
+    seeds = [one_seed(series, store, mean, std, splits, args, device, seed) for seed in args.seeds]
     s = summary(seeds)
     ha = dcrnn.historical_average_metrics(series, splits["test"], 12)
     baseline = {h: ha[f"mae_{h}"] for h in dcrnn.LABELS}

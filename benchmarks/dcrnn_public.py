@@ -33,6 +33,24 @@ def materialise_windows(speeds: np.ndarray, time_of_day: np.ndarray):
     return data[t[:, None] + x_off], data[t[:, None] + y_off]
 
 
+def normalised_windows(series, mean: float, std: float, rows: range):
+    """The port's windows of `rows` (window starts) with the speed channel of inputs and targets normalised."""
+    xs, ys = materialise_windows(series.speeds, series.time_of_day)
+    xs, ys = xs[rows.start : rows.stop], ys[rows.start : rows.stop]
+    xs[..., 0] = (xs[..., 0] - mean) / std
+    ys[..., 0] = (ys[..., 0] - mean) / std
+    return xs, ys
+
+
+def masked_loss(out: torch.Tensor, y: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """The port's masked MAE from normalised forecasts and labels: both unscaled first, so float error hides some
+    zeros (missing readings) from the mask, as in the released code."""
+    out, truth = out * std + mean, y * std + mean
+    mask = (truth != 0).float()
+    mask = mask / mask.mean()
+    return torch.nan_to_num((out - truth).abs() * mask).mean()
+
+
 class HostLoader:
     """The port's DataLoader: padded to a multiple of the batch, shuffled once, numpy slices per batch."""
 
@@ -54,6 +72,10 @@ def to_device(x: np.ndarray, y: np.ndarray, device: torch.device):
     y = torch.from_numpy(y).float().permute(1, 0, 2, 3)
     b, n = x.shape[1], x.shape[2]
     return x.reshape(12, b, n * 2).to(device), y[..., :1].reshape(12, b, n).to(device)
+
+
+def sparse_supports(mats: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    return [sparse_support(m, device) for m in mats]
 
 
 def sparse_support(m: np.ndarray, device: torch.device) -> torch.Tensor:
