@@ -14,7 +14,9 @@ versions and these sections (--sections picks some, in this order), each row fro
   batch 512, one GPU, alternating runs);
 - profile: a profiled run (device-timeline breakdown by operator category, NCCL hidden vs exposed) and
   its bottleneck verdict;
-- comm: an NCCL all_reduce sweep over all GPUs (nccl-tests' bus bandwidth), when there are two or more.
+- comm: an NCCL all_reduce sweep over all GPUs (nccl-tests' bus bandwidth), when there are two or more;
+- pilot: the pilot job the proposal names (benchmarks/gpu_pilot.py), its record kept under results/pilot/
+  (beside --out), from which the proposal prices its request on systems with this GPU model.
 
 Targets for one GPU (the table says whether they are met; they are not pass/fail): ResNet-18/CIFAR bf16
 at batch 512 >= 40,000 samples/s (the brief's) and >= 80,000 (issue 50's), no host sync per step outside
@@ -311,7 +313,7 @@ def partial(lines: list[str], out: Path, name: str, cuda: bool, next_section: st
     print(f"sections so far written to {path}", flush=True)
 
 
-SECTIONS = ("resnet", "paths", "workloads", "seed", "profile", "comm")
+SECTIONS = ("resnet", "paths", "workloads", "seed", "profile", "comm", "pilot")
 
 
 def resnet_rows(plan: Plan, cuda: bool) -> list[dict]:
@@ -453,6 +455,12 @@ def main(argv=None) -> int:
             elif section == "profile":
                 pl, verdict_line = profile_section(plan)
                 lines += ["## A profiled run", "", *pl, ""]
+            elif section == "pilot":
+                import gpu_pilot
+
+                pilot, ok = gpu_pilot.run(plan.tiny, plan.batch, plan.workers, cuda, name, args.out.parent / "pilot")
+                lines += ["## The proposal's pilot job (one GPU)", "", *pilot]
+                failed += [] if ok else ["the pilot"]
             elif section == "comm":
                 lines += [
                     "## NCCL all_reduce over all GPUs" if cuda else "## all_reduce sweep",

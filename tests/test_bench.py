@@ -295,7 +295,7 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
             "--repeats",
             "1",
             "--out",
-            str(tmp_path),
+            str(tmp_path / "bench"),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -303,7 +303,7 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
         timeout=900,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    text = (tmp_path / "gpu-validation-cpu-check.md").read_text()
+    text = (tmp_path / "bench" / "gpu-validation-cpu-check.md").read_text()
     assert text.startswith("# GPU validation harness, CPU check (no GPU figures)")
     for row in (
         "| resnet18-fp32 | 1 |",
@@ -322,6 +322,14 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     assert "gloo, 2 ranks, fp32" in text and "| 65,536 |" in text  # the all_reduce sweep
     assert text.count("**pass**") == 2 and "DDP pair (2 gloo ranks" in text  # the GPU paths' checks
     assert "bf16 stopped at step 3 and resumed" in text
+    # the proposal's pilot job: its record (no checkpoints) beside the tables, read as the documents read it
+    from kernels.report.evidence import committed_pilots
+
+    assert "## The proposal's pilot job" in text and "| `" + str(tmp_path / "pilot" / "runs" / "pilot-cpu") in text
+    kept = sorted(f.name for f in (tmp_path / "pilot" / "runs" / "pilot-cpu").iterdir())
+    assert "config.json" in kept and "summary.json" in kept and not any(k.endswith(".pt") for k in kept), kept
+    pilots = committed_pilots(tmp_path / "pilot")
+    assert list(pilots["run_id"]) == ["pilot-cpu"] and list(pilots["dataset"]) == ["synthetic"], pilots
 
 
 def test_bench_gpu_refuses_without_a_gpu():

@@ -335,6 +335,34 @@ def test_a_request_from_one_gpu_records_is_labelled_predicted_with_its_error(tmp
     assert math.isclose(band, 0.08 * hours) and "largest error against 2 measured multi-rank points is 8" in text
 
 
+def test_committed_pilot_records_price_the_request_where_no_selected_record_may(tmp_path):
+    """The selection holds only CPU records; a pilot record committed with the lab (results/pilot/runs, here a
+    folder of the test's) ran ResNet-18 on synthetic CIFAR-shaped data on the target's GPU model: the request
+    is priced from it, and the sentence names where it lives. One on another GPU model prices nothing, and the
+    'to be measured' sentence says what the committed records ran."""
+    runs, pilot = tmp_path / "runs", tmp_path / "pilot"
+    write_record(runs, "cpu1", gpus=1, batch=512, x=90.0, device="CPU (AMD EPYC)", workload="resnet18")
+    write_record(pilot / "runs", "pilot-h100", gpus=1, batch=512, x=25_000.0, workload="resnet18", label="pilot")
+    summary = pilot / "runs" / "pilot-h100" / "summary.json"
+    records.write_json(summary, {**records.read_json(summary), "grad_param_bytes": [4_000_000] * 11})
+    res = report.build(runs, tmp_path / "out", CIFAR_PLAN, SYSTEMS, select=SELECT_T, pilot_dir=pilot)
+    table = res["node_hours"].set_index("gpus")
+    assert table.loc[1, "source"] == "measured" and math.isclose(table.loc[1, "epoch_s"], 50_000 / 25_000.0)
+    assert table.loc[2, "source"] == "predicted (published bw)" and res["node_hours_request"] > 0
+    request = " ".join((tmp_path / "out" / "tables" / "request_text.tex").read_text().split())
+    assert "the pilot record committed with the lab" in request and "pilot-h100" in request, request
+    assert "NVIDIA H100 80GB HBM3" in request and "we request" in request
+    # without the committed folder the same selection leaves the request to be measured
+    res = report.build(runs, tmp_path / "none", CIFAR_PLAN, SYSTEMS, select=SELECT_T, pilot_dir=None)
+    assert res["node_hours_total"] is None
+    # a committed pilot on another GPU model: named in the reason, no total
+    leo = {**CIFAR_PLAN, "system": "leonardo-booster"}
+    res = report.build(runs, tmp_path / "leo", leo, SYSTEMS, select=SELECT_T, pilot_dir=pilot)
+    request = " ".join((tmp_path / "leo" / "tables" / "request_text.tex").read_text().split())
+    assert res["node_hours_total"] is None and request.startswith("The node-hours are to be measured:")
+    assert "nor did the pilot records committed with the lab, which ran resnet18 on synthetic on NVIDIA H100" in request
+
+
 def test_mixed_versions_are_flagged(tmp_path):
     runs = tmp_path / "runs"
     write_record(runs, "a", gpus=1, batch=64, x=100.0, torch_version="2.13.0")

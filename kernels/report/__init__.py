@@ -25,6 +25,7 @@ import pandas as pd
 from kernels.analysis import runs as analysis
 from kernels.report import comm, conclusion, criteria_table, io, lab, profiling_section, request, scaling, workplan
 from kernels.report.context import Context
+from kernels.report.evidence import PILOT_DIR
 from kernels.report.planned import describe, planned_points
 from kernels.analysis.tex import booktabs, macros_file, not_measured_list, presence_file, tex_escape, write_if_changed
 
@@ -175,10 +176,13 @@ def plan_macros(ctx: Context) -> None:
     )
 
 
-def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | None = None) -> dict:
+def build(
+    runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | None = None, pilot_dir: Path | None = PILOT_DIR
+) -> dict:
     """Run the whole analysis and write figures, tables, sentences and macros under `out`.
 
     select: which records (labels/studies); None takes the plan's `select`.
+    pilot_dir: committed pilot records the request is priced from where no selected record may (None: none).
     """
     points = check_plan(plan, systems)
     select = plan.get("select") if select is None else select
@@ -192,6 +196,7 @@ def build(runs_dir: Path, out: Path, plan: dict, systems: dict, select: dict | N
         systems=systems,
         out=Path(out),
         comm_dir=Path(runs_dir).parent / "comm",
+        pilot_dir=pilot_dir,
     )
     plan_macros(ctx)
     _ = ctx.comm_records  # read first: an unreadable commbench record joins the problems the lab section lists

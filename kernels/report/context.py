@@ -20,6 +20,7 @@ class Context:
     systems: dict  # paper/systems.yaml
     out: Path  # <results>: figures/ and tables/ go here
     comm_dir: Path | None = None  # commbench records (results/comm beside results/runs)
+    pilot_dir: Path | None = None  # pilot records committed with the lab (kernels/report/evidence.PILOT_DIR)
     macros: dict[str, str] = field(default_factory=dict)
     written: dict[str, bool] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # what each generated .tex file holds (gaps, presence)

@@ -69,11 +69,16 @@ def reporting_modules() -> list[Path]:
 
 
 def analysis_inputs(runs: Path) -> list[Path]:
-    records = (
-        sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv") for p in runs.glob(pattern))
-        if runs.is_dir()
-        else []
-    )
+    """What the analysis reads: the run records, the committed pilot records and benchmark tables, the code."""
+    from kernels.report.evidence import PILOT_DIR
+
+    records = [
+        p
+        for d in (runs, PILOT_DIR / "runs")
+        if d.is_dir()
+        for p in sorted(p for pattern in ("*/config.json", "*/summary.json", "*/metrics.csv") for p in d.glob(pattern))
+    ]
+    records += sorted((PROJECT_ROOT / "results" / "bench").glob("*.json"))  # the criteria read some
     kernels = PROJECT_ROOT / "kernels"  # the code that turns records into the documents' numbers
     code = [
         *sorted((kernels / "analysis").glob("*.py")),

@@ -3,12 +3,15 @@
 The nearest evidence for a GPU-hour request is a record of the proposed workload on the target system's GPU
 model: on the proposed data set, or on synthetic data standing in for it (the workload shapes its synthetic set
 as its own data, so a step costs the same; its time per sample is scaled to the data set's published size).
-Records of another workload, or of another GPU model, price nothing.
+Records of another workload, or of another GPU model, price nothing. Where the selected records hold none that
+may, the pilot records committed with the lab (results/pilot/runs, written by `make bench-gpu` on a lent GPU) are
+the next evidence, under the same rules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -20,6 +23,7 @@ from kernels.workloads import registered
 
 PILOT_LABEL = "pilot"  # the pilot job's label; paper/plan.yaml selects it
 PILOT_EPOCHS = 2  # the first epoch compiles and warms up; the second is the one a request is priced from
+PILOT_DIR = PROJECT_ROOT / "results" / "pilot"  # pilot records committed with the lab: PILOT_DIR/runs/<run_id>
 
 
 @dataclass(frozen=True)
@@ -128,15 +132,58 @@ def stand_in_note(runs: pd.DataFrame) -> str:
     )
 
 
-def pilot_command(plan: dict) -> str:
-    """The one job whose record prices the request: one GPU of the target system, the first proposed workload
-    on its data set, PILOT_EPOCHS epochs, labelled PILOT_LABEL ("" when the plan names no registered workload)."""
+def pilot_params(plan: dict) -> dict:
+    """The pilot job's parameters: the first proposed workload on its data set, PILOT_EPOCHS epochs, labelled
+    PILOT_LABEL ({} when the plan names no registered workload)."""
     wanted = proposed(plan)
     if not wanted:
+        return {}
+    return {"workload": wanted[0].workload, "dataset": wanted[0].dataset, "epochs": PILOT_EPOCHS, "label": PILOT_LABEL}
+
+
+def pilot_command(plan: dict) -> str:
+    """The one job whose record prices the request: pilot_params on one GPU of the target system ("" when the
+    plan names no registered workload)."""
+    params = pilot_params(plan)
+    if not params:
         return ""
     key = plan["system"]
     cluster = key if (PROJECT_ROOT / "clusters" / f"{key}.yaml").is_file() else "PROFILE"
+    return f"lab submit notebooks/01_train.ipynb --gpus 1 --cluster {cluster} " + " ".join(
+        f"-p {k} {v}" for k, v in params.items()
+    )
+
+
+def committed_pilots(pilot_dir: Path | None) -> pd.DataFrame:
+    """The complete pilot records under pilot_dir/runs (an empty frame where there are none)."""
+    from kernels.analysis.runs import load_runs
+
+    if pilot_dir is None or not (Path(pilot_dir) / "runs").is_dir():
+        return pd.DataFrame()
+    return load_runs(Path(pilot_dir) / "runs", {"labels": [PILOT_LABEL]})[0]
+
+
+def committed_pilot_runs(pilot_dir: Path | None, plan: dict, system: dict) -> tuple[pd.DataFrame, str]:
+    """(the committed pilot records that may price the request, by proposed_runs' rules; a clause saying what
+    the committed ones ran where none may, "" where there are none at all)."""
+    pilots = committed_pilots(pilot_dir)
+    if pilots.empty:
+        return pilots, ""
+    runs, why = proposed_runs(pilots, plan, system)
+    if not why:
+        return runs, ""
+    ran = listing(sorted({f"{w} on {d}" for w, d in zip(pilots["workload"], pilots["dataset"])}))
+    hw = listing(sorted(set(pilots["device"])))
+    return runs, f"nor did the pilot records committed with the lab, which ran {tex_escape(ran)} on {tex_escape(hw)}"
+
+
+def pilot_basis(runs: pd.DataFrame, pilot_dir: Path) -> str:
+    """Where the committed pilot records that price the request live, for the request's sentence."""
+    try:
+        where = Path(pilot_dir).resolve().relative_to(PROJECT_ROOT)
+    except ValueError:
+        where = Path(pilot_dir)
+    ids = tex_escape(listing(sorted(runs["run_id"].astype(str))))
     return (
-        f"lab submit notebooks/01_train.ipynb --gpus 1 --cluster {cluster} -p workload {wanted[0].workload} "
-        f"-p dataset {wanted[0].dataset} -p epochs {PILOT_EPOCHS} -p label {PILOT_LABEL}"
+        f"the pilot record{'s' if len(runs) > 1 else ''} committed with the lab ({tex_escape(f'{where}/runs')}: {ids})"
     )

@@ -9,7 +9,15 @@ import pandas as pd
 from kernels.analysis import runs as analysis
 from kernels.analysis.trust import quiet
 from kernels.report.context import Context
-from kernels.report.evidence import PILOT_EPOCHS, on_target, pilot_command, proposed_runs, stand_in_note
+from kernels.report.evidence import (
+    PILOT_EPOCHS,
+    committed_pilot_runs,
+    on_target,
+    pilot_basis,
+    pilot_command,
+    proposed_runs,
+    stand_in_note,
+)
 from kernels.report.io import STREAMED
 from kernels.report.scaling import clean, main_series, set_aside_note
 from kernels.analysis.tex import booktabs, gap_note, listing, num, pct, tex_escape
@@ -95,6 +103,11 @@ def to_be_measured(ctx: Context, why: str) -> None:
 def section(ctx: Context) -> None:
     plan, system = ctx.plan, ctx.system
     could, why = proposed_runs(ctx.runs, plan, system)
+    committed = False
+    if why:  # nothing selected may price it: the pilot records committed with the lab, under the same rules
+        pilots, not_those = committed_pilot_runs(ctx.pilot_dir, plan, system)
+        committed, could = not pilots.empty, pilots if not pilots.empty else could
+        why = "" if committed else why + (f", {not_those}" if not_those else "")
     runs = quiet(could)
     if not why and runs.empty:  # records that could price it, none of them quiet
         why = (
@@ -105,6 +118,7 @@ def section(ctx: Context) -> None:
         to_be_measured(ctx, why)
         return
     epoch_by_n, basis, main, aside = measured_epochs(ctx, runs)
+    basis = pilot_basis(runs, ctx.pilot_dir) if committed else basis
     if not epoch_by_n:
         ctx.put("io_request_text.tex", "")
         ctx.put("nodehours_table.tex", gap_note("no complete run records: the node-hours cannot be computed yet"))
