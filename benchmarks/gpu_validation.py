@@ -14,6 +14,8 @@ versions and these sections (--sections picks some, in this order), each row fro
   batch 512, one GPU, alternating runs);
 - profile: a profiled run (device-timeline breakdown by operator category, NCCL hidden vs exposed) and
   its bottleneck verdict;
+- nsight: one short run under Nsight Systems and one under Nsight Compute where they are on PATH, their
+  reports read back by the lab's readers (benchmarks/gpu_nsight.py);
 - comm: an NCCL all_reduce sweep over all GPUs (nccl-tests' bus bandwidth), when there are two or more;
 - pilot: the pilot job the proposal names (benchmarks/gpu_pilot.py), its record kept under results/pilot/
   (beside --out), from which the proposal prices its request on systems with this GPU model.
@@ -313,7 +315,7 @@ def partial(lines: list[str], out: Path, name: str, cuda: bool, next_section: st
     print(f"sections so far written to {path}", flush=True)
 
 
-SECTIONS = ("resnet", "paths", "workloads", "seed", "profile", "comm", "pilot")
+SECTIONS = ("resnet", "paths", "workloads", "seed", "profile", "nsight", "comm", "pilot")
 
 
 def resnet_rows(plan: Plan, cuda: bool) -> list[dict]:
@@ -455,6 +457,12 @@ def main(argv=None) -> int:
             elif section == "profile":
                 pl, verdict_line = profile_section(plan)
                 lines += ["## A profiled run", "", *pl, ""]
+            elif section == "nsight":
+                import gpu_nsight
+
+                ns, ok = gpu_nsight.run(plan.batch, plan.width, plan.warmup, plan.workers, name, args.out)
+                lines += ["## Nsight Systems and Nsight Compute, read back", "", *ns]
+                failed += [] if ok else ["the Nsight read-back"]
             elif section == "pilot":
                 import gpu_pilot
 

@@ -322,6 +322,7 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     assert "gloo, 2 ranks, fp32" in text and "| 65,536 |" in text  # the all_reduce sweep
     assert text.count("**pass**") == 2 and "DDP pair (2 gloo ranks" in text  # the GPU paths' checks
     assert "bf16 stopped at step 3 and resumed" in text
+    assert "## Nsight Systems and Nsight Compute, read back" in text and "nsys (Nsight Systems) is not on PATH" in text
     # the proposal's pilot job: its record (no checkpoints) beside the tables, read as the documents read it
     from kernels.report.evidence import committed_pilots
 

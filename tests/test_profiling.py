@@ -438,10 +438,18 @@ def test_verdict_reaches_every_class(summary, monitor, profile, want):
 
 
 # ------------------------------------------------------------- Nsight wrappers
+def wrapped(pre: list[str], folder: str) -> list[str]:
+    """The tool's command line inside a wrapper's shell line (after it makes the run's report folder)."""
+    made = f'mkdir -p "${{LAB_RUN_DIR:?set by the driver}}/{folder}" && exec '
+    assert made in pre[2], pre[2]
+    return shlex.split(pre[2].split(made, 1)[1].split(' "$@"', 1)[0])
+
+
 @pytest.mark.integration
-def test_nsys_wrapper_command():
+def test_nsys_wrapper_command(tmp_path):
     pre = tools.nsys_prefix({})
-    assert pre == [
+    assert pre[:2] == ["bash", "-c"] and pre[3] == "lab-nsys"
+    assert wrapped(pre, "nsys") == [
         "nsys",
         "profile",
         "--trace=cuda,nvtx,osrt,cudnn,cublas",
@@ -461,6 +469,13 @@ def test_nsys_wrapper_command():
     assert p.returncode == 0, p.stderr
     wrapper, cmd = p.stdout.strip().splitlines()
     assert shlex.split(wrapper.removeprefix("LAB_RANK_WRAPPER=")) == pre
+    # the report folder is made in the run directory before the tool starts (absent here: exit 127 after it)
+    run = tmp_path / "run"
+    run.mkdir()
+    ran = subprocess.run(
+        [*pre, "true"], env={"PATH": "/usr/bin:/bin", "LAB_RUN_DIR": str(run)}, capture_output=True, text=True
+    )
+    assert ran.returncode == 127 and (run / "nsys").is_dir(), ran.stderr
     assert shlex.split(cmd) == [
         "bash",
         str(ROOT / "slurm" / "papermill_run.sbatch"),
@@ -479,8 +494,7 @@ def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path)
     env = {"LAB_NCU_RANK": "1", "LAB_NCU_KERNELS": "conv|gemm", "LAB_NCU_SKIP": "5", "LAB_NCU_COUNT": "3"}
     pre = tools.ncu_prefix(env)
     assert pre[:2] == ["bash", "-c"] and pre[3] == "lab-ncu"
-    ncu = shlex.split(pre[2].split("then exec ", 1)[1].split(' "$@"', 1)[0])
-    assert ncu == [
+    assert wrapped(pre, "ncu") == [
         "ncu",
         "--target-processes",
         "all",
@@ -503,10 +517,12 @@ def test_ncu_wrapper_profiles_one_rank_and_runs_the_others_as_they_are(tmp_path)
         [*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0"}, capture_output=True, text=True
     )
     assert other.returncode == 0 and other.stdout == "rank ran\n"
-    mine = subprocess.run(
-        [*pre, "echo", "rank ran"], env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1"}, capture_output=True, text=True
-    )
-    assert mine.returncode == 127 and "ncu" in mine.stderr
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1", "LAB_RUN_DIR": str(tmp_path)}
+    mine = subprocess.run([*pre, "echo", "rank ran"], env=env, capture_output=True, text=True)
+    assert mine.returncode == 127 and "ncu" in mine.stderr and (tmp_path / "ncu").is_dir()
+    del env["LAB_RUN_DIR"]  # started without the driver: no folder at the file system's root
+    lost = subprocess.run([*pre, "echo", "rank ran"], env=env, capture_output=True, text=True)
+    assert lost.returncode != 0 and "LAB_RUN_DIR: set by the driver" in lost.stderr, lost.stderr
     with pytest.raises(ValueError, match="LAB_NCU_RANK"):
         tools.ncu_prefix({"LAB_NCU_RANK": "all"})
 
@@ -538,9 +554,10 @@ def test_srun_line_puts_the_rank_wrapper_before_each_rank():
         "LAB_RANK_WRAPPER": shlex.join(tools.nsys_prefix({})),
     }
     cmd = srun_command(rank_job(cfg), env)
-    i = cmd.index("nsys")
-    assert cmd[:i][0] == "srun" and cmd[i : i + len(tools.nsys_prefix({}))] == tools.nsys_prefix({})
-    assert cmd[i + len(tools.nsys_prefix({})) :][1:3] == ["-m", "kernels.train"]
+    pre = tools.nsys_prefix({})
+    i = cmd.index("lab-nsys") - 3  # bash -c LINE lab-nsys, then the rank's command
+    assert cmd[0] == "srun" and "srun" not in cmd[1:i] and cmd[i : i + len(pre)] == pre
+    assert cmd[i + len(pre) :][1:3] == ["-m", "kernels.train"]
 
 
 # ------------------------------------------------------------- bad input, before any work

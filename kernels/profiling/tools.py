@@ -24,9 +24,15 @@ import shutil
 OUT = "%q{LAB_RUN_DIR}"  # set by the driver before it starts the ranks
 
 
+def in_run_dir(folder: str, command: list[str]) -> str:
+    """A shell line that makes the run directory's report folder (the tools do not make missing folders) and
+    then becomes `command` followed by the rank's own command ("$@")."""
+    return f'mkdir -p "${{LAB_RUN_DIR:?set by the driver}}/{folder}" && exec {shlex.join(command)} "$@"'
+
+
 def nsys_prefix(environ=None) -> list[str]:
     env = os.environ if environ is None else environ
-    return [
+    nsys = [
         "nsys",
         "profile",
         f"--trace={env.get('LAB_NSYS_TRACE', 'cuda,nvtx,osrt,cudnn,cublas')}",
@@ -37,6 +43,7 @@ def nsys_prefix(environ=None) -> list[str]:
         "--force-overwrite=true",
         f"--output={OUT}/nsys/rank%q{{SLURM_PROCID}}-j%q{{SLURM_JOB_ID}}",
     ]
+    return ["bash", "-c", in_run_dir("nsys", nsys), "lab-nsys"]
 
 
 def ncu_prefix(environ=None) -> list[str]:
@@ -66,7 +73,7 @@ def ncu_prefix(environ=None) -> list[str]:
         if not env.get(k, "0").isdigit():
             raise ValueError(f"{k}={env[k]!r}: a launch count, a whole number")
     # only rank `rank` runs under ncu; the others run as they are
-    script = f'if [ "${{SLURM_PROCID:-0}}" = "{rank}" ]; then exec {shlex.join(ncu)} "$@"; else exec "$@"; fi'
+    script = f'if [ "${{SLURM_PROCID:-0}}" = "{rank}" ]; then {in_run_dir("ncu", ncu)}; else exec "$@"; fi'
     return ["bash", "-c", script, "lab-ncu"]
 
 
