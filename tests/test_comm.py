@@ -430,6 +430,46 @@ def test_a_fit_that_cannot_resolve_a_quantity_says_so_and_is_never_used():
     assert table["all_reduce"]["busbw_GBps"] == pytest.approx(3.2, rel=1e-6)
 
 
+def test_a_point_the_fits_cannot_predict_keeps_its_row_with_the_reason(tmp_path):
+    """Weak scaling at 1, 2 and 8 ranks (8 on two nodes) with a resolved intra-node fit and an inter-node one that
+    found no bandwidth term: the 8-rank point stays in the validation, measured only, its algorithm column and
+    the paper's sentence say why, and the largest error is taken over the predicted points alone (the 4-rank
+    point of the local validation once vanished from the table this way)."""
+    import pandas as pd
+
+    from kernels.analysis.runs import load_runs
+    from kernels.records import schema as records
+    from kernels.report import comm as section
+    from test_paper import write_record
+
+    for n in (1, 2, 8):
+        write_record(tmp_path, f"w{n}", gpus=n, batch=64 * n, x=640.0 * n * (0.9 if n > 1 else 1.0))
+        summary = tmp_path / f"w{n}" / "summary.json"
+        records.write_json(summary, {**records.read_json(summary), "grad_param_bytes": [1 << 20] * 4})
+    runs, problems, _ = load_runs(tmp_path)
+    assert problems.empty and sorted(runs["nodes"]) == [1, 1, 2]
+    alpha, bw = 20e-6, 10e9
+    intra = [(2, 1 << k, 2 * alpha + (1 << k) / bw) for k in range(16, 25, 2)]
+    flat = [(8, 1 << k, 5e-4) for k in range(16, 25, 2)]  # the time does not grow: once fitted at 1e18 GB/s
+    rows = [
+        {"backend": "nccl", "op": "all_reduce", "dtype": "fp32", "placement": pl, "ranks": n, "size_bytes": b,
+         "time_us_out": t * 1e6}
+        for pl, pts in (("intra-node", intra), ("inter-node", flat))
+        for n, b, t in pts
+    ]  # fmt: skip
+    recs = [{"config": {"params": {"label": "x", "backend": "nccl"}, "hosts": ["h0"]}, "rows": rows}]
+    v = predict.validation(runs, recs)
+    assert list(v["gpus"]) == [1, 2, 8], v
+    two, eight = v.iloc[1], v.iloc[2]
+    assert two["error"] == pytest.approx(two["predicted_step_ms"] / two["measured_step_ms"] - 1)
+    assert pd.isna(eight["predicted_step_ms"]) and pd.isna(eight["error"]) and eight["measured_step_ms"] > 0
+    assert eight["algorithm"].startswith("no prediction: no inter-node all_reduce fit (unresolved: no bandwidth")
+    fits = pd.DataFrame(predict.fit_table(predict.fits(recs, unresolved=True)))
+    text = section.text(recs, fits, v, pd.DataFrame())
+    assert r"No prediction at 8 ranks on 2 nodes (no inter-node all\_reduce fit (unresolved: no bandwidth" in text
+    assert f"the largest error is {100 * two['error']:+.1f}" in text and "1 of 1 multi-rank point" in text
+
+
 def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
     """`lab comm predict` starts from what the 1-rank run used (its threads per rank and backend) and from the runs
     it is compared with: multi-rank runs of its label that keep the global batch make it strong scaling, ones

@@ -51,6 +51,9 @@ FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BY
 # that barely beats that. (gloo on a shared 2-core VM fits its timings to 56-64 % rms.)
 MIN_FIT_SIZES = 3
 MAX_FIT_RMS_REL_ERR = 0.8
+# The bandwidth term must carry at least this share of the largest message's time; less is the least-squares
+# solver's rounding on a series whose time does not grow with the size (an exactly flat one fitted 1e18 GB/s).
+MIN_BANDWIDTH_SHARE = 0.01
 BACKWARD_SHARE = 2 / 3  # backward is about twice the forward's FLOPs
 
 
@@ -66,7 +69,7 @@ def fit_points(op: str, points: list[tuple[int, int, float]]) -> dict:
     a = np.array([[st / t, f / t] for st, f, t in rows])
     b = np.ones(len(rows))
     (alpha, inv_bw), *_ = np.linalg.lstsq(a, b, rcond=None)
-    bandwidth = inv_bw > 0
+    bandwidth = inv_bw > 0 and max(f * inv_bw / t for _, f, t in rows) >= MIN_BANDWIDTH_SHARE
     if not bandwidth:  # latency-bound everywhere: the bandwidth term is not resolved; fit latency alone
         alpha, inv_bw = float(np.median([t / st for st, _, t in rows])), 0.0
     alpha = max(float(alpha), 0.0)
@@ -505,14 +508,16 @@ def _share(row, on_gpu: bool) -> float:
 def validation(runs, comm_records: list[dict]):
     """Predicted against measured step time for every series of the run records (kernels/analysis/runs.load_runs)
     that has a 1-rank point with gradient sizes, multi-rank points, and all_reduce fits on the same system and
-    backend. One row per (series, N): medians over repeats; error = predicted / measured - 1."""
+    backend. One row per (series, N): medians over repeats; error = predicted / measured - 1. A point the fits
+    cannot predict (no resolved fit for its placement) keeps its row, measured only, and its algorithm column
+    says why."""
     import pandas as pd
 
     from kernels.analysis.runs import CONFIG_KEYS, series_name
 
     if runs.empty or "grad_param_bytes" not in runs:
         return pd.DataFrame(columns=VALIDATION_COLUMNS)
-    fitted = fits(comm_records)
+    fitted, listed = fits(comm_records), fits(comm_records, unresolved=True)
     runs = runs.assign(
         _key=runs.apply(lambda r: tuple(r[k] for k in CONFIG_KEYS) + (r["system"], r["backend"]), axis=1)
     )
@@ -523,69 +528,81 @@ def validation(runs, comm_records: list[dict]):
             if base.empty or series["gpus"].nunique() < 2 or (mode == "weak" and series["batch"].nunique() < 2):
                 continue
             system, backend = key[-2], key[-1]
-            intra = fitted.get((backend, "all_reduce", "fp32", "intra-node", system))
-            inter = fitted.get((backend, "all_reduce", "fp32", "inter-node", system))
-            if intra is None and inter is None:
+            placed = {pl: fitted.get((backend, "all_reduce", "fp32", pl, system)) for pl in PLACEMENTS}
+            if not any(placed.values()):
                 continue
-            b0 = base.iloc[0]
-            on_gpu = not str(b0["device"]).startswith("CPU")
-            t1 = float(base["step_ms"].median()) / 1e3
-            p90_1 = (
-                float(base["step_ms_p90"].median()) / 1e3
-                if "step_ms_p90" in base and base["step_ms_p90"].notna().any()
-                else None
-            )
-            data1 = t1 * float(base["data_wait_frac"].median() or 0.0)
-            share1 = _share(b0, on_gpu)
-            bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or default("bucket_cap_mb")))
-            name = series_name(dict(zip(CONFIG_KEYS, key)), by, fixed)
             if dict(zip(CONFIG_KEYS, key)).get("engine") not in (None, "ddp"):
                 continue  # the model is DDP's (buckets, overlap); Horovod fuses and cycles differently
-            for n, pts in series.groupby("gpus"):
-                p0 = pts.iloc[0]
-                nodes = int(pts["nodes"].max())
-                share = _share(p0, on_gpu)
-                busy = not on_gpu and int(p0["ranks_per_host"]) * int(p0["threads"] or 1) >= int(p0["host_cores"] or 1)
-                # compute scales with the per-rank batch and with how many ranks share a host's cores
-                comp1 = (t1 - data1) * float(p0["per_rank_batch"]) / float(b0["per_rank_batch"]) * share / share1
-                comp1 *= straggler_factor(t1, p90_1, int(n))
-                step = partial(predict_step, comp1, bks, int(n), nodes, intra, inter, "weak", 1.0, not busy, 0.0)
-                try:
-                    p = step(CHOICES.get(backend, DEFAULT_CHOICE))
-                except ValueError:
-                    continue
-                pred = p["step_s"] + data1
-                meas = float(pts["step_ms"].median()) / 1e3
-                each = by_algorithm(step, data1, meas, int(n))
-                rows.append(
-                    {
-                        "mode": mode,
-                        "series": name,
-                        "system": system,
-                        "backend": backend,
-                        "gpus": int(n),
-                        "nodes": nodes,
-                        "per_rank_batch": int(p0["per_rank_batch"]),
-                        "repeats": len(pts),
-                        "measured_step_ms": 1e3 * meas,
-                        "measured_step_ms_min": float(pts["step_ms"].min()),
-                        "measured_step_ms_max": float(pts["step_ms"].max()),
-                        "predicted_step_ms": 1e3 * pred,
-                        "error": pred / meas - 1 if n > 1 else None,
-                        "measured_efficiency": _eff(t1, meas, p0, b0),
-                        "predicted_efficiency": _eff(t1, pred, p0, b0),
-                        "compute_ms": 1e3 * p["compute_s"],
-                        "comm_ms": 1e3 * p["comm_s"],
-                        "exposed_ms": 1e3 * p["exposed_comm_s"],
-                        "cpu_share": share / share1,
-                        "probe_exposed_ms": float(pts["exposed_comm_ms"].median())
-                        if "exposed_comm_ms" in pts and pts["exposed_comm_ms"].notna().any()
-                        else None,
-                        "algorithm": p["algorithm"],
-                        **each,
-                    }
-                )
+            why = {pl: unresolved_why(listed.get((backend, "all_reduce", "fp32", pl, system))) for pl in PLACEMENTS}
+            head = {"mode": mode, "series": series_name(dict(zip(CONFIG_KEYS, key)), by, fixed), "system": system}
+            rows += [
+                {**head, **point_row(base, pts, int(n), placed, why, backend)} for n, pts in series.groupby("gpus")
+            ]
     return pd.DataFrame(rows, columns=VALIDATION_COLUMNS)
+
+
+PLACEMENTS = ("intra-node", "inter-node")
+
+
+def unresolved_why(fit: dict | None) -> str:
+    """Why a placement has no fit to predict from: its fit's status, or no record of it."""
+    return fit["status"] if fit else "no commbench record of it"
+
+
+def point_row(base, pts, n: int, placed: dict, why: dict, backend: str) -> dict:
+    """One validation row: the N-rank point `pts` (repeats) of a series whose 1-rank records are `base`, predicted
+    from the resolved fits `placed` (by placement), or measured only with the reason (`why`, by placement)."""
+    b0, p0 = base.iloc[0], pts.iloc[0]
+    on_gpu = not str(b0["device"]).startswith("CPU")
+    t1 = float(base["step_ms"].median()) / 1e3
+    p90_1 = (
+        float(base["step_ms_p90"].median()) / 1e3
+        if "step_ms_p90" in base and base["step_ms_p90"].notna().any()
+        else None
+    )
+    data1 = t1 * float(base["data_wait_frac"].median() or 0.0)
+    bks = buckets(list(b0["grad_param_bytes"]), float(b0["bucket_cap_mb"] or default("bucket_cap_mb")))
+    nodes = int(pts["nodes"].max())
+    share = _share(p0, on_gpu) / _share(b0, on_gpu)
+    busy = not on_gpu and int(p0["ranks_per_host"]) * int(p0["threads"] or 1) >= int(p0["host_cores"] or 1)
+    # compute scales with the per-rank batch and with how many ranks share a host's cores
+    comp1 = (t1 - data1) * float(p0["per_rank_batch"]) / float(b0["per_rank_batch"]) * share
+    comp1 *= straggler_factor(t1, p90_1, n)
+    intra, inter = placed["intra-node"], placed["inter-node"]
+    step = partial(predict_step, comp1, bks, n, nodes, intra, inter, "weak", 1.0, not busy, 0.0)
+    meas = float(pts["step_ms"].median()) / 1e3
+    measured = {
+        "backend": backend,
+        "gpus": n,
+        "nodes": nodes,
+        "per_rank_batch": int(p0["per_rank_batch"]),
+        "repeats": len(pts),
+        "measured_step_ms": 1e3 * meas,
+        "measured_step_ms_min": float(pts["step_ms"].min()),
+        "measured_step_ms_max": float(pts["step_ms"].max()),
+        "measured_efficiency": _eff(t1, meas, p0, b0),
+        "cpu_share": share,
+        "probe_exposed_ms": float(pts["exposed_comm_ms"].median())
+        if "exposed_comm_ms" in pts and pts["exposed_comm_ms"].notna().any()
+        else None,
+    }
+    try:
+        p = step(CHOICES.get(backend, DEFAULT_CHOICE))
+    except ValueError as e:  # no resolved fit where this point's all-reduce runs
+        placement = "inter-node" if nodes > 1 else "intra-node"
+        return {**measured, "algorithm": f"no prediction: {e} ({why[placement]})"}
+    pred = p["step_s"] + data1
+    return {
+        **measured,
+        "predicted_step_ms": 1e3 * pred,
+        "error": pred / meas - 1 if n > 1 else None,
+        "predicted_efficiency": _eff(t1, pred, p0, b0),
+        "compute_ms": 1e3 * p["compute_s"],
+        "comm_ms": 1e3 * p["comm_s"],
+        "exposed_ms": 1e3 * p["exposed_comm_s"],
+        "algorithm": p["algorithm"],
+        **by_algorithm(step, data1, meas, n),
+    }
 
 
 def by_algorithm(step, data_s: float, measured_s: float, n: int) -> dict:
@@ -734,13 +751,14 @@ def write_markdown(path: Path, table, runs, args) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for _, r in table.iterrows():
-        err = f"{100 * r['error']:+.1f} %" if r["error"] is not None and r["error"] == r["error"] else "(base)"
+        known = r["error"] is not None and r["error"] == r["error"]
+        err = f"{100 * r['error']:+.1f} %" if known else "(base)" if r["gpus"] == 1 else "-"
         lines.append(
             f"| {r['series']} | {r['gpus']} | {r['nodes']} | {r['repeats']} | {r['measured_step_ms']:.1f} "
             f"({r['measured_step_ms_min']:.1f}-{r['measured_step_ms_max']:.1f}) | "
-            f"{r['predicted_step_ms']:.1f} | {err} | {r['measured_efficiency']:.2f} | "
-            f"{r['predicted_efficiency']:.2f} | {r['compute_ms']:.1f} | {r['comm_ms']:.2f} | "
-            f"{r['exposed_ms']:.2f} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} | "
+            f"{_fmt(r['predicted_step_ms'])} | {err} | {r['measured_efficiency']:.2f} | "
+            f"{_fmt(r['predicted_efficiency'], '.2f')} | {_fmt(r['compute_ms'])} | {_fmt(r['comm_ms'], '.2f')} | "
+            f"{_fmt(r['exposed_ms'], '.2f')} | {_fmt(r['probe_exposed_ms'])} | {r['algorithm']} | "
             + " | ".join(_fmt(r[f"{a}_ms"]) for a in ALGORITHMS)
             + f" | {r['closest'] if isinstance(r['closest'], str) else ''} |"
         )
@@ -779,11 +797,13 @@ def validate_main(argv: list[str]) -> int:
         f"{'eff_meas':>8} {'eff_pred':>8}  system/backend"
     )
     for _, r in table.iterrows():
-        err = f"{100 * r['error']:+.1f}%" if r["error"] is not None and r["error"] == r["error"] else "base"
+        known = r["error"] is not None and r["error"] == r["error"]
+        err = f"{100 * r['error']:+.1f}%" if known else "base" if r["gpus"] == 1 else "-"
         print(
             f"{r['series'][:44]:<44} {r['gpus']:>5} {r['nodes']:>5} {r['measured_step_ms']:>12.2f} "
-            f"{r['predicted_step_ms']:>13.2f} {err:>7} {r['measured_efficiency']:>8.2f} "
-            f"{r['predicted_efficiency']:>8.2f}  {r['system']}/{r['backend']}"
+            f"{_fmt(r['predicted_step_ms'], '.2f') or '-':>13} {err:>7} {r['measured_efficiency']:>8.2f} "
+            f"{_fmt(r['predicted_efficiency'], '.2f') or '-':>8}  {r['system']}/{r['backend']}"
+            + ("" if known or r["gpus"] == 1 else f"  {r['algorithm']}")
         )
     return 0
 

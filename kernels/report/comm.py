@@ -137,10 +137,9 @@ def predictor_figure(ctx: Context, v: pd.DataFrame) -> bool:
             alpha=0.15,
             linewidth=0,
         )
-        ax.plot(
-            g["gpus"], g["predicted_step_ms"], marker="x", linestyle="--", color=line.get_color(), label="predicted"
-        )
-        for _, r in g[g["gpus"] > 1].iterrows():
+        predicted = pd.to_numeric(g["predicted_step_ms"])  # a point without a prediction: a gap in the line
+        ax.plot(g["gpus"], predicted, marker="x", linestyle="--", color=line.get_color(), label="predicted")
+        for _, r in g[(g["gpus"] > 1) & g["error"].notna()].iterrows():
             ax.annotate(
                 f"{100 * r['error']:+.0f}%",
                 (r["gpus"], r["predicted_step_ms"]),
@@ -186,7 +185,15 @@ def text(recs: list[dict], fits: pd.DataFrame, v: pd.DataFrame, eng: pd.DataFram
             f"\\inappendix{{Table}}{{tab:commfit}}, used "
             f"by no prediction. "
         )
-    multi = v[v["gpus"] > 1] if not v.empty else v
+    every = v[v["gpus"] > 1] if not v.empty else v
+    multi, unpredicted = every[every["error"].notna()], every[every["error"].isna()]
+    if not unpredicted.empty:
+        parts = [
+            f"{int(r['gpus'])} ranks on {int(r['nodes'])} node{'s' if r['nodes'] > 1 else ''} "
+            f"({tex_escape(r['algorithm'].removeprefix('no prediction: '))})"
+            for _, r in unpredicted.iterrows()
+        ]
+        out += f"No prediction at {listing(parts)}: measured only. "
     if multi.empty:
         out += gap_note(
             "no series has both a 1-rank run with gradient sizes and multi-rank runs on a system with "
@@ -266,7 +273,7 @@ def section(ctx: Context) -> None:
     ctx.put(
         "comm_section.tex", "% commbench or engine-comparison records are selected\n" if recs or not eng.empty else ""
     )  # \\ifhas{comm_section}: the paper's Communication section stands only then
-    multi = v[v["gpus"] > 1] if not v.empty else v
+    multi = v[(v["gpus"] > 1) & v["error"].notna()] if not v.empty else v
     goal = f"{100 * TARGET_ERROR:.0f}\\,\\%"
     ctx.put(
         "predictor_goal.tex",  # a sentence with its numbers, or without the one that does not exist yet
