@@ -84,6 +84,7 @@ def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilo
     ran = json.loads((dest / "config.json").read_text())["params"]
     epoch, rate = s.get("epoch_s_median"), s.get("samples_per_s")
     size = "tiny: the harness check" if tiny else "the data set's training size"
+    prices = priced_systems(str(s.get("device_name") or device_name))
     return [
         f"{p['workload']} on synthetic data of {pilot['dataset']}'s shape, {p['train_samples']:,} samples an epoch "
         f"({size}), {p['epochs']} epochs, one device, label {p['label']}: the job the proposal names to price its "
@@ -94,7 +95,20 @@ def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilo
         f"| `{shown(dest)}` | {s.get('device_name')} | {ran['batch']} | {ran['precision']} | "
         f"{f'{epoch:.2f}' if epoch else '-'} | {f'{rate:,.0f}' if rate else '-'} | {', '.join(names)} |",
         "",
+        f"Target systems of paper/systems.yaml whose request it prices (the same GPU model): {prices}.",
+        "",
     ], True
+
+
+def priced_systems(device_name: str) -> str:
+    """The target systems whose GPU model is this device's (kernels/report/evidence.device_class), in words."""
+    from kernels.base import yamlfile
+    from kernels.report.evidence import device_class
+
+    mine = device_class(device_name)
+    systems = yamlfile.read(ROOT / "paper" / "systems.yaml", "systems file")
+    names = [v["name"] for v in systems.values() if mine is not None and device_class(v["gpu"]) == mine]
+    return ", ".join(names) if names else "none, no system there has this GPU model"
 
 
 def shown(path: Path) -> str:

@@ -326,6 +326,7 @@ def test_gpu_validation_harness_runs_its_plan_on_a_cpu(tmp_path):
     # the proposal's pilot job: its record (no checkpoints) beside the tables, read as the documents read it
     from kernels.report.evidence import committed_pilots
 
+    assert "whose request it prices (the same GPU model): none, no system" in text
     assert "## The proposal's pilot job" in text and "| `" + str(tmp_path / "pilot" / "runs" / "pilot-cpu") in text
     kept = sorted(f.name for f in (tmp_path / "pilot" / "runs" / "pilot-cpu").iterdir())
     assert "config.json" in kept and "summary.json" in kept and not any(k.endswith(".pt") for k in kept), kept
