@@ -4,10 +4,11 @@ The profile jobs (slurm/profile_nsys.sbatch, slurm/profile_ncu.sbatch) put a too
 (kernels/profiling/tools.py) before every rank and read the reports back when the run is done
 (python -m kernels.profiling nsys-summary | ncu-summary). This runs one short ResNet-18 run (one GPU, the
 validation's batch and width, profile_with=external over a few steps) under each tool found on PATH, with the
-prefix and the environment a Slurm rank gets (LAB_RUN_DIR, SLURM_PROCID, SLURM_JOB_ID), reads the reports with
-the same readers, and keeps each summary beside the tables (<out>/<gpu>-nsys-summary.json, -ncu-summary.json):
-the readers' first real reports. ncu profiles 100 launches with its basic set (Speed of Light and Occupancy,
-what the reader keeps) instead of the job's 400 with the full set, to fit the validation's minutes.
+prefix a Slurm rank gets (its report named rank0-jbench, LAB_RUN_DIR set as the driver sets it), reads the
+reports with the same readers, and keeps each summary beside the tables (<out>/<gpu>-nsys-summary.json,
+-ncu-summary.json): the readers' first real reports. ncu profiles 100 launches with its basic set (Speed of
+Light and Occupancy, what the reader keeps) instead of the job's 400 with the full set, to fit the validation's
+minutes.
 
 A tool not on PATH is a line saying so and the fix; the harness's CPU check meets only that line.
 """
@@ -18,6 +19,7 @@ import json
 import os
 import subprocess
 import tempfile
+from functools import reduce
 from pathlib import Path
 
 import benchtable  # benchmarks/, this script's directory
@@ -31,7 +33,7 @@ def profiled_run(tool: str, batch: int, width: int, warmup: int, workers: int, r
     """One run of the lab's loop under `tool`'s rank prefix; "" when it completed, else its last output line."""
     from kernels.profiling import tools
 
-    env = {**os.environ, **NCU_ENV, "LAB_RUN_DIR": str(run_dir), "SLURM_PROCID": "0", "SLURM_JOB_ID": "0"}
+    env = {**os.environ, **NCU_ENV, "LAB_RUN_DIR": str(run_dir)}
     params = {
         "workload": "resnet18",
         "dataset": "synthetic",
@@ -52,7 +54,11 @@ def profiled_run(tool: str, batch: int, width: int, warmup: int, workers: int, r
         "results_dir": run_dir.parent,
         "run_id": run_dir.name,
     }
-    cmd = tools.prefix(tool, env) + benchtable.train_command(params)
+    # the report names a Slurm rank's prefix takes from SLURM_PROCID and SLURM_JOB_ID, fixed here: with those set,
+    # the lab would take the machine for a Slurm allocation and start the rank through srun
+    names = {"%q{SLURM_PROCID}": "0", "%q{SLURM_JOB_ID}": "bench"}
+    prefix = [reduce(lambda a, kv: a.replace(*kv), names.items(), arg) for arg in tools.prefix(tool, env)]
+    cmd = prefix + benchtable.train_command(params)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0 or not (run_dir / "summary.json").is_file():
         return ((p.stderr or p.stdout).strip().splitlines() or [f"exit status {p.returncode}"])[-1]
