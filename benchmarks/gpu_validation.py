@@ -429,8 +429,10 @@ def main(argv=None) -> int:
     runs, failed, ratio, verdict_line = [], [], None, None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        took = {}  # seconds per section: what a time-limited call can fit
         for section in sections:
             partial(lines, args.out, name, cuda, f"the section {section}")
+            took[section] = time.time()
             if section == "resnet":
                 runs = resnet_rows(plan, cuda)
                 lines += [
@@ -478,7 +480,9 @@ def main(argv=None) -> int:
                 ]
     if cuda:
         lines += targets(runs, ratio, verdict_line)
-    lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s.")
+    ends = [*list(took.values())[1:], time.time()]
+    each = ", ".join(f"{k} {end - start:.0f} s" for (k, start), end in zip(took.items(), ends))
+    lines.append(f"Wall time of the validation: {time.time() - t0:.0f} s" + (f" ({each})." if each else "."))
     benchtable.write(lines, args.out, table_name(name, cuda))
     if failed:
         print(f"error: these failed: {', '.join(failed)}", file=sys.stderr)
