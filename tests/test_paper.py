@@ -950,14 +950,14 @@ def test_the_dcrnn_target_against_the_public_pipeline_reads_the_accuracy_benchma
     record("short", 0.5, 1, 1)  # far off, but after one epoch of one seed
     record("long", -0.012, 3, 6)
     got = reporting.mae_vs_public(c, {"bench_dirs": [tmp_path]})
-    assert got["status"] == "met" and got["value"] == "-1.20 % at 60min (median of 3 seeds)", got
+    assert got["status"] == "met" and got["value"] == "-1.20 % at 60 min (median of 3 seeds)", got
     assert (
         got["brief"] == "000_8b904c4137fd19ed.txt:9"
         and "synthetic metr-la, 2,880 steps, 2 x 16 units" in got["evidence"]
     )
     record("long2", 0.031, 3, 6)  # as much training, farther off: the worse one judges
     got = reporting.mae_vs_public(c, {"bench_dirs": [tmp_path]})
-    assert got["status"] == "not met" and got["value"].startswith("+3.10 % at 60min")
+    assert got["status"] == "not met" and got["value"].startswith("+3.10 % at 60 min")
 
 
 def test_criteria_are_judged_from_the_records(study, tmp_path):

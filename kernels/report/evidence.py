@@ -127,8 +127,10 @@ def stand_in_note(runs: pd.DataFrame) -> str:
         return ""
     first = runs[runs["stand_in_for"].notna()].iloc[0]
     return (
-        f"These records ran synthetic data of the shape {tex_escape(first['stand_in_for'])} has (the same model "
-        f"and step); their time per sample is scaled to its {int(first['stand_in_size']):,} training samples. "
+        f"{'These records' if len(runs) > 1 else 'This record'} ran synthetic data of the shape "
+        f"{tex_escape(first['stand_in_for'])} has (the same model and step); "
+        f"{'their' if len(runs) > 1 else 'its'} time per sample is scaled to the set's "
+        f"{int(first['stand_in_size']):,} training samples. "
     )
 
 

@@ -150,7 +150,8 @@ def mae_vs_public(c: Criterion, t: dict) -> dict:
     return row(
         c,
         MET if abs(r["worst_gap"]) <= r["target_gap"] else NOT_MET,
-        f"{100 * r['worst_gap']:+.2f} % at {r['worst_horizon']} (median of {len(r['seeds'])} seeds)",
+        f"{100 * r['worst_gap']:+.2f} % at {r['worst_horizon'].replace('min', ' min')} "
+        f"(median of {len(r['seeds'])} seeds)",
         f"synthetic {r['shape']}, {r['time_steps']:,} steps, {r['layers']} x {r['units']} units, {r['epochs']} "
         f"epochs on {r['device']}; spread between seeds: {spread}",
     )
