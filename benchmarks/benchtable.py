@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from kernels.base import sysinfo
@@ -84,21 +85,30 @@ def train_command(params: dict) -> list[str]:
     return cmd
 
 
-def lab_run(params: dict, timeout: float | None = None) -> dict:
-    """One run of the lab's loop (`python -m kernels.train`) with `params` in a temporary results folder:
-    its summary.json with its resolved parameters under "params". Raises RuntimeError with the run's last
-    output line when it fails."""
-    import json
+@contextmanager
+def trained(params: dict, timeout: float | None = None, run_id: str = "bench", prefix=(), env: dict | None = None):
+    """One run of the lab's loop (`python -m kernels.train`) with `params` in a temporary results folder, behind
+    an optional command `prefix` (a profiler's) with `env` added and LAB_RUN_DIR set as the driver sets it: its
+    record's folder while the context lasts. Raises RuntimeError with the run's last output line when it fails."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = train_command({**params, "results_dir": tmp, "run_id": "bench"})
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        rec = Path(tmp) / "bench"
+        rec = Path(tmp) / run_id
+        cmd = [*prefix, *train_command({**params, "results_dir": tmp, "run_id": run_id})]
+        environ = {**os.environ, **(env or {}), "LAB_RUN_DIR": str(rec)}
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=environ)
         if p.returncode != 0 or not (rec / "summary.json").exists():
             last = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
             raise RuntimeError(f"the lab's run failed: {last[0]}")
+        yield rec
+
+
+def lab_run(params: dict, timeout: float | None = None) -> dict:
+    """One run of the lab's loop (trained): its summary.json with its resolved parameters under "params"."""
+    import json
+
+    with trained(params, timeout) as rec:
         summary = json.loads((rec / "summary.json").read_text())
         return {**summary, "params": json.loads((rec / "config.json").read_text())["params"]}
 

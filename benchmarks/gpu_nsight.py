@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import tempfile
 from functools import reduce
 from pathlib import Path
 
 import benchtable  # benchmarks/, this script's directory
 
-ROOT = Path(__file__).resolve().parent.parent
 PROFILED_STEPS = 5
 NCU_ENV = {"LAB_NCU_COUNT": "100", "LAB_NCU_SET": "basic"}
 
 
-def profiled_run(tool: str, batch: int, width: int, warmup: int, workers: int, run_dir: Path) -> str:
-    """One run of the lab's loop under `tool`'s rank prefix; "" when it completed, else its last output line."""
-    from kernels.profiling import tools
-
-    env = {**os.environ, **NCU_ENV, "LAB_RUN_DIR": str(run_dir)}
-    params = {
+def profiled_params(batch: int, width: int, warmup: int, workers: int) -> dict:
+    """A short ResNet-18 run whose active steps a profiler's capture range covers (profile_with=external)."""
+    return {
         "workload": "resnet18",
         "dataset": "synthetic",
         "gpus": 1,
@@ -51,18 +45,17 @@ def profiled_run(tool: str, batch: int, width: int, warmup: int, workers: int, r
         "profile_warmup": 1,
         "log_every": 0,
         "checkpoint_every": 0,
-        "results_dir": run_dir.parent,
-        "run_id": run_dir.name,
     }
-    # the report names a Slurm rank's prefix takes from SLURM_PROCID and SLURM_JOB_ID, fixed here: with those set,
-    # the lab would take the machine for a Slurm allocation and start the rank through srun
+
+
+def rank_prefix(tool: str) -> list[str]:
+    """The tool's rank prefix with the report names a Slurm rank takes from SLURM_PROCID and SLURM_JOB_ID fixed:
+    with those set, the lab would take the machine for a Slurm allocation and start the rank through srun."""
+    from kernels.profiling import tools
+
     names = {"%q{SLURM_PROCID}": "0", "%q{SLURM_JOB_ID}": "bench"}
-    prefix = [reduce(lambda a, kv: a.replace(*kv), names.items(), arg) for arg in tools.prefix(tool, env)]
-    cmd = prefix + benchtable.train_command(params)
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    if p.returncode != 0 or not (run_dir / "summary.json").is_file():
-        return ((p.stderr or p.stdout).strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-    return ""
+    prefix = tools.prefix(tool, {**os.environ, **NCU_ENV})
+    return [reduce(lambda a, kv: a.replace(*kv), names.items(), arg) for arg in prefix]
 
 
 def rows(tool: str, summary: dict) -> list[str]:
@@ -88,28 +81,28 @@ def run(batch: int, width: int, warmup: int, workers: int, device_name: str, out
 
     lines = ["| tool | report | read back | kernel ms | top kernel |", "|---|---|---|---:|---|"]
     notes, ok = [], True
+    params = profiled_params(batch, width, warmup, workers)
     for tool, kind in (("nsys", nsight.NSYS), ("ncu", ncu.NCU)):
-        if tools.missing(tool):
-            notes.append(f"{tool}: {tools.missing(tool)}.")
+        missing = tools.missing(tool)
+        if missing:
+            notes.append(f"{tool}: {missing}.")
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            run_dir = Path(tmp) / f"nsight-{tool}"
-            failed = profiled_run(tool, batch, width, warmup, workers, run_dir)
-            if failed:
-                notes.append(f"{tool}: the profiled run failed: {failed}")
-                ok = False
-                continue
-            try:
-                path = reports.summarize(run_dir, kind)
-            except (ConfigError, OSError) as e:  # no report written, or one that cannot be read at all
-                notes.append(f"{tool}: reading the report back failed: {e}")
-                ok = False
-                continue
-            keep = out / f"{benchtable.slug(device_name)}-{tool}-summary.json"
-            atomic_write_bytes(keep, path.read_bytes())
-            summary = json.loads(path.read_text())
-            lines += rows(tool, summary)
-            notes += [f"{tool}: {p}" for p in summary.get("problems") or []]
-            notes.append(f"{tool}: summary kept in {keep.name}.")
+        try:
+            with benchtable.trained(params, 900, f"nsight-{tool}", rank_prefix(tool), NCU_ENV) as run_dir:
+                raw = reports.summarize(run_dir, kind).read_bytes()
+        except RuntimeError as e:
+            notes.append(f"{tool}: the profiled run: {e}")
+            ok = False
+            continue
+        except (ConfigError, OSError) as e:  # no report written, or one that cannot be read at all
+            notes.append(f"{tool}: reading the report back failed: {e}")
+            ok = False
+            continue
+        keep = out / f"{benchtable.slug(device_name)}-{tool}-summary.json"
+        atomic_write_bytes(keep, raw)
+        summary = json.loads(raw)
+        lines += rows(tool, summary)
+        notes += [f"{tool}: {p}" for p in summary.get("problems") or []]
+        notes.append(f"{tool}: summary kept in {keep.name}.")
     table = [*lines, ""] if len(lines) > 2 else []  # the header alone where no tool ran
     return [*table, *notes, ""], ok

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import benchtable  # benchmarks/, this script's directory
@@ -72,17 +70,16 @@ def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilo
     p = params(pilot, tiny, batch, workers, cuda)
     run_id = f"pilot-{benchtable.slug(device_name)}"
     dest = pilot_dir / "runs" / run_id
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = benchtable.train_command({**p, "results_dir": tmp, "run_id": run_id})
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        record = Path(tmp) / run_id
-        if done.returncode != 0 or not (record / "summary.json").is_file():
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-            return [f"The pilot failed: {last[0]}", ""], False
-        names = keep(record, dest)
+    try:
+        with benchtable.trained(p, timeout=900, run_id=run_id) as record:
+            names = keep(record, dest)
+    except RuntimeError as e:
+        return [f"The pilot: {e}", ""], False
     s = json.loads((dest / "summary.json").read_text())
     ran = json.loads((dest / "config.json").read_text())["params"]
     epoch, rate = s.get("epoch_s_median"), s.get("samples_per_s")
+    from kernels.base.files import in_project
+
     size = "tiny: the harness check" if tiny else "the data set's training size"
     prices = priced_systems(str(s.get("device_name") or device_name))
     return [
@@ -92,7 +89,7 @@ def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilo
         "",
         "| record | device | batch | precision | epoch (s, median) | samples/s | files kept |",
         "|---|---|---:|---|---:|---:|---|",
-        f"| `{shown(dest)}` | {s.get('device_name')} | {ran['batch']} | {ran['precision']} | "
+        f"| `{in_project(dest)}` | {s.get('device_name')} | {ran['batch']} | {ran['precision']} | "
         f"{f'{epoch:.2f}' if epoch else '-'} | {f'{rate:,.0f}' if rate else '-'} | {', '.join(names)} |",
         "",
         f"Target systems of paper/systems.yaml whose request it prices (the same GPU model): {prices}.",
@@ -109,11 +106,3 @@ def priced_systems(device_name: str) -> str:
     systems = yamlfile.read(ROOT / "paper" / "systems.yaml", "systems file")
     names = [v["name"] for v in systems.values() if mine is not None and device_class(v["gpu"]) == mine]
     return ", ".join(names) if names else "none, no system there has this GPU model"
-
-
-def shown(path: Path) -> str:
-    """The path relative to the repository where it lies inside it."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)

@@ -43,6 +43,15 @@ class RecordError(OSError):
     """A record file cannot be written or read back; the message names the file and the fix."""
 
 
+def in_project(path: Path) -> str:
+    """The path as a reader of the repository's documents should see it: relative to the repository where it
+    lies inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a temporary file, fsync and rename: a reader never sees half a file.
 

@@ -517,7 +517,8 @@ def validation(runs, comm_records: list[dict]):
 
     if runs.empty or "grad_param_bytes" not in runs:
         return pd.DataFrame(columns=VALIDATION_COLUMNS)
-    fitted, listed = fits(comm_records), fits(comm_records, unresolved=True)
+    listed = fits(comm_records, unresolved=True)  # every fit, for the reasons; predictions use resolved ones
+    fitted = {k: f for k, f in listed.items() if f["status"] == "resolved"}
     runs = runs.assign(
         _key=runs.apply(lambda r: tuple(r[k] for k in CONFIG_KEYS) + (r["system"], r["backend"]), axis=1)
     )

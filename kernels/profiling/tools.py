@@ -25,8 +25,8 @@ OUT = "%q{LAB_RUN_DIR}"  # set by the driver before it starts the ranks
 
 
 def in_run_dir(folder: str, command: list[str]) -> str:
-    """A shell line that makes the run directory's report folder (the tools do not make missing folders) and
-    then becomes `command` followed by the rank's own command ("$@")."""
+    """A shell line that makes the run directory's report folder (rather than rely on the tool to make a missing
+    one) and then becomes `command` followed by the rank's own command ("$@")."""
     return f'mkdir -p "${{LAB_RUN_DIR:?set by the driver}}/{folder}" && exec {shlex.join(command)} "$@"'
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from kernels.analysis.tex import listing, tex_escape
 from kernels.base.flops import PEAK_TFLOPS
-from kernels.base.files import PROJECT_ROOT
+from kernels.base.files import PROJECT_ROOT, in_project
 from kernels.data import DATASETS
 from kernels.workloads import registered
 
@@ -181,10 +181,7 @@ def committed_pilot_runs(pilot_dir: Path | None, plan: dict, system: dict) -> tu
 
 def pilot_basis(runs: pd.DataFrame, pilot_dir: Path) -> str:
     """Where the committed pilot records that price the request live, for the request's sentence."""
-    try:
-        where = Path(pilot_dir).resolve().relative_to(PROJECT_ROOT)
-    except ValueError:
-        where = Path(pilot_dir)
+    where = in_project(pilot_dir)
     ids = tex_escape(listing(sorted(runs["run_id"].astype(str))))
     return (
         f"the pilot record{'s' if len(runs) > 1 else ''} committed with the lab ({tex_escape(f'{where}/runs')}: {ids})"
