@@ -18,7 +18,6 @@ all runs with its range beside it. Targets: lab / C <= 1.5x at 8 B and <= 1.05x 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -207,8 +206,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         times, timed_by = measure(args, Path(tmp))
     lines, record = table(args, times, timed_by)
-    path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-", record=record)
     benchtable.headline(
         args.out,
         "comm",

@@ -268,8 +268,7 @@ def main(argv=None) -> int:
             "speedup": base / med,
             "supports": form,
         }
-    path = benchtable.write(lines, args.out, dev, prefix="dcrnn-")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")  # read by the paper's DCRNN section
+    path = benchtable.write(lines, args.out, dev, prefix="dcrnn-", record=record)  # read by the paper's DCRNN section
     benchtable.headline(
         args.out, "dcrnn", dev, path, {"speedup": record["rows"]["lab"]["speedup"], "steps": args.steps}
     )

@@ -11,7 +11,6 @@ Writes results/bench/comm-mpi-libraries-<device>.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -114,8 +113,7 @@ def main(argv=None) -> int:
         return 0
     runs, about = measure(args)
     lines, record = table(args, runs, about)
-    path = benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-libraries-")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    benchtable.write(lines, args.out, record["device"], prefix="comm-mpi-libraries-", record=record)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kernels.base import sysinfo
+from kernels.base.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,12 +43,18 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def write(lines: list[str], out: Path, device_name: str, prefix: str = "", echo: bool = True) -> Path:
-    """Store the table as <out>/<prefix><device slug>.md, and print it unless echo is False."""
+def write(
+    lines: list[str], out: Path, device_name: str, prefix: str = "", echo: bool = True, record: dict | None = None
+) -> Path:
+    """Store the table as <out>/<prefix><device slug>.md (and `record`, when given, as the .json beside it, which
+    the documents read), and print it unless echo is False. Each file is written whole through a temporary name
+    and a rename: never half a table, and never through a link planted at its name."""
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{prefix}{slug(device_name)}.md"
-    path.write_text(text)
+    atomic_write_text(path, text)
+    if record is not None:
+        atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
     if echo:
         print("\n" + text + f"\nwritten to {path}")
     return path
@@ -61,11 +69,11 @@ def headlines_path(out: Path) -> Path:
 def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict) -> None:
     """Store a benchmark's headline figures (merged into headlines_path under `bench`, with its device, the git
     commit and the time), which bench_summary.py sets beside the speed targets."""
-    import json
     import time
 
     path = headlines_path(out)
-    data = json.loads(path.read_text()) if path.exists() else {}
+    # the lab writes this file whole, never as a link: one found there was planted, and is replaced unread
+    data = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else {}
     data[bench] = {
         "device": device_name,
         "table": table.name,
@@ -73,7 +81,7 @@ def headline(out: Path, bench: str, device_name: str, table: Path, figures: dict
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **figures,
     }
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def train_command(params: dict) -> list[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -146,8 +145,7 @@ def main(argv=None) -> int:
     r = measure(args)
     r["batch"] = args.batch
     lines = table(r)
-    path = benchtable.write(lines, args.out, sysinfo.cpu_device_name(), prefix="bigmnist-full-")
-    path.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    benchtable.write(lines, args.out, sysinfo.cpu_device_name(), prefix="bigmnist-full-", record=r)
     return 0
 
 

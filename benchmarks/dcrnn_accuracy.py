@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -299,8 +298,7 @@ def main(argv=None) -> int:
         "historical_average_mae": baseline,
         **s,
     }
-    path = benchtable.write(lines, args.out, dev, prefix="dcrnn_accuracy-")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")  # read by the criteria table
+    benchtable.write(lines, args.out, dev, prefix="dcrnn_accuracy-", record=record)  # read by the criteria table
     return 0
 
 

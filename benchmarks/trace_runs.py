@@ -331,6 +331,8 @@ def run_one(name: str, invocations: list, tree: Path, work: Path, data_dir: Path
 
 
 def record(out: Path, tree: Path, only: list[str] | None) -> None:
+    from kernels.base.files import atomic_write_text
+
     work = Path(tempfile.mkdtemp(prefix="lab-trace-"))
     (work / "site").mkdir()
     (work / "site" / "sitecustomize.py").write_text(SITE)
@@ -360,7 +362,7 @@ def record(out: Path, tree: Path, only: list[str] | None) -> None:
             f"  {n} backward losses, weights {traces[name]['weights']['model']}, {traces[name]['wall_s']} s", flush=True
         )
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
-    out.write_text(json.dumps({"tree": str(tree), "commit": git, "runs": traces}, indent=1))
+    atomic_write_text(out, json.dumps({"tree": str(tree), "commit": git, "runs": traces}, indent=1))
     print(f"wrote {out}")
 
 

@@ -111,6 +111,7 @@ def test_one_valid_trace_per_rank_carrying_its_rank(profiled):
     run, summary, _ = profiled
     traces = sorted((run / "traces").glob("*.pt.trace.json.gz"))
     assert [t.name for t in traces] == ["rank0-local.pt.trace.json.gz", "rank1-local.pt.trace.json.gz"]
+    assert not [p.name for p in (run / "traces").iterdir() if p.name.startswith(".")]  # no temporary left behind
     for i, t in enumerate(traces):
         with gzip.open(t, "rt") as f:
             trace = json.load(f)

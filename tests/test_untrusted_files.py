@@ -11,7 +11,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +24,7 @@ from kernels.records import checkpoint_file as ckpt
 from kernels.base import safe_pickle
 from kernels.data import cifar10, traffic
 from kernels.base.errors import ConfigError
+from kernels.base.files import PROJECT_ROOT
 
 from conftest import record_fault, write_cifar_tarball
 
@@ -282,16 +286,40 @@ def _grown(path):
         f.write("t,cpu\n")
 
 
+def _bench_table(path: Path) -> None:
+    """A benchmark's table and the record beside it (benchmarks/benchtable.py), named as `path` and its .json."""
+    sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+    try:
+        import benchtable
+    finally:
+        sys.path.remove(str(PROJECT_ROOT / "benchmarks"))
+    assert benchtable.write(["| a |"], path.parent, "x", prefix="bench-", echo=False, record={"a": 1}) == path
+    benchtable.headline(path.parent, "bench", "x", path, {"a": 1})
+
+
 def test_files_written_whole_or_as_they_grow_never_follow_a_planted_link(tmp_path):
     from kernels.base.files import atomic_write_text
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    for name, write in (("monitor.csv", _grown), ("commbench.txt", lambda p: atomic_write_text(p, "table\n"))):
-        path = tmp_path / name
-        path.symlink_to(victim)
-        write(path)
-        assert victim.read_text() == "precious" and not path.is_symlink() and path.read_text(), name
+    writers = (
+        (["monitor.csv"], _grown),
+        (["commbench.txt"], lambda p: atomic_write_text(p, "table\n")),
+        (["bench-x.md", "bench-x.json", f"headlines-{_cpu_slug()}.json"], _bench_table),
+    )
+    for names, write in writers:
+        paths = [tmp_path / name for name in names]
+        for path in paths:
+            path.symlink_to(victim)
+        write(paths[0])
+        for path in paths:
+            assert victim.read_text() == "precious" and not path.is_symlink() and path.read_text(), path.name
+
+
+def _cpu_slug() -> str:
+    from kernels.base import sysinfo
+
+    return re.sub(r"[^A-Za-z0-9]+", "-", sysinfo.cpu_device_name()).strip("-").lower()
 
 
 # ------------------------------------------------------------------ the rendezvous

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
-from kernels.base.files import PROJECT_ROOT
+from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text
 from kernels.base.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
@@ -134,7 +134,7 @@ def run_analysis(results: Path, runs: Path, system: str, study: str, force: bool
             f"the analysis notebook failed (exit status {rc}); the failing cell is in "
             f"{results / 'notebooks' / '10_analyse_scaling.ipynb'} or {results / 'analysis'}"
         )
-    stamp.write_text(fp)
+    atomic_write_text(stamp, fp)
     return True
 
 
@@ -175,17 +175,15 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
         log = Path(tmp) / f"{name}.log"
         if p.returncode != 0 or not (Path(tmp) / f"{name}.pdf").exists():
             if log.exists():
-                shutil.copy2(log, out_dir / f"{name}.log")
+                atomic_write_bytes(out_dir / f"{name}.log", log.read_bytes())
             raise ConfigError(
                 f"LaTeX failed on {tex.relative_to(PROJECT_ROOT)} (full log: "
                 f"{out_dir / (name + '.log')}):\n"
                 f"{_latex_error(log)}"
             )
-        part = out_dir / f".{name}.pdf.part"
-        shutil.copyfile(Path(tmp) / f"{name}.pdf", part)
-        part.replace(pdf)
+        atomic_write_bytes(pdf, (Path(tmp) / f"{name}.pdf").read_bytes())  # never half a PDF, never through a link
     (out_dir / f"{name}.log").unlink(missing_ok=True)
-    stamp.write_text(fp)
+    atomic_write_text(stamp, fp)
     return True
 
 
