@@ -297,23 +297,38 @@ def _bench_table(path: Path) -> None:
     benchtable.headline(path.parent, "bench", "x", path, {"a": 1})
 
 
+def _mnist_like(n: int):
+    return np.zeros((n, 28, 28), np.uint8), np.arange(n, dtype=np.uint8)
+
+
 def test_files_written_whole_or_as_they_grow_never_follow_a_planted_link(tmp_path):
-    from kernels.base.files import atomic_write_text
+    """Each writer, with a link planted at its file's name and at the temporary names it uses or used to use (any
+    name that can be guessed): the file the links point to is untouched, and the writer's file is a plain file."""
+    from kernels.analysis.tex import write_if_changed
+    from kernels.base.files import atomic_write_text, copy_file
+    from kernels.data.bigmnist import write_records
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
+    pid, ids, ones, eye = os.getpid(), ["a", "b"], np.ones((3, 2), np.float32), np.eye(2, dtype=np.float32)
     writers = (
         (["monitor.csv"], _grown),
         (["commbench.txt"], lambda p: atomic_write_text(p, "table\n")),
         (["bench-x.md", "bench-x.json", f"headlines-{_cpu_slug()}.json"], _bench_table),
+        (["table.tex", ".table.tex.tmp"], lambda p: write_if_changed(p, "x\n")),  # the analysis' outputs
+        (["adj.csv", ".adj.csv.part"], lambda p: copy_file(victim.with_name("source"), p)),  # lab fetch --from
+        (["speeds.h5", f"speeds.h5.tmp{pid}"], lambda p: traffic.write_speeds(p, "df", ones, "2012-03-01", ids)),
+        (["shard.npy", f".shard.npy.tmp-{pid}"], lambda p: write_records(p, *_mnist_like(2))),
+        (["graph.pkl", ".graph.pkl.tmp", f"graph.pkl.tmp{pid}"], lambda p: traffic.write_adjacency(p, ids, eye)),
     )
+    victim.with_name("source").write_text("from the source")
     for names, write in writers:
         paths = [tmp_path / name for name in names]
         for path in paths:
             path.symlink_to(victim)
         write(paths[0])
-        for path in paths:
-            assert victim.read_text() == "precious" and not path.is_symlink() and path.read_text(), path.name
+        assert victim.read_text() == "precious", names
+        assert paths[0].is_file() and not paths[0].is_symlink() and paths[0].stat().st_size, names
 
 
 def _cpu_slug() -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from kernels.base.files import atomic_write_bytes
+
 
 def write_if_changed(path: Path, data: bytes | str) -> bool:
     """Write `data` atomically unless the file already holds it; True when written."""
@@ -14,9 +16,7 @@ def write_if_changed(path: Path, data: bytes | str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_bytes() == data:
         return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic_write_bytes(path, data)
     return True
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,38 @@ def create(path: Path, mode: str = "w", **kw):
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     return os.fdopen(fd, mode, **kw)
+
+
+def copy_file(src: Path, dest: Path) -> None:
+    """Copy `src` to `dest` whole: into a new temporary beside it (see create) and renamed over `dest`."""
+    import shutil
+
+    dest = Path(dest)
+    part = dest.with_name(f".{dest.name}.part")
+    try:
+        with open(src, "rb") as s, create(part, "wb") as d:
+            shutil.copyfileobj(s, d, 1 << 20)
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def replacing(path: Path):
+    """A temporary name for a library that opens its output by name (PyTables, matplotlib, the profiler): inside
+    a private new folder beside `path`, where nobody else can have planted a link, renamed over `path` when the
+    block ends without an error. The folder goes either way."""
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield work / path.name
+        os.replace(work / path.name, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def foreign(path: Path, own_link_ok: bool = False) -> str | None:

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.base.errors import ConfigError
+from kernels.base import files
 from kernels.base.files import sizes
 from kernels.base.sysinfo import free_space
 
@@ -222,7 +223,7 @@ def write_records(path: Path, images: np.ndarray, labels: np.ndarray) -> dict:
     h.update(body)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with files.create(tmp, "wb") as f:
             f.write(head)
             f.write(memoryview(body))
             f.flush()

@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 from kernels.base.errors import ConfigError
+from kernels.base import files
 
 
 def _digest(path: Path, algo: str, chunk: int = 1 << 22) -> str:
@@ -39,7 +40,7 @@ def download(urls: str | list[str], dest: Path, what: str, offline_hint: str) ->
     for url in urls:
         print(f"downloading {url} -> {dest}", file=sys.stderr, flush=True)
         try:
-            with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            with urllib.request.urlopen(url, timeout=60) as r, files.create(tmp, "wb") as f:
                 total = int(r.headers.get("Content-Length") or 0)
                 done, last = 0, -1
                 while block := r.read(1 << 20):

@@ -20,7 +20,6 @@ Files placed by hand are verified before every run, with no extra step.
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 from kernels.data import idx
 from kernels.data.download import download, md5sum
 from kernels.base.errors import ConfigError
+from kernels.base import files
 
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -166,9 +166,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
         for stem in FILES:
             src = find(name, from_dir, stem)
             verify_file(name, src, stem)  # before copying: a bad source leaves nothing behind
-            part = d / (src.name + ".part")
-            shutil.copyfile(src, part)
-            part.replace(d / src.name)
+            files.copy_file(src, d / src.name)
     else:
         for stem in FILES:
             if find(name, d, stem):

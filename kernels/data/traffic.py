@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.base import safe_pickle
+from kernels.base import files, safe_pickle
 from kernels.data.download import sha256sum
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT, sizes
@@ -212,16 +212,14 @@ def write_speeds(path: Path, key: str, values: np.ndarray, start: str, ids: list
 
     index = pd.date_range(start, periods=values.shape[0], freq=f"{STEP_MIN}min")
     df = pd.DataFrame(values, index=index, columns=list(ids))
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    df.to_hdf(tmp, key=key, mode="w")  # fixed format, as the distributed files
-    os.replace(tmp, path)
+    with files.replacing(Path(path)) as tmp:
+        df.to_hdf(tmp, key=key, mode="w")  # fixed format, as the distributed files
 
 
 def _atomic(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with files.create(tmp, "wb") as f:
         write(f)
     os.replace(tmp, path)
 
@@ -450,7 +448,6 @@ def check(name: str, root: Path, synthetic_shape: str = "metr-la") -> None:
 # -------------------------------------------------------------- fetch (real sets)
 def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = False) -> Path:
     """Copy METR-LA / PEMS-BAY from a directory, or download the graph where it is reachable; verify both."""
-    import shutil
 
     from kernels.data.download import download
 
@@ -462,8 +459,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
         if dest.exists() and not force:
             continue
         if from_dir is not None and (Path(from_dir) / fname).exists():
-            shutil.copyfile(Path(from_dir) / fname, dest.with_name(fname + ".part"))
-            os.replace(dest.with_name(fname + ".part"), dest)
+            files.copy_file(Path(from_dir) / fname, dest)
         elif fname in spec.urls:
             download(
                 spec.urls[fname],
@@ -479,7 +475,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
             )
     series = load(name, root)
     manifest = {f: {"bytes": Path(f).stat().st_size, "sha256": sha256sum(Path(f))} for f in series.files}
-    (d / "SHA256SUMS.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    files.atomic_write_text(d / "SHA256SUMS.json", json.dumps(manifest, indent=1) + "\n")
     return d
 
 
@@ -670,11 +666,11 @@ def write_synthetic(
     d.mkdir(parents=True, exist_ok=True)
     write_speeds(h5, "df", speeds, str(start), ids)
     write_adjacency(pkl, ids, adj)
-    (d / "graph_sensor_ids.txt").write_text(",".join(ids))
-    with open(d / "distances.csv", "w") as f:
-        f.write("from,to,distance\n")
-        f.writelines(f"{ids[a]},{ids[b]},{dv * 1609.34:.1f}\n" for a, b, dv in dist_rows)  # metres, as the CSV
-    done.write_text(
+    files.atomic_write_text(d / "graph_sensor_ids.txt", ",".join(ids))
+    rows = (f"{ids[a]},{ids[b]},{dv * 1609.34:.1f}\n" for a, b, dv in dist_rows)  # metres, as the CSV
+    files.atomic_write_text(d / "distances.csv", "from,to,distance\n" + "".join(rows))
+    files.atomic_write_text(
+        done,
         json.dumps(
             {
                 "shape": label,
@@ -686,7 +682,7 @@ def write_synthetic(
             },
             indent=1,
         )
-        + "\n"
+        + "\n",
     )
     progress(
         f"synthetic {shape}: {t_steps:,} x {n} written to {d} ({time.perf_counter() - t0:.1f} s, "

@@ -31,6 +31,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from kernels.base import files
+
 CATEGORIES = (
     "convolution",
     "gemm/linear",
@@ -489,6 +491,7 @@ def plot(per_rank: list[dict], combined: dict, path: Path, title: str = "") -> P
     fig.tight_layout()
     from kernels.base.alttext import png_metadata
 
-    fig.savefig(path, dpi=130, bbox_inches="tight", metadata=png_metadata(fig))
+    with files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=130, bbox_inches="tight", metadata=png_metadata(fig))
     plt.close(fig)
     return path

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from kernels.base import files
+
 INSTALL = "pip install HolisticTraceAnalysis==0.5.0"
 
 
@@ -39,9 +41,9 @@ def analyse(trace_files: dict[int, Path], out_dir: Path, gpu_kernels: bool, mode
         idle, _ = ta.get_idle_time_breakdown(ranks=sorted(trace_files), visualize=False)
     except Exception as e:  # HTA's own failure must not fail a run that trained; it is reported instead
         return {"status": f"failed: {type(e).__name__}: {e}"}
-    temporal.to_csv(out_dir / "temporal_breakdown.csv", index=False)
-    overlap.to_csv(out_dir / "comm_comp_overlap.csv", index=False)
-    idle.to_csv(out_dir / "idle_time_breakdown.csv", index=False)
+    files.atomic_write_text(out_dir / "temporal_breakdown.csv", temporal.to_csv(index=False))
+    files.atomic_write_text(out_dir / "comm_comp_overlap.csv", overlap.to_csv(index=False))
+    files.atomic_write_text(out_dir / "idle_time_breakdown.csv", idle.to_csv(index=False))
     pick = lambda df, col: {int(r["rank"]): round(float(r[col]), 3) for _, r in df.iterrows() if col in df}  # noqa: E731
     return {
         "status": "done",

@@ -23,12 +23,13 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+
+from kernels.base import files
 
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
 
@@ -133,17 +134,12 @@ class StepProfiler:
                 self.log(f"profile: stopping the profiler failed ({type(e).__name__}: {e})")
 
     def _save(self, prof) -> None:
-        """on_trace_ready: the Chrome trace, gzipped, written in a private temporary folder (no name there that
-        someone else could have planted a link at) and then renamed into place."""
-        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        """on_trace_ready: the Chrome trace, gzipped, written under a private temporary folder and renamed into
+        place (files.replacing)."""
         final = self.trace_dir / trace_name(self.rank, job_tag())
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.trace_dir))
-        try:
-            raw, tmp = work / "trace.json", work / "trace.json.gz"
+        with files.replacing(final) as tmp:
+            raw = tmp.with_name("trace.json")
             prof.export_chrome_trace(str(raw))
             with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         self.trace_path = final
