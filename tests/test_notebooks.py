@@ -181,7 +181,7 @@ def test_notebook_runs_one_process_and_files_outputs_with_the_record(tmp_path):
     # where the log prints a figure, it says what the figure shows
     assert "IPython.core.display" not in p.stdout + p.stderr and "loss: loss against epoch" in p.stdout + p.stderr
     assert "started ahead differs" not in p.stdout + p.stderr  # the kernel started ahead ran it
-    assert not list((tmp_path / "notebooks").glob("*.ipynb"))  # nothing left in staging
+    assert not list((tmp_path / "notebooks").iterdir())  # nothing left in staging, not even its private folder
     # the log without noise: no cell markers, no kernel transport warning, no cut or wrapped tables, no
     # scientific notation or NaN; every parameter as name=value; the whole tables in the notebook
     log = p.stdout + p.stderr
@@ -276,18 +276,24 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     """Any notebook, outside the lab's: exit status 1, the cell's error in the log, the executed copy with the
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
     written: such a kernel is asked to stop, not killed. Papermill's --cwd is the kernel's working directory (the
-    kernel started ahead in the runner's is not used)."""
+    kernel started ahead in the runner's is not used). A link planted at the executed copy's name in the shared
+    staging folder is replaced, never written through, though Papermill writes after every cell."""
     out = tmp_path / "left-open.txt"
     mine = tmp_path / "mine.ipynb"
     write_notebook(
         mine, ["x = 1", f"f = open({out.name!r}, 'w'); f.write('kept')", "raise ValueError(f'boom at x={x}')"]
     )
-    p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, notebook=mine)
+    victim, executed = tmp_path / "victim", tmp_path / "notebooks" / "mine-run.ipynb"
+    victim.write_text("precious")
+    executed.parent.mkdir()
+    executed.symlink_to(victim)
+    p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, "--name", "mine-run", notebook=mine)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "differs from the one asked for (working directory); Papermill starts its own" in p.stderr
     assert "ValueError: boom at x=3" in p.stderr and "error: the notebook failed" in p.stderr
-    (executed,) = (tmp_path / "notebooks").glob("mine-local-*.ipynb")
+    assert victim.read_text() == "precious" and not executed.is_symlink()
     assert "boom at x=3" in executed.read_text() and executed.with_suffix(".html").exists()
+    assert sorted(f.name for f in executed.parent.iterdir()) == ["mine-run.html", "mine-run.ipynb"]
     assert out.read_text() == "kept"
 
 

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -328,15 +329,21 @@ def run(
     tag = job_tag()
     staging = Path(staging) if staging else staging_dir()
     staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
-    handoff_file = staging / f".{notebook.stem}-{tag}.handoff"
-    env = {HANDOFF_ENV: str(handoff_file), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
+    # Papermill writes its output by name, again after every cell: it writes in a new folder only this user can
+    # enter, so a link planted in a shared results folder is never written through; the notebook leaves it whole
+    staging.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{staged.stem}.", dir=staging))
+    env = {HANDOFF_ENV: str(work / "handoff"), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
     # boots while the parameters are checked and Papermill gets ready
     kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if labs_own(notebook) else ())
     try:
-        return _checked_run(notebook, papermill_args, timeout_s, staged, handoff_file, env, kernel)
+        return _checked_run(notebook, papermill_args, timeout_s, staged, work, env, kernel)
     finally:
         if kernel is not None:
             kernel.stop()
+        if (work / staged.name).exists():  # stopped before it was filed: kept where the run would have left it
+            os.replace(work / staged.name, staged)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _checked_run(
@@ -344,7 +351,7 @@ def _checked_run(
     papermill_args: list[str],
     timeout_s: int | None,
     staged: Path,
-    handoff_file: Path,
+    work: Path,
     env: dict[str, str],
     kernel: notebook_kernel.Kernel | None,
 ) -> int:
@@ -353,14 +360,12 @@ def _checked_run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    staged.parent.mkdir(parents=True, exist_ok=True)
-    handoff_file.unlink(missing_ok=True)
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
     args = [
         str(notebook),
-        str(staged),
+        str(work / staged.name),
         "--log-output",
         "--no-progress-bar",
         "--execution-timeout",
@@ -372,7 +377,7 @@ def _checked_run(
     print("notebook: papermill " + " ".join(args), flush=True)
     html = HtmlRenderer()  # imports nbconvert while the kernel starts, renders when the notebook ends
     try:
-        return _execute(args, env, kernel, notebook, staged, handoff_file, html)
+        return _execute(args, env, kernel, notebook, staged, work, html)
     finally:
         html.close()
 
@@ -383,22 +388,19 @@ def _execute(
     kernel: notebook_kernel.Kernel | None,
     notebook: Path,
     staged: Path,
-    handoff_file: Path,
+    work: Path,
     renderer: HtmlRenderer,
 ) -> int:
     """Papermill, then the executed notebook and its HTML filed with the run record; the runner's exit status."""
     from kernels.notebook import papermill_cli
 
     rc = papermill_cli.execute(args, env, kernel=kernel, stop_now=labs_own(notebook))
-    run_dir = Path(handoff_file.read_text()) if handoff_file.exists() else None
-    handoff_file.unlink(missing_ok=True)
-    if not staged.exists():
+    run_dir = Path((work / "handoff").read_text()) if (work / "handoff").exists() else None
+    if not (work / staged.name).exists():
         print(f"error: papermill wrote no output notebook (exit status {rc})", file=sys.stderr, flush=True)
         return rc or 1
-    final = staged
-    if run_dir is not None and run_dir.is_dir():
-        final = run_dir / staged.name
-        shutil.move(staged, final)  # replaces a previous one of the same name
+    final = run_dir / staged.name if run_dir is not None and run_dir.is_dir() else staged
+    shutil.move(work / staged.name, final)  # replaces a previous one of the same name
     html = renderer.render(final)
     if run_dir is not None and "SLURM_JOB_ID" in os.environ and (run_dir / "config.json").is_file():
         from kernels.slurm import accounting  # the job's steps are done: Slurm's view of them goes into the record
