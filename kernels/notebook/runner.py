@@ -23,8 +23,8 @@ import os
 import re
 import shutil
 import subprocess
+import secrets
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -330,9 +330,9 @@ def run(
     staging = Path(staging) if staging else staging_dir()
     staged = staging / f"{name or notebook.stem + '-' + tag}.ipynb"
     # Papermill writes its output by name, again after every cell: it writes in a new folder only this user can
-    # enter, so a link planted in a shared results folder is never written through; the notebook leaves it whole
-    staging.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{staged.stem}.", dir=staging))
+    # enter (made once the parameters pass), so a link planted in a shared results folder is never written
+    # through; the notebook leaves it whole
+    work = staging / f".{staged.stem}.{secrets.token_hex(8)}"
     env = {HANDOFF_ENV: str(work / "handoff"), "PYTHONUNBUFFERED": "1", "LAB_NOTEBOOK": notebook.stem}
     # boots while the parameters are checked and Papermill gets ready
     kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if labs_own(notebook) else ())
@@ -343,7 +343,8 @@ def run(
             kernel.stop()
         if (work / staged.name).exists():  # stopped before it was filed: kept where the run would have left it
             os.replace(work / staged.name, staged)
-        shutil.rmtree(work, ignore_errors=True)
+        if work.is_dir():
+            shutil.rmtree(work)
 
 
 def _checked_run(
@@ -360,6 +361,8 @@ def _checked_run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    work.parent.mkdir(parents=True, exist_ok=True)
+    work.mkdir(mode=0o700)  # its random name is new: anything already there (a planted link) fails this
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
