@@ -321,6 +321,41 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
 
 
 @pytest.mark.integration
+def test_sigterm_ends_the_runner_at_once_leaving_the_notebook_so_far_in_staging(tmp_path):
+    """SIGTERM to the runner alone (`kill`; Slurm sends it to every process of the job): it dies of the signal as
+    before, but the executed notebook so far is in staging under its name, not in the private folder Papermill
+    writes in, and that folder is gone."""
+    import signal
+    import time
+
+    mine = tmp_path / "mine.ipynb"
+    write_notebook(mine, ["x = 1", "print('first cell done', flush=True)", "import time; time.sleep(600)"])
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "kernels.notebook.runner", "run", str(mine), "--name", "mine-run"],
+            cwd=ROOT,
+            env={**os.environ, "LAB_RESULTS": str(tmp_path)},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        t0 = time.monotonic()
+        while "first cell done" not in log.read_text():
+            assert p.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(0.5)  # Papermill writes the notebook after the cell's output
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == -signal.SIGTERM, log.read_text()[-3000:]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the kernel, left running as any SIGTERM to the runner alone leaves it
+    staging = tmp_path / "notebooks"
+    assert [f.name for f in staging.iterdir()] == ["mine-run.ipynb"], log.read_text()[-3000:]
+    assert "first cell done" in (staging / "mine-run.ipynb").read_text()
+
+
+@pytest.mark.integration
 def test_ctrl_c_checkpoints_the_ranks_and_files_the_notebook(tmp_path):
     """Ctrl-C on `lab run` (SIGINT to its process group, as a terminal sends it): the kernel is interrupted, the
     ranks checkpoint, the record says 'preempted', the executed notebook is filed with it; exit status 75."""

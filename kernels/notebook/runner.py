@@ -26,6 +26,7 @@ import subprocess
 import secrets
 import sys
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 from kernels.records import schema as records
@@ -337,14 +338,43 @@ def run(
     # boots while the parameters are checked and Papermill gets ready
     kernel = notebook_kernel.start(env, preload=KERNEL_PRELOAD if labs_own(notebook) else ())
     try:
-        return _checked_run(notebook, papermill_args, timeout_s, staged, work, env, kernel)
+        with _unstaged_on_term(work / staged.name, staged):
+            return _checked_run(notebook, papermill_args, timeout_s, staged, work, env, kernel)
     finally:
         if kernel is not None:
             kernel.stop()
-        if (work / staged.name).exists():  # stopped before it was filed: kept where the run would have left it
-            os.replace(work / staged.name, staged)
-        if work.is_dir():
-            shutil.rmtree(work)
+        _unstage(work / staged.name, staged)
+
+
+def _unstage(partial: Path, staged: Path) -> None:
+    """A notebook stopped before it was filed is left where the run would have left it; the private folder goes."""
+    if partial.exists():
+        os.replace(partial, staged)
+    if partial.parent.is_dir():
+        shutil.rmtree(partial.parent)
+
+
+@contextmanager
+def _unstaged_on_term(partial: Path, staged: Path):
+    """SIGTERM (scancel, the time limit's kill, `kill`) still ends the runner at once, as by default, but the
+    notebook so far is first left in staging under its name rather than in the private folder."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
+
+    def on_term(signum, frame):
+        _unstage(partial, staged)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _checked_run(
