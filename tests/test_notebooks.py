@@ -321,6 +321,29 @@ def test_ctrl_c_lets_the_interrupted_cell_end_before_the_kernel_stops(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_results_folder_it_cannot_write_is_one_line_naming_it(tmp_path):
+    """Where the executed notebook cannot be staged (an immutable results folder: root ignores modes), the runner
+    says so in one line naming the folder and LAB_RESULTS, exit status 2, before Papermill starts."""
+    import shutil
+
+    mine, results = tmp_path / "mine.ipynb", tmp_path / "results"
+    write_notebook(mine, ["x = 1"])
+    results.mkdir()
+    chattr = shutil.which("chattr")
+    if not chattr or subprocess.run([chattr, "+i", str(results)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root, on a file system with immutable files)")
+    try:
+        p = run_notebook(results, notebook=mine)
+    finally:
+        subprocess.run([chattr, "-i", str(results)], check=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip() == (
+        f"error: cannot write the executed notebook in {results / 'notebooks'} (Operation not permitted); "
+        "set LAB_RESULTS to a results folder you can write"
+    )
+
+
+@pytest.mark.integration
 def test_sigterm_ends_the_runner_at_once_leaving_the_notebook_so_far_in_staging(tmp_path):
     """SIGTERM to the runner alone (`kill`; Slurm sends it to every process of the job): it dies of the signal as
     before, but the executed notebook so far is in staging under its name, not in the private folder Papermill

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kernels.records import schema as records
 from kernels.base.errors import ConfigError
-from kernels.base.files import PROJECT_ROOT, results_home
+from kernels.base.files import PROJECT_ROOT, RESULTS_ENV, results_home
 from kernels.notebook.html import HtmlRenderer
 from kernels.notebook import kernel as notebook_kernel
 from kernels.launch.config import resolve, table
@@ -391,8 +391,17 @@ def _checked_run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    work.parent.mkdir(parents=True, exist_ok=True)
-    work.mkdir(mode=0o700)  # its random name is new: anything already there (a planted link) fails this
+    try:
+        work.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir(mode=0o700)  # its random name is new: anything already there (a planted link) fails this
+    except OSError as e:
+        print(
+            f"error: cannot write the executed notebook in {work.parent} ({e.strerror or e}); set "
+            f"{RESULTS_ENV} to a results folder you can write",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
