@@ -181,3 +181,55 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     assert rc == 2 and out.startswith("sbatch --parsable --array="), out + err
     assert err.strip().splitlines()[-1].startswith("error: Slurm's sbatch is not on PATH here, so the array for"), err
     assert not (tmp_path / "results" / "studies" / "strong_resnet18" / "submissions.json").exists()
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """A folder nothing can be written in, even by root (chattr +i); skipped where that cannot be set."""
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    chattr = shutil.which("chattr")
+    if not chattr or subprocess.run([chattr, "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("needs chattr +i (root, on a file system with immutable files)")
+    yield folder
+    subprocess.run([chattr, "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize(
+    "command,needle",
+    [
+        (
+            ["fetch", "fashion-mnist", "--root", "{x}/data", "--from", "{x}"],
+            "error: {x}/data: Operation not permitted; it, or a folder above it, is read-only, immutable or not "
+            "yours: choose another location or fix its permissions",
+        ),
+        (
+            ["sysinfo", "--out", "{x}/SYSTEM.md"],
+            "error: --out: cannot write {x}/SYSTEM.md (Operation not permitted): the file or its folder is "
+            "read-only, immutable, full or not yours; pass another --out",
+        ),
+        (
+            ["comm", "bench", "--gpus", "2", "--results_dir", "{x}/comm"],
+            "error: parameter 'results_dir': cannot write in {x}/comm (Operation not permitted): it is read-only, "
+            "immutable or not yours; pass results_dir=<a directory you own>",
+        ),
+        (
+            ["paper", "--results", "{x}/results"],
+            "error: --results: cannot write in {x}/results (Operation not permitted); pass a folder you can write",
+        ),
+    ],
+    ids=["fetch", "sysinfo", "comm-bench", "paper"],
+)
+@pytest.mark.integration  # chattr is a process
+def test_a_folder_a_command_cannot_write_is_one_line_before_any_work(immutable, capsys, command, needle):
+    """Each command that writes somewhere the user names: one line naming the option and the folder, exit 2,
+    before any download, rank or notebook starts (a traceback from deep inside before)."""
+    from kernels import cli
+
+    rc = cli.main([a.replace("{x}", str(immutable)) for a in command])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().splitlines()[-1] == needle.replace("{x}", str(immutable)), err
+    assert "Traceback" not in err

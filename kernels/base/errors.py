@@ -5,6 +5,7 @@ A leaf: every layer raises ConfigError, so it imports nothing of the lab.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 
@@ -12,10 +13,28 @@ class ConfigError(ValueError):
     """A parameter or input is wrong; the message names it and the fix."""
 
 
+# a file or folder the command may not write (or read): the user's to fix, not the lab's to trace back
+NOT_PERMITTED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def exit_status(body) -> int:
-    """Run a command's body: a ConfigError becomes one line on stderr and exit status 2, the lab's convention."""
+    """Run a command's body: a ConfigError becomes one line on stderr and exit status 2, the lab's convention; so
+    does a file or folder the command is not permitted to write, named with the fix."""
     try:
         return body() or 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:
+        if e.errno not in NOT_PERMITTED or not (e.filename or e.strerror):
+            raise
+        if not e.filename:  # the lab's own write error (files.write_error) has said it all
+            print(f"error: {e.strerror}", file=sys.stderr, flush=True)
+            return 2
+        print(
+            f"error: {e.filename}: {e.strerror}; it, or a folder above it, is read-only, immutable or not yours: "
+            "choose another location or fix its permissions",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2

@@ -93,6 +93,19 @@ def create(path: Path, mode: str = "w", **kw):
     return os.fdopen(fd, mode, **kw)
 
 
+def cannot_write(folder: Path) -> str | None:
+    """Why no file can be written in `folder` (made if missing), or None: read-only, immutable, full, not yours.
+    Tried with a real file, since modes do not tell (root ignores them; an immutable folder shows none)."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def copy_file(src: Path, dest: Path) -> None:
     """Copy `src` to `dest` whole: into a new temporary beside it (see create) and renamed over `dest`."""
     import shutil

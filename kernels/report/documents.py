@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
-from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text
+from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text, cannot_write
 from kernels.base.sysinfo import usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
@@ -224,9 +224,13 @@ def make(
         raise ConfigError(
             f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), comma-separated"
         )
-    run_analysis(results, runs, system, study, force, out)
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
+    for option, folder in (("--results", results), ("--paper-out", paper_out), ("--slides-out", slides_out)):
+        why = cannot_write(folder)  # before the analysis runs, not after its minutes
+        if why:
+            raise ConfigError(f"{option}: cannot write in {folder} ({why}); pass a folder you can write")
+    run_analysis(results, runs, system, study, force, out)
     targets = {name: (tex, slides_out if name == "pitch" else paper_out) for name, tex in DOCUMENTS.items()}
     # LaTeX runs on one core: the three documents are built side by side (each in its own temporary directory),
     # then reported in a fixed order; the first failure, in that order, is the one raised

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kernels.base import sysinfo, yamlfile
-from kernels.base.errors import exit_status
+from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, results_home
 from kernels.slurm.study import load_cluster
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             if a.out_dir:
                 # the Slurm node name first: emulated or containerised nodes can share a host name
                 path = a.out_dir / f"{os.environ.get('SLURMD_NODENAME') or sysinfo.host()}.json"
-                atomic_write_bytes(path, text.encode())
+                _write(path, text, "--out-dir")
                 print(f"wrote {path}")
             else:
                 print(text, end="")
@@ -172,10 +172,20 @@ def main(argv=None) -> int:
         if a.out == "-":
             print(text, end="")
         else:
-            atomic_write_bytes(Path(a.out), text.encode())  # never a half-written or empty SYSTEM.md
+            _write(Path(a.out), text, "--out")  # never a half-written or empty SYSTEM.md
             print(f"wrote {a.out} ({len(nodes)} node(s) of this machine)")
 
     return exit_status(body)
+
+
+def _write(path: Path, text: str, option: str) -> None:
+    try:
+        atomic_write_bytes(path, text.encode())
+    except OSError as e:
+        raise ConfigError(
+            f"{option}: cannot write {path} ({os.strerror(e.errno) if e.errno else e}): the file or its folder is "
+            f"read-only, immutable, full or not yours; pass another {option}"
+        ) from None
 
 
 if __name__ == "__main__":
