@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kernels.launch import config
@@ -233,3 +235,31 @@ def test_a_folder_a_command_cannot_write_is_one_line_before_any_work(immutable, 
     err = capsys.readouterr().err
     assert rc == 2 and err.strip().splitlines()[-1] == needle.replace("{x}", str(immutable)), err
     assert "Traceback" not in err
+
+
+def test_exit_status_says_a_write_error_in_one_line_and_leaves_other_errors_to_their_traceback(capsys):
+    """What a command's wrapper turns into one line: the lab's own write error (a full disk too) as it is, and a
+    file or folder it may not write, named; an OSError it cannot name (no file) keeps its traceback."""
+    import errno
+
+    from kernels.base.errors import exit_status
+    from kernels.base.files import write_error
+
+    def fails(e):
+        def body():
+            raise e
+
+        return body
+
+    full = write_error(Path("/scratch/x.json"), 10, OSError(errno.ENOSPC, "No space left on device"))
+    assert exit_status(fails(full)) == 2
+    assert capsys.readouterr().err == (
+        "error: cannot write /scratch/x.json (10 bytes): No space left on device; free space there or choose "
+        "another results_dir\n"
+    )
+    assert exit_status(fails(PermissionError(errno.EACCES, "Permission denied", "/shared/data"))) == 2
+    assert capsys.readouterr().err.startswith("error: /shared/data: Permission denied; it, or a folder above it,")
+    with pytest.raises(PermissionError):
+        exit_status(fails(PermissionError(errno.EPERM, "Operation not permitted")))  # os.kill's: no file to name
+    with pytest.raises(FileNotFoundError):
+        exit_status(fails(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")))

@@ -26,11 +26,11 @@ def exit_status(body) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except OSError as e:
-        if e.errno not in NOT_PERMITTED or not (e.filename or e.strerror):
-            raise
-        if not e.filename:  # the lab's own write error (files.write_error) has said it all
+        if getattr(e, "path", None) and e.strerror:  # the lab's own write error (files.write_error) says it all
             print(f"error: {e.strerror}", file=sys.stderr, flush=True)
             return 2
+        if e.errno not in NOT_PERMITTED or not e.filename:
+            raise
         print(
             f"error: {e.filename}: {e.strerror}; it, or a folder above it, is read-only, immutable or not yours: "
             "choose another location or fix its permissions",

@@ -21,9 +21,9 @@ import argparse
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import subprocess
-import secrets
 import sys
 import textwrap
 from contextlib import contextmanager
