@@ -263,3 +263,27 @@ def test_exit_status_says_a_write_error_in_one_line_and_leaves_other_errors_to_t
         exit_status(fails(PermissionError(errno.EPERM, "Operation not permitted")))  # os.kill's: no file to name
     with pytest.raises(FileNotFoundError):
         exit_status(fails(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")))
+
+
+def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, capsys, monkeypatch):
+    """Slurm opens a job's log by name and follows a link planted there: lab submit (and lab study, lab sweep)
+    refuse a log folder others may write to, naming the fix, before anything is submitted; the user's own
+    folder is made when missing and accepted."""
+    from kernels.slurm import submit
+    from kernels.slurm.study import log_folder
+
+    assert log_folder(tmp_path / "new" / "logs").is_dir()
+    logs = tmp_path / "results" / "logs"
+    logs.mkdir(parents=True)
+    logs.chmod(0o775)
+    monkeypatch.chdir(tmp_path)
+    args = [str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "1", "--gpus-per-node", "1", "--dry-run"]
+    rc = submit.main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == (
+        f"error: job logs: {logs} is writable by others (mode 775); Slurm writes the job's log there by name and "
+        f"would follow a link another user planted: make it yours alone (chmod go-w {logs}) or set LAB_RESULTS "
+        f"to a folder of yours"
+    ), err
+    logs.chmod(0o755)
+    assert submit.main(args) == 0 and "sbatch --nodes=1" in capsys.readouterr().out

@@ -390,6 +390,21 @@ def require_sbatch(what: str) -> None:
         )
 
 
+def log_folder(path: Path) -> Path:
+    """Make the folder Slurm writes a job's log into (it does not make one) and check it is the user's alone: Slurm
+    opens the log by its name and follows a link there, and job ids are easy to guess, so a folder others may
+    write to would let them redirect (or read) the job's output. A one-line refusal with the fix, else the path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    why = files.not_private(path)
+    if why:
+        raise ConfigError(
+            f"job logs: {why}; Slurm writes the job's log there by name and would follow a link another user "
+            f"planted: make it yours alone (chmod go-w {path}) or set LAB_RESULTS to a folder of yours"
+        )
+    return path
+
+
 def run_sbatch(cmd: list[str], what: str) -> str:
     """Submit; return the (array) job id, or raise with sbatch's own reason."""
     require_sbatch(what)
@@ -469,7 +484,7 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         print(shlex.join(cmd), file=out)
         print(f"  array tasks 0..{len(pts) - 1} = points {', '.join(str(p.index) for p in pts)}", file=out)
         # the files the line names exist even on a dry run, so a printed line runs when copied
-        (results_root() / "logs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output dirs
+        log_folder(results_root() / "logs")
         list_file.parent.mkdir(parents=True, exist_ok=True)
         lines = [str(write_point(study, p)) for p in pts]
         files.atomic_write_text(list_file, "\n".join(lines) + "\n")

@@ -128,10 +128,11 @@ def main(argv=None) -> int:
             qos=o["qos"],
         )
         print(shlex.join(cmd), flush=True)
+        from kernels.slurm.study import log_folder, require_sbatch
+
+        log_folder(Path.cwd() / "results" / "logs")  # the batch script's --output, relative to where sbatch runs
         if args.dry_run:
             return 0
-        from kernels.slurm.study import require_sbatch
-
         require_sbatch("the job")
         return subprocess.run(cmd).returncode
 

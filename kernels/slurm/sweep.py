@@ -34,7 +34,15 @@ from pathlib import Path
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT
 from kernels.base import files, yamlfile
-from kernels.slurm.study import _check_keys, cluster_options, load_cluster, one_line, results_root, run_sbatch
+from kernels.slurm.study import (
+    _check_keys,
+    cluster_options,
+    load_cluster,
+    log_folder,
+    one_line,
+    results_root,
+    run_sbatch,
+)
 
 SWEEP_KEYS = {
     "name": "sweep id",
@@ -162,8 +170,7 @@ def submit(sweep: dict, dry_run: bool = False) -> str | None:
     print(shlex.join(cmd))
     for i, line in enumerate(sweep["commands"]):
         print(f"  {i}: {line}")
-    out = outdir(sweep)
-    out.mkdir(parents=True, exist_ok=True)
+    out = log_folder(outdir(sweep))  # the array's logs go there too
     if dry_run:  # the files the line names exist, so it runs when copied (after the setup, if any)
         _write_commands(sweep, out)
         setup = (
