@@ -11,7 +11,7 @@ from kernels.base import params
 from kernels.base.params import ConfigError
 from kernels.launch.config import check_environment, resolve
 
-from conftest import ROOT, cli_in_process, run_cli
+from conftest import ROOT, cli_in_process, record_fault, run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -226,13 +226,18 @@ def immutable(tmp_path):
     ids=["fetch", "sysinfo", "comm-bench", "paper"],
 )
 @pytest.mark.integration  # chattr is a process
+@pytest.mark.faults
 def test_a_folder_a_command_cannot_write_is_one_line_before_any_work(immutable, capsys, command, needle):
     """Each command that writes somewhere the user names: one line naming the option and the folder, exit 2,
     before any download, rank or notebook starts (a traceback from deep inside before)."""
+    import time
+
     from kernels import cli
 
+    t0 = time.monotonic()
     rc = cli.main([a.replace("{x}", str(immutable)) for a in command])
     err = capsys.readouterr().err
+    record_fault(f"`lab {' '.join(command[:2])}` into an immutable folder", 10, time.monotonic() - t0, rc, "one line")
     assert rc == 2 and err.strip().splitlines()[-1] == needle.replace("{x}", str(immutable)), err
     assert "Traceback" not in err
 
@@ -265,6 +270,7 @@ def test_exit_status_says_a_write_error_in_one_line_and_leaves_other_errors_to_t
         exit_status(fails(FileNotFoundError(errno.ENOENT, "No such file or directory", "/x")))
 
 
+@pytest.mark.faults
 def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, capsys, monkeypatch):
     """Slurm opens a job's log by name and follows a link planted there: lab submit (and lab study, lab sweep)
     refuse a log folder others may write to, naming the fix, before anything is submitted; the user's own
@@ -280,6 +286,7 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
     args = [str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "1", "--gpus-per-node", "1", "--dry-run"]
     rc = submit.main(args)
     err = capsys.readouterr().err
+    record_fault("job-log folder writable by the group (lab submit)", 5, 0.0, rc, "refused before sbatch")
     assert rc == 2 and err.strip() == (
         f"error: job logs: {logs} is writable by others (mode 775); Slurm writes the job's log there by name and "
         f"would follow a link another user planted: make it yours alone (chmod go-w {logs}) or set LAB_RESULTS "

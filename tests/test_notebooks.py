@@ -7,13 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kernels.notebook import runner as notebooks
 from kernels.launch.config import table
 
-from conftest import ROOT, merge_p
+from conftest import ROOT, merge_p, record_fault
 
 pytestmark = pytest.mark.unit
 
@@ -272,6 +273,7 @@ def test_the_runners_checks_do_not_import_torch():
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     """Any notebook, outside the lab's: exit status 1, the cell's error in the log, the executed copy with the
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
@@ -287,7 +289,15 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     victim.write_text("precious")
     executed.parent.mkdir()
     executed.symlink_to(victim)
+    t0 = time.monotonic()
     p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, "--name", "mine-run", notebook=mine)
+    record_fault(
+        "a link planted at the executed notebook's name in staging (the notebook fails)",
+        60,
+        time.monotonic() - t0,
+        p.returncode,
+        "link replaced by the notebook, the file it pointed to untouched",
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "differs from the one asked for (working directory); Papermill starts its own" in p.stderr
     assert "ValueError: boom at x=3" in p.stderr and "error: the notebook failed" in p.stderr
@@ -344,12 +354,12 @@ def test_a_results_folder_it_cannot_write_is_one_line_naming_it(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.faults
 def test_sigterm_ends_the_runner_at_once_leaving_the_notebook_so_far_in_staging(tmp_path):
     """SIGTERM to the runner alone (`kill`; Slurm sends it to every process of the job): it dies of the signal as
     before, but the executed notebook so far is in staging under its name, not in the private folder Papermill
     writes in, and that folder is gone."""
     import signal
-    import time
 
     mine = tmp_path / "mine.ipynb"
     write_notebook(mine, ["x = 1", "print('first cell done', flush=True)", "import time; time.sleep(600)"])
@@ -369,8 +379,13 @@ def test_sigterm_ends_the_runner_at_once_leaving_the_notebook_so_far_in_staging(
             assert p.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
             time.sleep(0.1)
         time.sleep(0.5)  # Papermill writes the notebook after the cell's output
+        t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == -signal.SIGTERM, log.read_text()[-3000:]
+        rc = p.wait(timeout=30)
+        record_fault(
+            "notebook runner terminated (SIGTERM) mid-cell", 30, time.monotonic() - t0, 128 - rc, "notebook in staging"
+        )
+        assert rc == -signal.SIGTERM, log.read_text()[-3000:]
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the kernel, left running as any SIGTERM to the runner alone leaves it
     staging = tmp_path / "notebooks"
