@@ -279,7 +279,8 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     error kept in staging (no run directory), and what a cell left to the interpreter's exit (a file not closed)
     written: such a kernel is asked to stop, not killed. Papermill's --cwd is the kernel's working directory (the
     kernel started ahead in the runner's is not used). A link planted at the executed copy's name in the shared
-    staging folder is replaced, never written through, though Papermill writes after every cell."""
+    staging folder is replaced, never written through, though Papermill writes after every cell; the notebook an
+    earlier run of the name left in its private folder when killed outright is named, and left alone."""
     out = tmp_path / "left-open.txt"
     mine = tmp_path / "mine.ipynb"
     write_notebook(
@@ -287,7 +288,9 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     )
     victim, executed = tmp_path / "victim", tmp_path / "notebooks" / "mine-run.ipynb"
     victim.write_text("precious")
-    executed.parent.mkdir()
+    killed = tmp_path / "notebooks" / ".mine-run.0123abcd" / "mine-run.ipynb"  # a run killed outright left it
+    killed.parent.mkdir(parents=True)
+    killed.write_text("{}")
     executed.symlink_to(victim)
     t0 = time.monotonic()
     p = run_notebook(tmp_path, "-p", "x", "3", "--cwd", tmp_path, "--name", "mine-run", notebook=mine)
@@ -303,7 +306,8 @@ def test_a_failing_cell_fails_the_run_and_keeps_what_the_kernel_wrote(tmp_path):
     assert "ValueError: boom at x=3" in p.stderr and "error: the notebook failed" in p.stderr
     assert victim.read_text() == "precious" and not executed.is_symlink()
     assert "boom at x=3" in executed.read_text() and executed.with_suffix(".html").exists()
-    assert sorted(f.name for f in executed.parent.iterdir()) == ["mine-run.html", "mine-run.ipynb"]
+    assert sorted(f.name for f in executed.parent.iterdir()) == [killed.parent.name, "mine-run.html", "mine-run.ipynb"]
+    assert f"note: {killed} is the notebook of an earlier run of this name that was killed outright" in p.stdout
     assert out.read_text() == "kept"
 
 

@@ -402,6 +402,9 @@ def _checked_run(
             flush=True,
         )
         return 2
+    for left_behind in sorted(work.parent.glob(f".{staged.stem}.*/{staged.name}")):
+        if left_behind.parent != work:  # SIGKILL gives no chance to move it out (the OOM killer, kill -9)
+            print(f"note: {left_behind} is the notebook of an earlier run of this name that was killed outright")
     if timeout_s is None:
         left = slurm_time_left_s()
         timeout_s = max(60, left - 120) if left else 24 * 3600
