@@ -50,9 +50,8 @@ def write(
     the documents read), and print it unless echo is False. Each file is written whole through a temporary name
     and a rename: never half a table, and never through a link planted at its name."""
     text = "\n".join(lines) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{prefix}{slug(device_name)}.md"
-    atomic_write_text(path, text)
+    atomic_write_text(path, text)  # makes `out` where missing
     if record is not None:
         atomic_write_text(path.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
     if echo:

@@ -64,6 +64,8 @@ def keep(record: Path, dest: Path) -> list[str]:
 
 def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilot_dir: Path) -> tuple[list[str], bool]:
     """Markdown lines for the validation's table and whether the pilot completed."""
+    from kernels.base.files import in_project
+
     pilot = proposed_pilot()
     if not pilot:
         return ["paper/plan.yaml names no registered workload to pilot (its `workloads`).", ""], True
@@ -78,8 +80,6 @@ def run(tiny: bool, batch: int, workers: int, cuda: bool, device_name: str, pilo
     s = json.loads((dest / "summary.json").read_text())
     ran = json.loads((dest / "config.json").read_text())["params"]
     epoch, rate = s.get("epoch_s_median"), s.get("samples_per_s")
-    from kernels.base.files import in_project
-
     size = "tiny: the harness check" if tiny else "the data set's training size"
     prices = priced_systems(str(s.get("device_name") or device_name))
     return [

@@ -707,13 +707,12 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
     records.refuse_foreign(cfg.results_root, run_dir)  # before any rank starts, as a training run's launcher does
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    why = files.cannot_write(run_dir)
+    if why:
         raise ConfigError(
-            f"parameter 'results_dir': cannot write in {cfg.results_root} ({e.strerror or e}): it is read-only, "
+            f"parameter 'results_dir': cannot write in {cfg.results_root} ({why}): it is read-only, "
             f"immutable or not yours; pass results_dir=<a directory you own>"
-        ) from None
+        )
     argv = (sys.executable, "-m", "kernels.comm", "bench", *cfg.cli_args())
     job = RankJob(cfg.gpus, argv, run_dir, env=mpi_library.rank_env(cfg.mpi_library) if cfg.backend == "mpi" else {})
     print(
