@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 COMMANDS = {
     "train": ("kernels.train", "train from the command line"),
     "run": ("kernels.notebook.runner", "run a notebook headless with Papermill"),
     "notebooks": ("kernels.notebook.runner", "regenerate the parameters cell and the .ipynb twins"),
-    "submit": ("kernels.slurm.submit", "sbatch a notebook run with the geometry computed from --gpus"),
+    "submit": ("kernels.notebook.submit", "sbatch a notebook run with the geometry computed from --gpus"),
     "study": ("kernels.slurm.study", "scaling studies on Slurm: submit, status, resubmit, points"),
     "comm": (
         "kernels.comm.__main__",
@@ -94,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         print(module.schema_markdown(record_fields()), end="")
         return 0
     sys.argv = [f"lab {cmd}", *rest]
-    rc = module.main(rest)
+    try:
+        rc = module.main(rest)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a reader that left is a traceback too
+    except BrokenPipeError:  # the reader left (`lab study status ... | head`): no traceback, the shell's status
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return 128 + signal.SIGPIPE
     if cmd == "run":  # the run is over: this process ends without the interpreter's teardown (0.3 s)
         module.exit_without_teardown(rc)
     return rc

@@ -157,7 +157,7 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
     """`lab submit ... --cluster leonardo-booster --account ehpc123` on a laptop ended in a FileNotFoundError
     traceback for 'sbatch'. It prints the line it would submit, then one line saying Slurm is not here (exit 2);
     `lab study submit` likewise."""
-    from kernels.slurm import submit
+    from kernels.notebook import submit
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch on it
     rc = submit.main(
@@ -275,7 +275,7 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
     """Slurm opens a job's log by name and follows a link planted there: lab submit (and lab study, lab sweep)
     refuse a log folder others may write to, naming the fix, before anything is submitted; the user's own
     folder is made when missing and accepted."""
-    from kernels.slurm import submit
+    from kernels.notebook import submit
     from kernels.slurm.study import log_folder
 
     assert log_folder(tmp_path / "new" / "logs").is_dir()
@@ -294,3 +294,118 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
     ), err
     logs.chmod(0o755)
     assert submit.main(args) == 0 and "sbatch --nodes=1" in capsys.readouterr().out
+
+
+NOTEBOOK = str(ROOT / "notebooks" / "01_train.ipynb")
+
+
+@pytest.mark.parametrize(
+    "profile,needle",
+    [
+        ("gpus_per_node: four", "key 'gpus_per_node': 'four' must be a whole number >= 0: GPUs per node"),
+        ("gpus_per_node: true", "key 'gpus_per_node': True must be a whole number >= 0"),
+        ("gpus_per_node: 4\ncpus_per_task: 0", "key 'cpus_per_task': 0 must be a whole number >= 1: CPU cores"),
+        ("gpus_per_node: 4\nmax_nodes: -3", "key 'max_nodes': -3 must be a whole number >= 0: nodes in the partition"),
+        ("gpus_per_node: 4\ntime: 2h", "key 'time': '2h' is not a Slurm time limit; write hours:minutes:seconds"),
+        ("gpus_per_node: 4\nsbatch_extra: --exclusive", "key 'sbatch_extra': '--exclusive' must be a list of strings"),
+        ("gpus_per_node: 4\nsbatch_extra: [exclusive]", "key 'sbatch_extra': 'exclusive' is not an sbatch option"),
+        ("gpus_per_node: 4\nmodules: cuda/12.8", "key 'modules': 'cuda/12.8' must be a list of strings, e.g. [cuda"),
+        ("gpus_per_node: 4\npartition: my part", "key 'partition': 'my part' must be one word (no spaces)"),
+        ("gpus_per_node: 4\nenv: [A]", "key 'env': ['A'] must map variable names to values"),
+        ("gpus_per_node: 4\nenv: {A: 'x,y'}", "key 'env.A': 'x,y' must be one line of text without ','"),
+    ],
+)
+def test_a_cluster_profile_value_of_the_wrong_kind_is_one_line_naming_its_key(tmp_path, capsys, profile, needle):
+    """A word where a count belongs ended in a TypeError traceback; a string where a list belongs reached sbatch one
+    character per option (`- - e x c l u s i v e`); '2h' reached sbatch. Each is one line naming the profile and
+    the key, from `lab submit` before it prints a line, and from a study on that profile alike."""
+    from kernels.notebook import submit
+    from kernels.slurm import study
+
+    path = tmp_path / "c.yaml"
+    path.write_text(profile + "\naccount: x\n")
+    rc = submit.main([NOTEBOOK, "--gpus", "8", "--cluster", str(path), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and not out and err.count("\n") == 1, out + err
+    assert err.startswith(f"error: cluster profile {path}: {needle}"), err
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"cluster: {path}\ngpus: [1]\nfixed: {{dataset: digits}}\n")
+    with pytest.raises(ConfigError) as e:
+        study.load(spec)
+    assert f"error: {e.value}\n" == err
+
+
+def test_an_unquoted_time_is_text_not_a_base_60_number():
+    """YAML 1.1 (PyYAML) reads `time: 12:00:00` as 43200, which sbatch would take as 43200 minutes (30 days); the
+    lab's YAML reads it as the text it is. Numbers without ':' stay numbers."""
+    from kernels.base import yamlfile
+
+    got = yamlfile.loads("time: 12:00:00\nshort: 1:30\nminutes: 90\nratio: 1.5\nquoted: '02:00:00'")
+    assert got == {"time": "12:00:00", "short": "1:30", "minutes": 90, "ratio": 1.5, "quoted": "02:00:00"}
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpus", "3", "-p", "batch", "64"], "parameter 'batch': the global batch 64 is not divisible by gpus=3"),
+        (["--gpus", "2", "-p", "batchh", "64"], "unknown parameter 'batchh' (injected into the notebook"),
+        (["--gpus", "2", "-p", "precision", "fp8"], "parameter 'precision': unknown value 'fp8'"),
+        (["--gpus", "2", "--time", "2h"], "--time: '2h' is not a Slurm time limit"),
+    ],
+)
+def test_submit_checks_what_the_job_would_find_only_after_the_queue(tmp_path, capsys, monkeypatch, args, needle):
+    """A misspelt notebook parameter, a batch the ranks cannot share, a time limit sbatch cannot read: each used to
+    be submitted and to fail when the job left the queue (hours later); now one line before the sbatch line is
+    printed or anything is written."""
+    from kernels.notebook import submit
+
+    monkeypatch.chdir(tmp_path)
+    rc = submit.main([NOTEBOOK, "--cluster", "leonardo-booster", "--account", "x", "--dry-run", *args])
+    out, err = capsys.readouterr()
+    assert rc == 2 and not out and err.count("\n") == 1 and err.startswith(f"error: {needle}"), out + err
+    assert not list(tmp_path.iterdir())  # no results/logs either
+
+
+def test_a_single_submitted_run_gets_the_profile_environment_a_study_gets(tmp_path, capsys, monkeypatch):
+    """`lab submit --cluster` passed the geometry and account but not the profile's modules, container, network
+    interface or variables, which the batch script sets up before Python starts: a run on Leonardo let NCCL pick
+    its interface where a study's run used ib0. Both now export the same variables."""
+    import shlex
+
+    from kernels.notebook import submit
+    from kernels.slurm import study
+
+    profile = tmp_path / "gpu.yaml"
+    profile.write_text(
+        "partition: boost\naccount: x\ngpus_per_node: 4\nmax_nodes: 4\ntime: 1:30:00\ncontainer: /x/lab.sif\n"
+        "modules: [cuda/12.8, nccl]\nnccl_ifname: ib0\nenv: {OMP_NUM_THREADS: 8}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LAB_RESULTS", raising=False)
+    assert submit.main([NOTEBOOK, "--gpus", "8", "--cluster", str(profile), "--dry-run"]) == 0
+    line = shlex.split(capsys.readouterr().out)
+    exported = {"OMP_NUM_THREADS=8", "LAB_CONTAINER=/x/lab.sif", "LAB_NCCL_IFNAME=ib0", "LAB_MODULES=cuda/12.8 nccl"}
+    assert "--time=1:30:00" in line  # an unquoted 1:30:00, not 5400 minutes
+    assert set(next(a for a in line if a.startswith("--export=ALL,"))[13:].split(",")) == exported, line
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"cluster: {profile}\ngpus: [8]\nfixed: {{dataset: digits, batch: 64}}\n")
+    st = study.load(spec)
+    cmd = study.sbatch_command(st, 2, 4, 1, tmp_path / "list.txt")
+    assert exported <= set(next(a for a in cmd if a.startswith("--export=ALL,"))[13:].split(",")), cmd
+
+
+@pytest.mark.integration  # a process whose reader leaves
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`lab study points ... | head -1` printed a BrokenPipeError traceback (or 'Exception ignored' at exit): the
+    command now ends quietly with the shell's status for a closed pipe (141)."""
+    import subprocess
+
+    p = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "lab"), "study", "points", "studies/strong_resnet18.yaml"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.close()  # the reader leaves before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and err == "", err

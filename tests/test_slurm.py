@@ -335,7 +335,7 @@ def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "kernels.slurm.submit",
+        "kernels.notebook.submit",
         "notebooks/01_train.ipynb",
         "--gpus",
         "4",
@@ -355,7 +355,7 @@ def test_submit_helper_computes_geometry_and_submits(slurm, tmp_path):
 def test_submit_helper_dry_run_and_bad_geometry():
     def run(*a):
         return subprocess.run(
-            [sys.executable, "-m", "kernels.slurm.submit", "notebooks/01_train.ipynb", *a, "--dry-run"],
+            [sys.executable, "-m", "kernels.notebook.submit", "notebooks/01_train.ipynb", *a, "--dry-run"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -377,7 +377,7 @@ def test_submit_helper_dry_run_and_bad_geometry():
     p = run("--gpus", "8", "--cluster", "marenostrum5-acc", "--account", "ehpc123", "--time", "00:30:00")
     assert p.returncode == 0 and p.stdout.startswith(
         "sbatch --nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --partition=acc --account=ehpc123 --qos=acc_ehpc "
-        "--time=00:30:00 --cpus-per-task=20 slurm/papermill_run.sbatch"
+        "--time=00:30:00 --cpus-per-task=20 --export=ALL,LAB_NCCL_IFNAME=ib0 slurm/papermill_run.sbatch"
     ), p.stdout + p.stderr
     p = run("--gpus", "8", "--cluster", "leonardo-booster")
     assert "--partition=boost_usr_prod" in p.stdout and "has no account" in p.stderr

@@ -1,7 +1,8 @@
 """Every YAML file the lab reads (studies, cluster profiles, sweeps, paper/plan.yaml, paper/systems.yaml), read
 strictly: a key given twice in one mapping is an error naming both lines, never "the last one wins" (a study with
 `gpus: [1, 2]` and later `gpus: [4]` would silently lose two points), and a syntax error is one line naming
-file:line:column instead of a parser traceback.
+file:line:column instead of a parser traceback. And a time is text: YAML 1.1 reads an unquoted `12:00:00` as the
+base-60 number 43200 (PyYAML follows it; YAML 1.2 dropped it), which a Slurm time limit would take as 43200 minutes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ class DuplicateKey(yaml.YAMLError):
         self.line = second_line
 
 
+NUMBERS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 class StrictLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key repeated within one mapping."""
+    """yaml.SafeLoader that refuses a key repeated within one mapping and reads 1:30:00 as text, not base 60."""
+
+    def resolve(self, kind, value, implicit):
+        tag = super().resolve(kind, value, implicit)
+        if kind is yaml.ScalarNode and implicit[0] and tag in NUMBERS and ":" in value:
+            return "tag:yaml.org,2002:str"
+        return tag
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):

@@ -45,7 +45,7 @@ def injected(args: list[str]) -> dict:
         try:
             values = read() or {}
         except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8, not base64
-            raise ConfigError(f"papermill parameters {where}: {str(e).splitlines()[0][:200]}") from None
+            raise ConfigError(f"papermill parameters {where}{_why(e)}") from None
         if not isinstance(values, dict):
             raise ConfigError(
                 f"papermill parameters {where}: holds a {type(values).__name__}, not a mapping of name: value"
@@ -59,6 +59,14 @@ def injected(args: list[str]) -> dict:
             seen[name] = f"{flag} {name} {value}"
             out[name] = cli._resolve_type(value) if flag == "-p" else value
     return out
+
+
+def _why(e: Exception) -> str:
+    """': reason', with the YAML parser's line:column and problem where it has them."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f":{mark.line + 1}:{mark.column + 1}: YAML syntax error: {problem}"
+    return f": {str(e).splitlines()[0][:200]}"
 
 
 def defaults(notebook: Path) -> dict:

@@ -80,12 +80,14 @@ def _spec_of(a) -> Spec:
 def submit(a) -> str | None:
     """The build as one job array through the sweep machinery: task i builds shard range i."""
     from kernels.slurm import sweep
-    from kernels.slurm.study import load_cluster
+    from kernels.slurm.clusters import load_cluster, slurm_time
 
     spec = _spec_of(a)
     spec.check()
     if a.tasks < 1:
         raise ConfigError(f"--tasks: must be at least 1, got {a.tasks}")
+    if a.time is not None:
+        slurm_time(a.time, "--time")
     out, data = a.out.resolve(), a.data_dir.resolve()
     flags = " ".join(
         f"--{k.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for k, v in asdict(spec).items()

@@ -43,6 +43,14 @@ from kernels.base.files import PROJECT_ROOT, results_home
 from kernels.launch.config import resolve, table
 from kernels.launch.launchers import geometry
 from kernels.base import files, yamlfile
+from kernels.slurm.clusters import (
+    account_warning,
+    check_keys,
+    cluster_env,
+    cluster_options,
+    export_option,
+    load_cluster,
+)
 
 STUDY_KEYS = {
     "name": "study id (default: the file name)",
@@ -62,72 +70,11 @@ STUDY_KEYS = {
     "the point stays in its series; default: such a count is refused",
     "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
 }
-CLUSTER_KEYS = {
-    "name": "profile name",
-    "partition": "Slurm partition",
-    "account": "Slurm account",
-    "qos": "Slurm quality of service (empty: the partition's default)",
-    "gpus_per_node": "GPUs per node (0: CPU-only nodes)",
-    "ranks_per_node": "CPU-only nodes: ranks per node",
-    "max_nodes": "nodes in the partition",
-    "time": "time limit per run, e.g. 01:00:00",
-    "cpus_per_task": "CPU cores per rank",
-    "container": "Apptainer image (empty: the venv)",
-    "modules": "environment modules to load",
-    "nccl_ifname": "network interface for NCCL/gloo",
-    "sbatch_extra": "further sbatch options",
-    "env": "environment variables exported to the jobs",
-}
 MODES = ("strong", "weak", "sweep")
 
 
 def results_root() -> Path:
     return results_home()
-
-
-def _check_keys(d: dict, allowed: dict, where: str) -> None:
-    import difflib
-
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys ({', '.join(allowed)}), got {type(d).__name__}")
-    for k in d:
-        if k not in allowed:
-            close = difflib.get_close_matches(str(k), list(allowed), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"{where}: unknown key '{k}'{hint} Allowed: {', '.join(allowed)}")
-
-
-def load_cluster(ref: str, what: str = "study key 'cluster'") -> dict:
-    path = Path(ref) if ref.endswith((".yaml", ".yml")) else PROJECT_ROOT / "clusters" / f"{ref}.yaml"
-    if not path.is_file():
-        raise ConfigError(
-            f"{what}: no cluster profile {path}; "
-            f"profiles: {', '.join(p.stem for p in (PROJECT_ROOT / 'clusters').glob('*.yaml'))}"
-        )
-    prof = yamlfile.read(path, "cluster profile")
-    _check_keys(prof, CLUSTER_KEYS, f"cluster profile {path}")
-    prof.setdefault("name", path.stem)
-    for k, default in (
-        ("partition", ""),
-        ("account", ""),
-        ("qos", ""),
-        ("gpus_per_node", 0),
-        ("ranks_per_node", 0),
-        ("max_nodes", 0),
-        ("time", "01:00:00"),
-        ("cpus_per_task", 1),
-        ("container", ""),
-        ("modules", []),
-        ("nccl_ifname", ""),
-        ("sbatch_extra", []),
-        ("env", {}),
-    ):
-        prof.setdefault(k, default)
-    if prof["gpus_per_node"] < 0 or (prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1):
-        raise ConfigError(
-            f"cluster profile {path}: key 'ranks_per_node' must be >= 1 on CPU-only nodes (gpus_per_node: 0)"
-        )
-    return prof
 
 
 @dataclass(frozen=True)
@@ -184,7 +131,7 @@ def load(path: Path) -> Study:
         raise ConfigError(f"study file {path} not found")
     spec = yamlfile.read(path, "study file")
     where = f"study file {path}"
-    _check_keys(spec, STUDY_KEYS, where)
+    check_keys(spec, STUDY_KEYS, where)
     name = str(spec.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ConfigError(f"{where}: key 'name': {name!r} may hold letters, digits, '-', '_' and '.' only")
@@ -362,24 +309,6 @@ def write_point(study: Study, p: Point) -> Path:
     return path
 
 
-def cluster_options(cluster: dict) -> list[str]:
-    """The sbatch options every job on this cluster gets from its profile."""
-    opts = [f"--partition={cluster['partition']}"] if cluster["partition"] else []
-    opts += [f"--account={cluster['account']}"] if cluster["account"] else []
-    opts += [f"--qos={cluster['qos']}"] if cluster["qos"] else []
-    return opts + list(cluster["sbatch_extra"])
-
-
-def account_warning(cluster: dict) -> str | None:
-    """Most production clusters refuse jobs without an account; say so before sbatch does, less cryptically."""
-    if cluster["account"] or cluster["name"] == "local":
-        return None
-    return (
-        f"warning: cluster profile '{cluster['name']}' has no account; most clusters refuse jobs without one. "
-        f"Set 'account:' in clusters/{cluster['name']}.yaml (e.g. your project id)."
-    )
-
-
 def require_sbatch(what: str) -> None:
     """A one-line refusal where Slurm's sbatch is not on PATH (a laptop, a container without Slurm), after the
     line was printed: the submitters print it first, so it can be run where Slurm is."""
@@ -434,22 +363,12 @@ def sbatch_command(study: Study, nodes: int, tasks: int, count: int, list_file: 
         "LAB_STUDY_ID": study.name,
         "LAB_ARRAY_PARAMS": str(list_file),
         "LAB_STUDY_REPEATS": str(1 + max((p.repeat for p in study.points), default=0)),
-        **{k: str(v) for k, v in c["env"].items()},
+        **cluster_env(c),
         **(study.env or {}),
     }
-    if c["container"]:
-        env["LAB_CONTAINER"] = c["container"]
-    if c["nccl_ifname"]:
-        env["LAB_NCCL_IFNAME"] = c["nccl_ifname"]
-    if c["modules"]:
-        env["LAB_MODULES"] = " ".join(c["modules"])
     if os.environ.get("LAB_RESULTS"):
         env["LAB_RESULTS"] = os.environ["LAB_RESULTS"]
-    bad = [k for k, v in env.items() if "," in v]
-    if bad:
-        raise ConfigError(f"cluster profile: values of {', '.join(bad)} must not contain ',' (sbatch --export)")
-    cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in env.items()))
-    return cmd + ["slurm/papermill_run.sbatch", study.notebook]
+    return cmd + export_option(env) + ["slurm/papermill_run.sbatch", study.notebook]
 
 
 def arrays(points: list[Point], serial: bool) -> list[tuple[tuple[int, int], list[Point]]]:

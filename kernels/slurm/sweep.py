@@ -34,15 +34,8 @@ from pathlib import Path
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT
 from kernels.base import files, yamlfile
-from kernels.slurm.study import (
-    _check_keys,
-    cluster_options,
-    load_cluster,
-    log_folder,
-    one_line,
-    results_root,
-    run_sbatch,
-)
+from kernels.slurm.clusters import check_keys, cluster_options, count, load_cluster, slurm_time
+from kernels.slurm.study import log_folder, one_line, results_root, run_sbatch
 
 SWEEP_KEYS = {
     "name": "sweep id",
@@ -58,14 +51,25 @@ RESERVED = ("sweep_dir", "project")
 SBATCH_KEYS = {"nodes": "", "ntasks_per_node": "", "cpus_per_task": "", "time": "", "gpus_per_node": ""}
 
 
+def _resources(res: dict, where: str) -> dict:
+    """The sweep's sbatch resources, each a count or a Slurm time limit."""
+    check_keys(res, SBATCH_KEYS, f"{where}: key 'sbatch'")
+    for k, v in res.items():
+        if k == "time":
+            res[k] = slurm_time(v, f"{where}: key 'sbatch.time'")
+        else:
+            count(v, f"{where}: key 'sbatch.{k}'", 0 if k == "gpus_per_node" else 1)
+    return res
+
+
 def load(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {path} not found")
     spec = yamlfile.read(path, "sweep file")
     where = f"sweep file {path}"
-    _check_keys(spec, SWEEP_KEYS, where)
-    _check_keys(spec.get("sbatch") or {}, SBATCH_KEYS, f"{where}: key 'sbatch'")
+    check_keys(spec, SWEEP_KEYS, where)
+    resources = _resources(spec.get("sbatch") or {}, where)
     name = str(spec.get("name") or path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ConfigError(
@@ -121,7 +125,7 @@ def load(path: Path) -> dict:
         "name": name,
         "cluster": load_cluster(str(spec.get("cluster", "local"))),
         "combos": combos,
-        "sbatch": spec.get("sbatch") or {},
+        "sbatch": resources,
         "path": path,
         "parse": parse,
         "env": {str(k): str(v) for k, v in env.items()},

@@ -22,7 +22,7 @@ from pathlib import Path
 from kernels.base import sysinfo, yamlfile
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, results_home
-from kernels.slurm.study import load_cluster
+from kernels.slurm.clusters import load_cluster
 
 SYSTEMS_FILE = PROJECT_ROOT / "paper" / "systems.yaml"
 LOCAL = "local"  # the development machine's own two-node Slurm, not a target

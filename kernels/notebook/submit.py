@@ -12,7 +12,12 @@ One task per GPU; a job that fits one node asks for one node. On CPU-only
 nodes use --gpus-per-node 0 --ranks-per-node N (N ranks per node, no GPU request).
 --cluster takes the GPUs per node, partition, account, QoS, cores per rank, time
 limit and extra sbatch options from clusters/<name>.yaml; options given here win.
-Remaining arguments go to papermill.
+Its modules, container, network interface and variables reach the batch script
+as a study's jobs get them. Remaining arguments go to papermill.
+
+Everything a job would otherwise find out only once it leaves the queue is checked
+first, and refused in one line: the notebook's parameters (as its resolve cell
+checks them, with gpus from --gpus), the time limit's format, the profile's values.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
 from kernels.launch.launchers import sbatch_geometry_args
+from kernels.notebook.runner import precheck
+from kernels.slurm.clusters import account_warning, cluster_env, export_option, load_cluster, slurm_time
+from kernels.slurm.study import log_folder, require_sbatch
 
 SBATCH_SCRIPT = "slurm/papermill_run.sbatch"
 
@@ -64,8 +72,6 @@ def _options(args) -> dict:
     """The geometry and account options: those given, else the --cluster profile's, else none."""
     prof = {}
     if args.cluster:
-        from kernels.slurm.study import account_warning, load_cluster
-
         prof = load_cluster(args.cluster, "--cluster")
         warn = account_warning(prof) if args.account is None else None
         if warn:
@@ -77,9 +83,12 @@ def _options(args) -> dict:
             "--gpus-per-node: give the GPUs per node of the target partition (0 for CPU nodes), "
             "or --cluster NAME to take it from clusters/NAME.yaml"
         )
+    if o["time"]:
+        o["time"] = slurm_time(o["time"], "--time")
     o["extra"] = list(prof.get("sbatch_extra", []))
     if prof.get("cpus_per_task"):
         o["extra"].insert(0, f"--cpus-per-task={prof['cpus_per_task']}")
+    o["extra"] += export_option(cluster_env(prof)) if prof else []
     return o
 
 
@@ -127,9 +136,8 @@ def main(argv=None) -> int:
             papermill_args,
             qos=o["qos"],
         )
+        precheck(Path(args.notebook), ["-p", "gpus", str(args.gpus), *papermill_args])
         print(shlex.join(cmd), flush=True)
-        from kernels.slurm.study import log_folder, require_sbatch
-
         log_folder(Path.cwd() / "results" / "logs")  # the batch script's --output, relative to where sbatch runs
         if args.dry_run:
             return 0
