@@ -359,7 +359,11 @@ def test_make_demo_then_make_paper_as_written(tmp_path, docs_env):
     _sh("make paper APPENDIX=no", env)  # the demo's paper, contended point and criteria included, fits 6 pages
     assert pages(full) <= 6 and pages(full) < full_pages, (pages(full), full_pages)
     # another system, and a study with no records here (the documents say so and still build): one build for both
-    _sh("make paper SYSTEM=leonardo-booster STUDY=strong_resnet18", env)
+    p = _sh("make paper SYSTEM=leonardo-booster STUDY=strong_resnet18", env)
+    assert (
+        "warning: --study: no record in" in p.stdout + p.stderr
+        and "'strong_resnet18' (the records there name demo (3))" in p.stdout + p.stderr
+    ), p.stdout + p.stderr
     proposal = " ".join(pdf_text(tmp_path / "pdf" / "proposal.pdf", layout=False).split())
     assert "Leonardo" in proposal and "The node-hours are to be measured" in proposal, proposal[:2000]
 

@@ -1317,3 +1317,27 @@ def test_dcrnn_time_is_judged_against_one_full_node():
     assert "2 nodes (8 GPUs) against 1 node (4 GPUs)" in res["evidence"] and res["brief"].endswith(".txt:9")
     res = crit.judge(crit, {"runs": pd.DataFrame([one_gpu, node])})  # no run beyond one node: nothing to judge
     assert res["status"] == "not measured" and "studies/dcrnn_strong.yaml" in res["evidence"]
+
+
+@pytest.mark.unit
+def test_a_study_no_record_carries_is_named_before_the_analysis(tmp_path):
+    """`lab paper --study strong_resnet` (the study is strong_resnet18) built all three documents without a single
+    record, saying only that N records were not used. The documents still build (a proposal comes before its
+    study's runs), but a line first names the id no record carries and the ids the records carry."""
+    from kernels.report.documents import study_warning
+
+    runs = tmp_path / "runs"
+    assert study_warning("demo", runs) == (
+        f"warning: --study: no record in {runs} belongs to study or label 'demo' (that folder holds no records); "
+        f"the documents are built without its records: check the spelling, or run the study first"
+    )
+    write_record(runs, "a", gpus=1, batch=64, x=100.0, label="demo")
+    for i in range(2):
+        write_record(runs, f"s-p{i:03d}", gpus=1, batch=64, x=100.0, lab_ids={"lab_study_id": "strong_resnet18"})
+    (runs / "damaged").mkdir()
+    (runs / "damaged" / "config.json").write_text("{")  # names nothing; the analysis says why it is not used
+    assert study_warning("demo", runs) is None and study_warning("strong_resnet18,demo", runs) is None
+    assert study_warning("demo,strong_resnet", runs).startswith(
+        f"warning: --study: no record in {runs} belongs to study or label 'strong_resnet' (the records there name "
+        f"strong_resnet18 (2), t (2), demo (1)); "
+    )

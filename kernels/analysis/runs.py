@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from kernels.analysis import trust
-from kernels.records.schema import check_side_files, read_run
+from kernels.records.schema import check_side_files, read_json, read_run
 from kernels.base.stats import median_ci
 from kernels.base.params import default
 
@@ -78,6 +78,21 @@ def selected(params: dict, lab: dict, select: dict | None) -> bool:
     if not labels and not studies:
         return True
     return params.get("label") in labels or lab.get("lab_study_id") in studies or params.get("label") in studies
+
+
+def selection_names(runs_dir: Path) -> dict[str, int]:
+    """Every study id and label the records in runs_dir carry, with how many records carry it: what a selection
+    can name. A record whose config.json is missing or unreadable names nothing (load_runs says why)."""
+    names: dict[str, int] = {}
+    for cfg in sorted(Path(runs_dir).glob("*/config.json")) if Path(runs_dir).is_dir() else []:
+        try:
+            c = read_json(cfg)
+            found = {str((c.get("lab") or {}).get("lab_study_id") or ""), str(c["params"].get("label") or "")}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        for name in found - {""}:
+            names[name] = names.get(name, 0) + 1
+    return names
 
 
 def load_runs(runs_dir: Path, select: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -224,6 +224,9 @@ def make(
         raise ConfigError(
             f"--study: {study!r} must be study ids or labels (letters, digits, '-', '_', '.'), comma-separated"
         )
+    warning = study_warning(study, runs) if study else None
+    if warning:
+        print(warning, file=out, flush=True)
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
     for option, folder in (("--results", results), ("--paper-out", paper_out), ("--slides-out", slides_out)):
@@ -254,6 +257,24 @@ def make(
                 file=out,
             )
     return built
+
+
+def study_warning(study: str, runs: Path) -> str | None:
+    """A line naming the first id --study gives that no record carries as its study or label, with the ids the
+    records there carry; None when each names some. The documents still build (a proposal is written before its
+    study has run), but a misspelt id would otherwise leave only a count of unused records behind."""
+    from kernels.analysis.runs import selection_names
+
+    names = selection_names(runs)
+    missing = [s for s in study.split(",") if s and s not in names]
+    if not missing:
+        return None
+    there = ", ".join(f"{k} ({n})" for k, n in sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:10])
+    return (
+        f"warning: --study: no record in {runs} belongs to study or label '{missing[0]}' ("
+        + (f"the records there name {there}" if names else "that folder holds no records")
+        + "); the documents are built without its records: check the spelling, or run the study first"
+    )
 
 
 def main(argv=None) -> int:
