@@ -42,6 +42,7 @@ DIGITS = ["--dataset", "digits"]
         (["--epochs", "2", "--epochs", "3"], "parameter 'epochs' is given twice on the command line"),
         (["--gpus", "16", "--batch", "64"], "parameter 'gpus': 16 CPU ranks on this node but only \\d+ core"),
         (["--startup_timeout_min", "0"], "parameter 'startup_timeout_min': must be > 0"),
+        (["--term_grace_s", "-1"], "parameter 'term_grace_s': must be > 0, got -1.0"),
     ],
 )
 def test_cli_rejects_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch, args, needle):

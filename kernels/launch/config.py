@@ -168,7 +168,7 @@ def _check_ranges(cfg: RunConfig) -> None:
     need(cfg.read_mb >= 1, f"parameter 'read_mb': reads of at least 1 MiB, got {cfg.read_mb}")
     need(cfg.io_threads >= 1, f"parameter 'io_threads': must be >= 1, got {cfg.io_threads}")
     need(cfg.timeout_min > 0, "parameter 'timeout_min': must be > 0")
-    for name in ("startup_timeout_min", "hang_timeout_min"):
+    for name in ("startup_timeout_min", "hang_timeout_min", "term_grace_s"):
         need(getattr(cfg, name) > 0, f"parameter '{name}': must be > 0, got {getattr(cfg, name)}")
     need(cfg.sync_check_steps >= 1, f"parameter 'sync_check_steps': must be >= 1, got {cfg.sync_check_steps}")
 
