@@ -410,3 +410,19 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     p.stdout.close()  # the reader leaves before the first line
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+def test_submit_warns_of_a_data_set_the_job_would_find_missing(tmp_path, capsys, monkeypatch):
+    """A job whose data set is not fetched stops at its start, after its wait in the queue, on nodes that often
+    cannot download: lab submit says so from here, as a warning after the line (the job's nodes may see a
+    data_dir this node does not); a data set that is there, or needs no files, says nothing."""
+    from kernels.notebook import submit
+
+    monkeypatch.chdir(tmp_path)
+    base = [NOTEBOOK, "--gpus", "2", "--gpus-per-node", "4", "--dry-run", "-p", "data_dir", str(tmp_path / "data")]
+    assert submit.main(base) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("sbatch --nodes=1 ") and err.startswith("warning: the job would stop at its start: ")
+    assert f"`lab fetch cifar10 --root {tmp_path / 'data'}`" in err and err.count("\n") == 1, err
+    assert submit.main([*base, "-p", "dataset", "digits"]) == 0
+    assert capsys.readouterr().err == ""

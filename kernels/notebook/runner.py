@@ -293,9 +293,10 @@ PARAMETER_CHECKS = {
 }
 
 
-def precheck(notebook: Path, papermill_args: list[str]) -> None:
+def precheck(notebook: Path, papermill_args: list[str]) -> RunConfig | None:
     """The parameters the notebook will get, checked as its resolve cell checks them, before Papermill starts a
-    kernel: a misspelt or malformed parameter is the CLI's one-line ConfigError and nothing is left behind."""
+    kernel: a misspelt or malformed parameter is the CLI's one-line ConfigError and nothing is left behind. The
+    training notebooks' resolved RunConfig is returned; None for the others."""
     from kernels.notebook import papermill_args as pa
     from kernels.notebook.papermill_cli import without_format_checkers
 
@@ -305,8 +306,8 @@ def precheck(notebook: Path, papermill_args: list[str]) -> None:
     check = PARAMETER_CHECKS.get(notebook.stem)
     if check is None:
         check_parameter_names(set(given), list(cell), where=" (injected into the notebook, e.g. by papermill -p)")
-    else:
-        check({**cell, **given}, set(cell) | set(given))
+        return None
+    return check({**cell, **given}, set(cell) | set(given))
 
 
 def run(

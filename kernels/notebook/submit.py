@@ -18,6 +18,8 @@ as a study's jobs get them. Remaining arguments go to papermill.
 Everything a job would otherwise find out only once it leaves the queue is checked
 first, and refused in one line: the notebook's parameters (as its resolve cell
 checks them, with gpus from --gpus), the time limit's format, the profile's values.
+A data set missing from its data_dir is a warning after the line (the job's nodes
+may see a folder this one does not), since the job would stop there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import sys
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
+from kernels.base.params import RunConfig
+from kernels.data import check_dataset
 from kernels.launch.launchers import sbatch_geometry_args
 from kernels.notebook.runner import precheck
 from kernels.slurm.clusters import account_warning, cluster_env, export_option, load_cluster, slurm_time
@@ -66,6 +70,19 @@ def sbatch_command(
     cmd += [f"--time={time}"] if time else []
     cmd += list(extra or [])
     return cmd + [SBATCH_SCRIPT, notebook, "-p", "gpus", str(gpus), *papermill_args]
+
+
+def data_warning(cfg: RunConfig | None) -> str | None:
+    """The run's data set checked from here, as the job's first step will check it: a job that finds it missing
+    stops after its wait in the queue, and compute nodes often cannot download. A warning, not a refusal: the
+    job's nodes may see a data_dir this node does not."""
+    if cfg is None:
+        return None
+    try:
+        check_dataset(cfg.dataset, cfg.data_root)
+    except ConfigError as e:
+        return f"warning: the job would stop at its start: {e}"
+    return None
 
 
 def _options(args) -> dict:
@@ -136,8 +153,10 @@ def main(argv=None) -> int:
             papermill_args,
             qos=o["qos"],
         )
-        precheck(Path(args.notebook), ["-p", "gpus", str(args.gpus), *papermill_args])
+        warning = data_warning(precheck(Path(args.notebook), ["-p", "gpus", str(args.gpus), *papermill_args]))
         print(shlex.join(cmd), flush=True)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         log_folder(Path.cwd() / "results" / "logs")  # the batch script's --output, relative to where sbatch runs
         if args.dry_run:
             return 0
