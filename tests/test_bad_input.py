@@ -426,3 +426,19 @@ def test_submit_warns_of_a_data_set_the_job_would_find_missing(tmp_path, capsys,
     assert f"`lab fetch cifar10 --root {tmp_path / 'data'}`" in err and err.count("\n") == 1, err
     assert submit.main([*base, "-p", "dataset", "digits"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_study_submit_warns_once_of_a_data_set_its_jobs_would_find_missing(tmp_path, capsys, monkeypatch):
+    """As lab submit: each missing data set of a study's points is one warning before the arrays, however many
+    points use it."""
+    from kernels.slurm import study
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"gpus: [1, 2]\nrepeats: 2\nfixed: {{batch: 64, data_dir: {tmp_path / 'data'}}}\n")
+    assert study.main(["submit", str(spec), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: the study's jobs would stop at their start: dataset 'cifar10': ") == 1, err
+    spec.write_text("gpus: [1, 2]\nfixed: {batch: 64, dataset: digits}\n")
+    assert study.main(["submit", str(spec), "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -319,6 +319,18 @@ def check_environment(cfg: RunConfig, *, ranks_on_this_node: int | None = None, 
     check_dataset(cfg.dataset, cfg.data_root)
 
 
+def missing_data(cfg: RunConfig) -> str | None:
+    """What a run's first check would say of its data set (missing, damaged), or None: a submitter says it before
+    the job waits in the queue only to stop there, on nodes that often cannot download."""
+    from kernels.data import check_dataset
+
+    try:
+        check_dataset(cfg.dataset, cfg.data_root)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def _check_writable(path: Path, name: str = "results_dir") -> None:
     probe = Path(path).resolve()
     while not probe.exists():

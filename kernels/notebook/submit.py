@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.params import RunConfig
-from kernels.data import check_dataset
+from kernels.launch.config import missing_data
 from kernels.launch.launchers import sbatch_geometry_args
 from kernels.notebook.runner import precheck
 from kernels.slurm.clusters import account_warning, cluster_env, export_option, load_cluster, slurm_time
@@ -73,16 +73,10 @@ def sbatch_command(
 
 
 def data_warning(cfg: RunConfig | None) -> str | None:
-    """The run's data set checked from here, as the job's first step will check it: a job that finds it missing
-    stops after its wait in the queue, and compute nodes often cannot download. A warning, not a refusal: the
+    """The run's data set checked from here, as the job's first step will check it. A warning, not a refusal: the
     job's nodes may see a data_dir this node does not."""
-    if cfg is None:
-        return None
-    try:
-        check_dataset(cfg.dataset, cfg.data_root)
-    except ConfigError as e:
-        return f"warning: the job would stop at its start: {e}"
-    return None
+    why = missing_data(cfg) if cfg is not None else None
+    return f"warning: the job would stop at its start: {why}" if why else None
 
 
 def _options(args) -> dict:

@@ -40,7 +40,7 @@ import yaml
 from kernels.records.schema import RecordError, read_json
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT, results_home
-from kernels.launch.config import resolve, table
+from kernels.launch.config import missing_data, resolve, table
 from kernels.launch.launchers import geometry
 from kernels.base import files, yamlfile
 from kernels.slurm.clusters import (
@@ -380,6 +380,20 @@ def arrays(points: list[Point], serial: bool) -> list[tuple[tuple[int, int], lis
     return [((nodes, tasks), pts) for (_, nodes, tasks), pts in sorted(groups.items())]
 
 
+def data_warnings(study: Study, points: list[Point]) -> list[str]:
+    """Each data set the points would find missing or damaged, said once, before their jobs wait in the queue only
+    to stop at their start (a warning: the jobs' nodes may see a data_dir this node does not)."""
+    if is_commbench(study.notebook):
+        return []
+    names = ("workload", "dataset", "data_dir")
+    out = []
+    for key in dict.fromkeys(tuple(p.params.get(k) for k in names) for p in points):
+        why = missing_data(resolve({k: v for k, v in zip(names, key) if v is not None}))
+        if why:
+            out.append(f"warning: the study's jobs would stop at their start: {why}")
+    return out
+
+
 def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, out=None) -> list[dict]:
     """One job array per geometry; a serial study's arrays run one after another, one per repeat and geometry in
     repeat order, so its repeats interleave across scales (1, 2, 4, 1, 2, 4, ...) and a passing load touches
@@ -392,9 +406,9 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         return []
     subs = []
     state = study.state_dir
-    warn = account_warning(study.cluster)
-    if warn:
-        print(warn, file=sys.stderr)
+    for warn in [account_warning(study.cluster), *data_warnings(study, points)]:
+        if warn:
+            print(warn, file=sys.stderr)
     for (nodes, tasks), pts in arrays(points, study.serial):
         # unique per submission: an array still running keeps reading its own list
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
