@@ -500,6 +500,8 @@ def test_predict_takes_mode_threads_and_backend_from_the_records(tmp_path):
         )
         return d
 
+    with pytest.raises(ConfigError, match=r"no run record there \(no summary.json\); pass a run directory"):
+        predict.run_inputs(tmp_path / "runs" / "one")  # said "not a complete run record (status None)"
     one = record("one", 1, 64)
     run = predict.run_inputs(one)
     assert (run["threads"], run["backend"], run["label"]) == (2, "gloo", "L")

@@ -340,6 +340,10 @@ def run_inputs(run_dir: Path) -> dict:
     """What the predictor needs from a 1-rank run record."""
     from kernels.records.schema import read_run
 
+    if not (Path(run_dir) / "summary.json").is_file():
+        raise ConfigError(
+            f"--run {run_dir}: no run record there (no summary.json); pass a run directory, results/runs/<run_id>"
+        )
     rec = read_run(run_dir)
     s, c = rec["summary"] or {}, rec["config"] or {}
     if s.get("status") != "complete":
