@@ -865,3 +865,16 @@ def test_fetch_from_a_directory_verifies_records_checksums_and_trains(tmp_path):
     (tmp_path / "data" / "metr-la" / "adj_mx.pkl").write_bytes(py2_pickle(ids[:-1] + ["999"], adj))
     with pytest.raises(ConfigError, match="sensor ids do not match"):
         check_dataset("metr-la", tmp_path / "data")
+
+
+def test_fetch_that_cannot_finish_starts_no_download_and_makes_no_folder(tmp_path):
+    """`lab fetch metr-la --from DIR` with a folder that lacks metr-la.h5 (which needs a browser) first downloaded
+    adj_mx.pkl over the network (offline: its error told the user to pass the --from they had passed); it now
+    names the missing file before any copy or download, and leaves no folder behind."""
+    from kernels.base.errors import ConfigError
+    from kernels.data import traffic
+
+    (tmp_path / "given").mkdir()
+    with pytest.raises(ConfigError, match=r"^metr-la: metr-la.h5 is missing \(not in .*given\) and has no download"):
+        traffic.fetch("metr-la", tmp_path / "data", from_dir=tmp_path / "given")
+    assert not (tmp_path / "data").exists()

@@ -453,25 +453,25 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
 
     spec = SETS[name]
     d = directory(name, root)
-    d.mkdir(parents=True, exist_ok=True)
-    for fname in (spec.pkl, spec.h5):
-        dest = d / fname
-        if dest.exists() and not force:
-            continue
-        if from_dir is not None and (Path(from_dir) / fname).exists():
-            files.copy_file(Path(from_dir) / fname, dest)
-        elif fname in spec.urls:
-            download(
-                spec.urls[fname],
-                dest,
-                f"{name} {fname}",
-                f"copy {fname} from the DCRNN repository into a directory and pass --from DIR",
-            )
-        else:
-            where = f" (not in {from_dir})" if from_dir is not None else ""
+    where = f" (not in {from_dir})" if from_dir is not None else ""
+    wanted = [f for f in (spec.pkl, spec.h5) if force or not (d / f).exists()]
+    given = [f for f in wanted if from_dir is not None and (Path(from_dir) / f).exists()]
+    for fname in wanted:  # before any copy or download: a fetch that cannot finish starts nothing
+        if fname not in given and fname not in spec.urls:
             raise ConfigError(
                 f"{name}: {fname} is missing{where} and has no download that works without a browser; "
                 f"get it from {H5_SOURCE} and run `lab fetch {name} --from DIR`"
+            )
+    d.mkdir(parents=True, exist_ok=True)
+    for fname in wanted:
+        if fname in given:
+            files.copy_file(Path(from_dir) / fname, d / fname)
+        else:
+            download(
+                spec.urls[fname],
+                d / fname,
+                f"{name} {fname}",
+                f"copy {fname} from the DCRNN repository into {from_dir or 'a directory'} and pass --from DIR",
             )
     series = load(name, root)
     manifest = {f: {"bytes": Path(f).stat().st_size, "sha256": sha256sum(Path(f))} for f in series.files}
