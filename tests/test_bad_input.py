@@ -16,6 +16,7 @@ from conftest import ROOT, cli_in_process, record_fault, run_cli
 pytestmark = pytest.mark.unit
 
 DIGITS = ["--dataset", "digits"]
+NOTEBOOK = str(ROOT / "notebooks" / "01_train.ipynb")
 
 
 @pytest.mark.parametrize(
@@ -170,6 +171,9 @@ def test_submit_without_slurm_prints_the_line_and_says_so(tmp_path, monkeypatch,
             "leonardo-booster",
             "--account",
             "ehpc123",
+            "-p",
+            "dataset",
+            "digits",  # data here: the one line is the missing sbatch
         ]
     )
     out, err = capsys.readouterr()
@@ -283,8 +287,8 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
     logs = tmp_path / "results" / "logs"
     logs.mkdir(parents=True)
     logs.chmod(0o775)
-    monkeypatch.chdir(tmp_path)
-    args = [str(ROOT / "notebooks" / "01_train.ipynb"), "--gpus", "1", "--gpus-per-node", "1", "--dry-run"]
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    args = [NOTEBOOK, "--gpus", "1", "--gpus-per-node", "1", "--dry-run", "-p", "dataset", "digits"]
     rc = submit.main(args)
     err = capsys.readouterr().err
     record_fault("job-log folder writable by the group (lab submit)", 5, 0.0, rc, "refused before sbatch")
@@ -295,9 +299,6 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
     ), err
     logs.chmod(0o755)
     assert submit.main(args) == 0 and "sbatch --nodes=1" in capsys.readouterr().out
-
-
-NOTEBOOK = str(ROOT / "notebooks" / "01_train.ipynb")
 
 
 @pytest.mark.parametrize(
@@ -442,3 +443,35 @@ def test_study_submit_warns_once_of_a_data_set_its_jobs_would_find_missing(tmp_p
     spec.write_text("gpus: [1, 2]\nfixed: {batch: 64, dataset: digits}\n")
     assert study.main(["submit", str(spec), "--dry-run"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_submit_from_any_folder_names_the_files_as_the_job_finds_them(tmp_path, capsys, monkeypatch):
+    """`lab` runs from any folder, but the sbatch line named slurm/papermill_run.sbatch relative to it (sbatch could
+    not open it) and the job, which runs in the repository, would not find a relative -f file. lab submit runs
+    sbatch in the repository, names the notebook from there and -f files by their full path, says where the line
+    runs, and with LAB_RESULTS set sends the job's log there, as a study does."""
+    import shlex
+
+    from kernels.notebook import submit
+
+    (tmp_path / "mine.yaml").write_text("epochs: 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    assert submit.main([NOTEBOOK, "--gpus", "2", "--gpus-per-node", "4", "--dry-run", "-f", "mine.yaml"]) == 0
+    line, note = capsys.readouterr().out.splitlines()
+    assert shlex.split(line) == [
+        "sbatch",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=2",
+        f"--output={tmp_path / 'results' / 'logs'}/%x-%j.out",
+        "slurm/papermill_run.sbatch",
+        "notebooks/01_train.ipynb",
+        "-p",
+        "gpus",
+        "2",
+        "-f",
+        str(tmp_path / "mine.yaml"),
+    ]
+    assert note == f"  (the line runs from {ROOT}, where lab submit runs it)"
+    assert (tmp_path / "results" / "logs").is_dir()

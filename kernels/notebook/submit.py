@@ -20,17 +20,23 @@ first, and refused in one line: the notebook's parameters (as its resolve cell
 checks them, with gpus from --gpus), the time limit's format, the profile's values.
 A data set missing from its data_dir is a warning after the line (the job's nodes
 may see a folder this one does not), since the job would stop there.
+
+sbatch runs in the repository (the batch script's home), wherever lab submit is
+called: the notebook and -f files are named as the job will find them there, and
+with LAB_RESULTS set the job's log goes to $LAB_RESULTS/logs, as a study's do.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
+from kernels.base.files import PROJECT_ROOT, results_home
 from kernels.base.params import RunConfig
 from kernels.launch.config import missing_data
 from kernels.launch.launchers import sbatch_geometry_args
@@ -70,6 +76,21 @@ def sbatch_command(
     cmd += [f"--time={time}"] if time else []
     cmd += list(extra or [])
     return cmd + [SBATCH_SCRIPT, notebook, "-p", "gpus", str(gpus), *papermill_args]
+
+
+def from_project_root(path: str) -> str:
+    """The path as the job, which runs in the repository, will find it: relative to it when inside, else absolute."""
+    p = Path(path).resolve()
+    return str(p.relative_to(PROJECT_ROOT.resolve())) if p.is_relative_to(PROJECT_ROOT.resolve()) else str(p)
+
+
+def absolute_files(papermill_args: list[str]) -> list[str]:
+    """Papermill's -f/--parameters_file FILE as the job will find it (it runs in the repository, not here)."""
+    out = list(papermill_args)
+    for i, a in enumerate(out[:-1]):
+        if a in ("-f", "--parameters_file"):
+            out[i + 1] = from_project_root(out[i + 1])
+    return out
 
 
 def data_warning(cfg: RunConfig | None) -> str | None:
@@ -135,8 +156,10 @@ def main(argv=None) -> int:
 
     def body() -> int:
         o = _options(args)
+        if os.environ.get("LAB_RESULTS"):  # the job's log beside the rest of its results, as a study's
+            o["extra"].append(f"--output={results_home() / 'logs'}/%x-%j.out")
         cmd = sbatch_command(
-            args.notebook,
+            from_project_root(args.notebook),
             args.gpus,
             o["gpus_per_node"],
             o["ranks_per_node"],
@@ -144,18 +167,20 @@ def main(argv=None) -> int:
             o["account"],
             o["time"],
             o["extra"] + args.sbatch_arg,
-            papermill_args,
+            absolute_files(papermill_args),
             qos=o["qos"],
         )
         warning = data_warning(precheck(Path(args.notebook), ["-p", "gpus", str(args.gpus), *papermill_args]))
         print(shlex.join(cmd), flush=True)
+        if Path.cwd().resolve() != PROJECT_ROOT.resolve():
+            print(f"  (the line runs from {PROJECT_ROOT}, where lab submit runs it)", flush=True)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-        log_folder(Path.cwd() / "results" / "logs")  # the batch script's --output, relative to where sbatch runs
+        log_folder(results_home() / "logs")  # where the job's log goes (the batch script's --output, or LAB_RESULTS)
         if args.dry_run:
             return 0
         require_sbatch("the job")
-        return subprocess.run(cmd).returncode
+        return subprocess.run(cmd, cwd=PROJECT_ROOT).returncode
 
     return exit_status(body)
 
