@@ -483,7 +483,8 @@ def test_the_submission_dry_runs_as_written(tmp_path, docs_env):
     )
     readme = (ROOT / "docs" / "cluster.md").read_text()
     promised = re.search(r"--dry-run -p epochs 5\n\s+# (sbatch .*)\n", readme).group(1)
-    assert p.stdout.strip() == promised
+    log = f"--output={env['LAB_RESULTS']}/logs/%x-%j.out"  # the documented line, and the log where LAB_RESULTS says
+    assert p.stdout.strip() == promised.replace(" slurm/papermill_run.sbatch", f" {log} slurm/papermill_run.sbatch")
 
     p = _sh("lab study submit studies/strong_resnet18.yaml --dry-run", env)
     assert sum(ln.startswith("sbatch ") for ln in p.stdout.splitlines()) == 7
