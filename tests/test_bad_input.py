@@ -261,11 +261,18 @@ def test_exit_status_says_a_write_error_in_one_line_and_leaves_other_errors_to_t
 
         return body
 
-    full = write_error(Path("/scratch/x.json"), 10, OSError(errno.ENOSPC, "No space left on device"))
+    full = write_error(Path("/scratch/x.json"), 10, OSError(errno.ENOSPC, "No space left on device"), "results_dir")
     assert exit_status(fails(full)) == 2
     assert capsys.readouterr().err == (
         "error: cannot write /scratch/x.json (10 bytes): No space left on device; free space there or choose "
         "another results_dir\n"
+    )
+    # a writer that names no option (the fix used to say results_dir whatever was written) says "elsewhere"
+    denied = write_error(Path("/shared/SYSTEM.md"), 5, OSError(errno.EROFS, "Read-only file system"))
+    assert exit_status(fails(denied)) == 2
+    assert capsys.readouterr().err == (
+        "error: cannot write /shared/SYSTEM.md (5 bytes): Read-only file system; the file or its directory is "
+        "read-only, immutable or not yours: write it elsewhere\n"
     )
     assert exit_status(fails(PermissionError(errno.EACCES, "Permission denied", "/shared/data"))) == 2
     assert capsys.readouterr().err.startswith("error: /shared/data: Permission denied; it, or a folder above it,")

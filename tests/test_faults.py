@@ -629,6 +629,27 @@ def fill(path: Path) -> None:
         os.close(fd)
 
 
+def test_a_data_set_copied_onto_a_full_disk_is_one_line_naming_the_file_and_the_option(small_disk, capsys):
+    """`lab fetch fashion-mnist --from DIR` onto a disk that fills mid-copy: a traceback from shutil before (the
+    write error had no file name); now one line naming the file and --root, exit 2, and no partial file."""
+    from conftest import DEBIAN
+    from kernels import cli
+
+    if not DEBIAN.is_dir():
+        pytest.skip("needs Debian's dataset-fashion-mnist")
+    t0 = time.monotonic()  # the first file, 26 MB of training images, does not fit in the 20 MiB
+    rc = cli.main(["fetch", "fashion-mnist", "--from", str(DEBIAN), "--root", str(small_disk / "data")])
+    err = capsys.readouterr().err
+    record_fault("`lab fetch --from` onto a disk that fills mid-copy", 10, time.monotonic() - t0, rc, "one line")
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert re.fullmatch(
+        rf"error: cannot write {small_disk}/data/fashion-mnist/train-images-idx3-ubyte.gz \([\d,]+ bytes\): No space "
+        r"left on device; free space there or choose another --root\n",
+        err,
+    ), err
+    assert not [p for p in (small_disk / "data").rglob("*") if p.is_file()]  # the copy's temporary is gone too
+
+
 def test_full_file_system(small_disk):
     mnt = small_disk
     fill(mnt / "fill")

@@ -16,7 +16,7 @@ def write_if_changed(path: Path, data: bytes | str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_bytes() == data:
         return False
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data, "results folder (lab paper --results, or LAB_RESULTS)")
     return True
 
 

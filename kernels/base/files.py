@@ -53,10 +53,11 @@ def in_project(path: Path) -> str:
         return str(path)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, option: str = "") -> None:
     """Write `data` to `path` via a temporary file, fsync and rename: a reader never sees half a file.
 
-    A failure (a full disk, a quota, a read-only file system) is a RecordError naming the path.
+    A failure (a full disk, a quota, a read-only file system) is a RecordError naming the path, and `option`, the
+    setting that writes elsewhere.
     """
     path = Path(path)
     tmp = None
@@ -72,15 +73,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except OSError as e:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
-        raise write_error(path, len(data), e) from None
+        raise write_error(path, len(data), e, option) from None
     except BaseException:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, option: str = "") -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), option)
 
 
 def create(path: Path, mode: str = "w", **kw):
@@ -106,16 +107,21 @@ def cannot_write(folder: Path) -> str | None:
     return None
 
 
-def copy_file(src: Path, dest: Path) -> None:
-    """Copy `src` to `dest` whole: into a new temporary beside it (see create) and renamed over `dest`."""
+def copy_file(src: Path, dest: Path, option: str = "") -> None:
+    """Copy `src` to `dest` whole: into a new temporary beside it (see create) and renamed over `dest`. A full
+    disk or a folder it may not write is the write error naming `dest` (and `option`, as atomic_write_bytes)."""
     import shutil
 
     dest = Path(dest)
     part = dest.with_name(f".{dest.name}.part")
     try:
-        with open(src, "rb") as s, create(part, "wb") as d:
-            shutil.copyfileobj(s, d, 1 << 20)
-        os.replace(part, dest)
+        with open(src, "rb") as s:
+            try:
+                with create(part, "wb") as d:
+                    shutil.copyfileobj(s, d, 1 << 20)
+                os.replace(part, dest)
+            except OSError as e:  # the writing side's: the source was opened above
+                raise write_error(dest, os.fstat(s.fileno()).st_size, e, option) from None
     except BaseException:
         part.unlink(missing_ok=True)
         raise
@@ -173,12 +179,14 @@ def not_private(path: Path) -> str | None:
     return None
 
 
-def write_error(path: Path, nbytes: int, e: OSError) -> RecordError:
-    """A failed write as a RecordError naming the file and the fix; its `path` is the file."""
+def write_error(path: Path, nbytes: int, e: OSError, option: str = "") -> RecordError:
+    """A failed write as a RecordError naming the file and the fix; its `path` is the file. `option`: what the
+    user sets to write elsewhere (results_dir, --out, LAB_RESULTS); none named, the fix says "elsewhere"."""
+    elsewhere = f"choose another {option}" if option else "write it elsewhere"
     fix = (
-        "free space there or choose another results_dir"
+        f"free space there or {elsewhere}"
         if e.errno in DISK_FULL
-        else "the file or its directory is read-only, immutable or not yours: choose another results_dir"
+        else f"the file or its directory is read-only, immutable or not yours: {elsewhere}"
     )
     err = RecordError(e.errno, f"cannot write {path} ({nbytes:,} bytes): {e.strerror or e}; {fix}")
     err.path = str(path)

@@ -403,7 +403,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     w.writeheader()
     for r in rows:
         w.writerow({k: "" if r.get(k) is None else r[k] for k in COLUMNS})
-    records.atomic_write_bytes(path, buf.getvalue().encode())
+    records.atomic_write_bytes(path, buf.getvalue().encode(), "results_dir")
 
 
 # ------------------------------------------------------------------ one rank
@@ -546,14 +546,14 @@ def _measure(cfg: CommConfig, runner, device) -> int:
 
 def _write_results(cfg: CommConfig, run_dir, rows, unsupported, lines, facts, summary) -> int:
     """Rank 0: the log, the OSU-style tables, results.csv and the final summary; 1 when any result was wrong."""
-    files.atomic_write_text(run_dir / "commbench.txt", "\n".join(lines) + "\n")
+    files.atomic_write_text(run_dir / "commbench.txt", "\n".join(lines) + "\n", "results_dir")
     osu = []
     for op in cfg.op_list:
         for dt in cfg.dtype_list:
             sel = [r for r in rows if r["op"] == op and r["dtype"] == dt]
             if sel:
                 osu += osu_block(op, dt, sel, facts)
-    files.atomic_write_text(run_dir / "osu.txt", "\n".join(osu))
+    files.atomic_write_text(run_dir / "osu.txt", "\n".join(osu), "results_dir")
     write_csv(run_dir / "results.csv", rows)
     per = {}
     for r in rows:

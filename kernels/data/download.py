@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import sys
 import urllib.request
@@ -39,6 +40,7 @@ def download(urls: str | list[str], dest: Path, what: str, offline_hint: str) ->
     tmp = dest.with_name(dest.name + ".part")
     for url in urls:
         print(f"downloading {url} -> {dest}", file=sys.stderr, flush=True)
+        done = 0
         try:
             with urllib.request.urlopen(url, timeout=60) as r, files.create(tmp, "wb") as f:
                 total = int(r.headers.get("Content-Length") or 0)
@@ -52,6 +54,8 @@ def download(urls: str | list[str], dest: Path, what: str, offline_hint: str) ->
                         last = pct
         except OSError as e:
             tmp.unlink(missing_ok=True)
+            if e.errno in (*files.DISK_FULL, errno.EACCES, errno.EPERM, errno.EROFS):  # here, not the network
+                raise files.write_error(dest, done, e, "--root") from None
             errors.append(f"{url}: {e}")
             continue
         tmp.replace(dest)

@@ -166,7 +166,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
         for stem in FILES:
             src = find(name, from_dir, stem)
             verify_file(name, src, stem)  # before copying: a bad source leaves nothing behind
-            files.copy_file(src, d / src.name)
+            files.copy_file(src, d / src.name, "--root")
     else:
         for stem in FILES:
             if find(name, d, stem):

@@ -465,7 +465,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
     d.mkdir(parents=True, exist_ok=True)
     for fname in wanted:
         if fname in given:
-            files.copy_file(Path(from_dir) / fname, d / fname)
+            files.copy_file(Path(from_dir) / fname, d / fname, "--root")
         else:
             download(
                 spec.urls[fname],
@@ -475,7 +475,7 @@ def fetch(name: str, root: Path, from_dir: Path | None = None, force: bool = Fal
             )
     series = load(name, root)
     manifest = {f: {"bytes": Path(f).stat().st_size, "sha256": sha256sum(Path(f))} for f in series.files}
-    files.atomic_write_text(d / "SHA256SUMS.json", json.dumps(manifest, indent=1) + "\n")
+    files.atomic_write_text(d / "SHA256SUMS.json", json.dumps(manifest, indent=1) + "\n", "--root")
     return d
 
 

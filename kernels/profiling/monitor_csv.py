@@ -49,7 +49,7 @@ def merge(run_dir: Path) -> Path | None:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([head, *rows])
     out = Path(run_dir) / "monitor.csv"
-    atomic_write_bytes(out, buf.getvalue().encode())  # whole or not at all, and no space kept on failure
+    atomic_write_bytes(out, buf.getvalue().encode(), "results_dir")  # whole or not at all, and no space kept on failure
     return out
 
 

@@ -217,7 +217,7 @@ def write(run_dir: Path, data: bytes) -> None:
         _write_file(nxt, data)
     except OSError as e:
         nxt.unlink(missing_ok=True)
-        raise write_error(nxt, len(data), e) from None
+        raise write_error(nxt, len(data), e, "results_dir") from None
     _fault("next-written")
     if cur.exists():
         os.replace(cur, prev)

@@ -192,7 +192,7 @@ def write_json(path: Path, obj: dict) -> None:
     """A record's JSON file, with a checksum of its content (read_json verifies it)."""
     obj = {**{k: v for k, v in obj.items() if k != "checksum"}}
     obj["checksum"] = _checksum(json.loads(json.dumps(obj, default=str)))
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode(), "results_dir")
 
 
 def read_json(path: Path) -> dict:
@@ -277,7 +277,7 @@ def write_metrics(path: Path, rows: list[dict], columns: list[str]) -> None:
     w.writeheader()
     for row in rows:
         w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write_bytes(path, buf.getvalue().encode(), "results_dir")
 
 
 def read_run(run_dir: Path) -> dict:

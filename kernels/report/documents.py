@@ -153,6 +153,9 @@ def build_options(appendix: bool) -> str:
     return "\\appendixtrue\n" if appendix else "\\appendixfalse\n"
 
 
+OUT_OPTION = {"paper": "--paper-out", "proposal": "--paper-out", "pitch": "--slides-out"}  # where each PDF goes
+
+
 def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bool, appendix: bool = True) -> bool:
     """Build one PDF if its inputs changed. True when built."""
     inputs = [tex, BIB, *sorted((results / "tables").glob("*.tex")), *sorted((results / "figures").glob("*.pdf"))]
@@ -181,7 +184,8 @@ def build_document(name: str, tex: Path, results: Path, out_dir: Path, force: bo
                 f"{out_dir / (name + '.log')}):\n"
                 f"{_latex_error(log)}"
             )
-        atomic_write_bytes(pdf, (Path(tmp) / f"{name}.pdf").read_bytes())  # never half a PDF, never through a link
+        # never half a PDF, never through a link
+        atomic_write_bytes(pdf, (Path(tmp) / f"{name}.pdf").read_bytes(), OUT_OPTION[name])
     (out_dir / f"{name}.log").unlink(missing_ok=True)
     atomic_write_text(stamp, fp)
     return True

@@ -305,7 +305,7 @@ def point_yaml(p: Point) -> str:
 def write_point(study: Study, p: Point) -> Path:
     path = point_file(study, p)
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.atomic_write_text(path, point_yaml(p))
+    files.atomic_write_text(path, point_yaml(p), "LAB_RESULTS")
     return path
 
 
@@ -420,7 +420,7 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
         log_folder(results_root() / "logs")
         list_file.parent.mkdir(parents=True, exist_ok=True)
         lines = [str(write_point(study, p)) for p in pts]
-        files.atomic_write_text(list_file, "\n".join(lines) + "\n")
+        files.atomic_write_text(list_file, "\n".join(lines) + "\n", "LAB_RESULTS")
         if dry_run:
             print(
                 f"  wrote its parameter list {list_file} ({len(lines)} point files): the line runs as printed "
@@ -442,7 +442,7 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
     if subs:
         log = state / "submissions.json"
         history = json.loads(log.read_text()) if log.exists() else []
-        files.atomic_write_text(log, json.dumps(history + subs, indent=2) + "\n")
+        files.atomic_write_text(log, json.dumps(history + subs, indent=2) + "\n", "LAB_RESULTS")
     return subs
 
 

@@ -165,8 +165,8 @@ def sbatch_command(sweep: dict) -> list[str]:
 
 
 def _write_commands(sweep: dict, out: Path) -> None:
-    files.atomic_write_text(out / "commands.txt", "\n".join(sweep["commands"]) + "\n")
-    files.atomic_write_text(out / "grid.json", json.dumps(sweep["combos"], indent=2) + "\n")
+    files.atomic_write_text(out / "commands.txt", "\n".join(sweep["commands"]) + "\n", "LAB_RESULTS")
+    files.atomic_write_text(out / "grid.json", json.dumps(sweep["combos"], indent=2) + "\n", "LAB_RESULTS")
 
 
 def submit(sweep: dict, dry_run: bool = False) -> str | None:
