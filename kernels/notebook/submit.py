@@ -84,7 +84,7 @@ def from_project_root(path: str) -> str:
     return str(p.relative_to(PROJECT_ROOT.resolve())) if p.is_relative_to(PROJECT_ROOT.resolve()) else str(p)
 
 
-def absolute_files(papermill_args: list[str]) -> list[str]:
+def files_from_project_root(papermill_args: list[str]) -> list[str]:
     """Papermill's -f/--parameters_file FILE as the job will find it (it runs in the repository, not here)."""
     out = list(papermill_args)
     for i, a in enumerate(out[:-1]):
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
             o["account"],
             o["time"],
             o["extra"] + args.sbatch_arg,
-            absolute_files(papermill_args),
+            files_from_project_root(papermill_args),
             qos=o["qos"],
         )
         warning = data_warning(precheck(Path(args.notebook), ["-p", "gpus", str(args.gpus), *papermill_args]))
