@@ -482,3 +482,30 @@ def test_submit_from_any_folder_names_the_files_as_the_job_finds_them(tmp_path, 
     ]
     assert note == f"  (the line runs from {ROOT}, where lab submit runs it)"
     assert (tmp_path / "results" / "logs").is_dir()
+
+
+@pytest.mark.integration  # chattr, and the renderer's processes
+@pytest.mark.faults
+def test_an_html_page_that_cannot_be_written_is_a_warning_not_a_traceback(immutable, capsys):
+    """The executed notebook's HTML page is a view of it: when neither the renderer's helper nor a new process can
+    write it (a disk that filled as the notebook ended, a folder made read-only), the runner says so and goes on
+    to report the run; a CalledProcessError traceback ended it before."""
+    import shutil
+    import subprocess
+    import time
+
+    from kernels.notebook.html import HtmlRenderer
+
+    subprocess.run(["chattr", "-i", str(immutable)], check=True)
+    notebook = immutable / "executed.ipynb"
+    shutil.copy(ROOT / "notebooks" / "03_commbench.ipynb", notebook)
+    subprocess.run(["chattr", "+i", str(immutable)], check=True)
+    t0 = time.monotonic()
+    renderer = HtmlRenderer()
+    try:
+        page = renderer.render(notebook)
+    finally:
+        renderer.close()
+    err = capsys.readouterr().err
+    record_fault("the HTML page cannot be written (immutable folder)", 60, time.monotonic() - t0, 0, "warning")
+    assert page is None and err.strip().splitlines()[-1].startswith(f"warning: no HTML page for {notebook}: "), err

@@ -650,6 +650,35 @@ def test_a_data_set_copied_onto_a_full_disk_is_one_line_naming_the_file_and_the_
     assert not [p for p in (small_disk / "data").rglob("*") if p.is_file()]  # the copy's temporary is gone too
 
 
+def test_commands_that_write_beside_a_run_refuse_a_full_disk_in_one_line_before_any_work(small_disk, tmp_path):
+    """The executed notebook (lab run), the analysis' outputs (lab paper) and a commbench record (lab comm bench) on
+    a full disk: a traceback from the HTML renderer after the notebook had run, the analysis' failure pointing at
+    a cell, and the other rank's gloo error, before; now one line each naming the folder and its free space, exit
+    2, before Papermill, the analysis or a rank starts, and no folder made."""
+    fill(small_disk / "fill")
+    env = {**os.environ, "LAB_RESULTS": str(small_disk / "results")}
+    cases = [
+        (
+            ["run", "notebooks/01_train.ipynb", "-p", "dataset", "digits"],
+            "set LAB_RESULTS to a results folder with room",
+        ),
+        (["paper", "--results", str(small_disk / "paper")], "--results: "),
+        (["comm", "bench", "--gpus", "2", "--results_dir", str(small_disk / "comm")], "parameter 'results_dir': "),
+    ]
+    for args, needle in cases:
+        t0 = time.monotonic()
+        p = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "lab"), *args], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        record_fault(
+            f"`lab {' '.join(args[:2])}` onto a full disk", 30, time.monotonic() - t0, p.returncode, "one line"
+        )
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and "Traceback" not in p.stderr and needle in last, p.stdout + p.stderr
+        assert re.search(r"has [\d,]+ KiB free[;,] .* need(s)? about [\d,]+ KiB", last), last
+    assert sorted(q.name for q in small_disk.iterdir()) == ["fill"]
+
+
 def test_full_file_system(small_disk):
     mnt = small_disk
     fill(mnt / "fill")

@@ -36,13 +36,15 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels.base import files
+from kernels.base import files, sysinfo
 from kernels.records import schema as records
 from kernels.comm.collectives import DTYPES, FORMS, OPS, count_wrong
 from kernels.comm.mpi_library import LIBRARIES as MPI_LIBRARIES
 from kernels.base.errors import ConfigError
 from kernels.base.files import results_home
 from kernels.base.params import Param, coerce, unknown_name_error
+
+RECORD_ROOM = 1 << 20  # a record's files: config, tables, the OSU-style text (tens of KiB for a whole sweep)
 
 ALL_OPS = ",".join(OPS)
 PARAMS: tuple[Param, ...] = (
@@ -707,6 +709,13 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
     records.refuse_foreign(cfg.results_root, run_dir)  # before any rank starts, as a training run's launcher does
+    probe, free = sysinfo.free_space(run_dir)
+    if free < RECORD_ROOM:  # a full disk found by rank 0 after the sweep ends the other ranks in gloo's words
+        has, needs = files.sizes(free, RECORD_ROOM)
+        raise ConfigError(
+            f"parameter 'results_dir': {probe} has {has} free, the record needs about {needs}; free space there "
+            f"or pass results_dir=<a directory with room>"
+        )
     why = files.cannot_write(run_dir)
     if why:
         raise ConfigError(

@@ -119,7 +119,9 @@ class HtmlRenderer:
             text=True,
         )
 
-    def render(self, notebook: Path) -> Path:
+    def render(self, notebook: Path) -> Path | None:
+        """The HTML page of the executed notebook; None, said on stderr, when neither the helper nor a new process
+        could write it (a full disk): the page is a view of the notebook, whose run has ended either way."""
         try:
             out, _ = self.proc.communicate(f"{notebook}\n", timeout=600)
             if self.proc.returncode == 0 and out.strip() and Path(out.strip()).is_file():
@@ -131,8 +133,17 @@ class HtmlRenderer:
             file=sys.stderr,
             flush=True,
         )
-        subprocess.run([sys.executable, "-m", "kernels.notebook.html", str(notebook)], check=True)
-        return Path(notebook).with_suffix(".html")
+        p = subprocess.run([sys.executable, "-m", "kernels.notebook.html", str(notebook)])
+        if p.returncode == 0:
+            return Path(notebook).with_suffix(".html")
+        print(
+            f"warning: no HTML page for {notebook}: the renderer failed again (exit status {p.returncode}, its "
+            f"error above); the notebook itself is there, and `python -m kernels.notebook.html {notebook}` renders "
+            f"it once the cause is fixed",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
 
     def close(self) -> None:
         """End the helper if it still waits (the run ended without a notebook to render)."""

@@ -36,6 +36,7 @@ from kernels.notebook.html import HtmlRenderer
 from kernels.notebook import kernel as notebook_kernel
 from kernels.launch.config import resolve, table
 from kernels.base.params import COMMON, RunConfig, unknown_name_error
+from kernels.base import files, sysinfo
 from kernels.base.sysinfo import job_tag
 
 HANDOFF_ENV = "LAB_HANDOFF"
@@ -188,6 +189,9 @@ class Preempted(RuntimeError):
 
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+# Room the executed notebook and its HTML page need where the runner writes them (about 1.2 MiB together for the
+# demo's and the analysis' notebooks, figures inline): a full disk is one line before Papermill starts
+NOTEBOOK_ROOM = 4 << 20
 # what each of the lab's notebooks imports first: its kernel imports them while Papermill gets ready
 KERNEL_PRELOAD = ("pandas",)
 
@@ -392,6 +396,16 @@ def _checked_run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    probe, free = sysinfo.free_space(work.parent)
+    if free < NOTEBOOK_ROOM:  # before any folder is made: a refused run leaves nothing
+        has, needs = files.sizes(free, NOTEBOOK_ROOM)
+        print(
+            f"error: {probe} has {has} free; the executed notebook and its HTML page need about {needs}: free space "
+            f"there or set {RESULTS_ENV} to a results folder with room",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     try:
         work.parent.mkdir(parents=True, exist_ok=True)
         work.mkdir(mode=0o700)  # its random name is new: anything already there (a planted link) fails this
@@ -463,7 +477,7 @@ def _execute(
         )
         return EXIT_PREEMPTED
     state = "complete" if rc == 0 else f"FAILED (exit status {rc})"
-    print(f"notebook {state}: {final}\nhtml: {html}", flush=True)
+    print(f"notebook {state}: {final}\nhtml: {html or 'none (the renderer failed, see above)'}", flush=True)
     if rc != 0:
         print(
             f"error: the notebook failed; the failing cell and its error are in {final} and in the log above",

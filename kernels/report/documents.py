@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
-from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text, cannot_write
-from kernels.base.sysinfo import usable_cores
+from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text, cannot_write, sizes
+from kernels.base.sysinfo import free_space, usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
 DOCUMENTS = {
@@ -153,6 +153,13 @@ def build_options(appendix: bool) -> str:
     return "\\appendixtrue\n" if appendix else "\\appendixfalse\n"
 
 
+# Room each output folder needs, checked before the analysis (the demo's: about 2 MiB of tables, figures and the
+# executed analysis notebook; PDFs of 0.1-0.3 MiB)
+ROOM = {
+    "--results": (8 << 20, "the analysis' tables, figures and executed notebook"),
+    "--paper-out": (4 << 20, "the paper and the proposal"),
+    "--slides-out": (2 << 20, "the slides"),
+}
 OUT_OPTION = {"paper": "--paper-out", "proposal": "--paper-out", "pitch": "--slides-out"}  # where each PDF goes
 
 
@@ -234,7 +241,14 @@ def make(
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
     for option, folder in (("--results", results), ("--paper-out", paper_out), ("--slides-out", slides_out)):
-        why = cannot_write(folder)  # before the analysis runs, not after its minutes
+        probe, free = free_space(folder)  # before the analysis runs, not after its minutes
+        if free < ROOM[option][0]:
+            has, needs = sizes(free, ROOM[option][0])
+            raise ConfigError(
+                f"{option}: {probe} has {has} free; {ROOM[option][1]} need about {needs}: free space there or pass "
+                f"a folder with room"
+            )
+        why = cannot_write(folder)
         if why:
             raise ConfigError(f"{option}: cannot write in {folder} ({why}); pass a folder you can write")
     run_analysis(results, runs, system, study, force, out)
