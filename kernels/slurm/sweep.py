@@ -222,12 +222,13 @@ def collect(sweep: dict) -> list[dict]:
         rows += matched or [base]
     if rows:
         import csv
+        import io
 
-        cols = list(dict.fromkeys(k for r in rows for k in r))
-        with files.create(out / "table.csv", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+        files.atomic_write_text(out / "table.csv", buf.getvalue(), "LAB_RESULTS")  # whole, or a one-line error
     return rows
 
 
