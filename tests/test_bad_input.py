@@ -509,3 +509,29 @@ def test_an_html_page_that_cannot_be_written_is_a_warning_not_a_traceback(immuta
     err = capsys.readouterr().err
     record_fault("the HTML page cannot be written (immutable folder)", 60, time.monotonic() - t0, 0, "warning")
     assert page is None and err.strip().splitlines()[-1].startswith(f"warning: no HTML page for {notebook}: "), err
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ("{bad", "not JSON (Expecting property name"),
+        ('[{"array_job_id": 5}]', "not a list of job arrays, each with its array_job_id and points"),
+        ('"x"', "not a list of job arrays"),
+    ],
+)
+def test_a_damaged_submissions_file_is_one_line_naming_it(tmp_path, capsys, monkeypatch, content, why):
+    """A study's submissions.json cut short or edited by hand was a JSONDecodeError, KeyError or TypeError
+    traceback from `lab study status` and `resubmit`; now one line naming the file and what removing it costs."""
+    from kernels.slurm import study
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("gpus: [1, 2]\nfixed: {batch: 64, dataset: digits}\n")
+    log = tmp_path / "results" / "studies" / "s" / "submissions.json"
+    log.parent.mkdir(parents=True)
+    log.write_text(content)
+    for command in (["status", str(spec)], ["resubmit", str(spec), "--dry-run"]):
+        assert study.main(command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {log}: {why}") and "Restore it, or remove it" in err, err
+        assert err.count("\n") == 1, err

@@ -70,6 +70,7 @@ STUDY_KEYS = {
     "the point stays in its series; default: such a count is refused",
     "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
 }
+SUBMISSIONS = "submissions.json"  # in the study's state folder: every job array submitted, in order
 MODES = ("strong", "weak", "sweep")
 
 
@@ -440,9 +441,8 @@ def submit(study: Study, only: list[int] | None = None, dry_run: bool = False, o
             }
         )
     if subs:
-        log = state / "submissions.json"
-        history = json.loads(log.read_text()) if log.exists() else []
-        files.atomic_write_text(log, json.dumps(history + subs, indent=2) + "\n", "LAB_RESULTS")
+        history = submissions(study)
+        files.atomic_write_text(state / SUBMISSIONS, json.dumps(history + subs, indent=2) + "\n", "LAB_RESULTS")
     return subs
 
 
@@ -480,12 +480,34 @@ def _log_reason(log: Path) -> str:
     return f"see {log}"
 
 
+def submissions(study: Study) -> list[dict]:
+    """The study's job arrays so far (submissions.json: array job id and points of each); a damaged file is one
+    line naming it and what removing it costs, not a traceback from deep in the status."""
+    path = study.state_dir / SUBMISSIONS
+    if not path.exists():
+        return []
+    try:
+        subs = json.loads(path.read_text())
+        ok = isinstance(subs, list) and all(
+            isinstance(s, dict)
+            and isinstance(s.get("array_job_id"), str)
+            and isinstance(s.get("points"), list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in s["points"])
+            for s in subs
+        )
+        why = "" if ok else "not a list of job arrays, each with its array_job_id and points"
+    except (ValueError, UnicodeDecodeError) as e:
+        why = f"not JSON ({e})"
+    if why:
+        raise ConfigError(
+            f"{path}: {why}; it lists the study's job arrays. Restore it, or remove it: the records still say "
+            f"which points are done, and points of arrays still queued or running then show as missing"
+        )
+    return subs
+
+
 def status(study: Study) -> list[dict]:
-    subs = (
-        json.loads((study.state_dir / "submissions.json").read_text())
-        if (study.state_dir / "submissions.json").exists()
-        else []
-    )
+    subs = submissions(study)
     last: dict[int, tuple[dict, int]] = {}
     for s in subs:
         for task, idx in enumerate(s["points"]):
