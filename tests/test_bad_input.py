@@ -535,3 +535,22 @@ def test_a_damaged_submissions_file_is_one_line_naming_it(tmp_path, capsys, monk
         err = capsys.readouterr().err
         assert err.startswith(f"error: {log}: {why}") and "Restore it, or remove it" in err, err
         assert err.count("\n") == 1, err
+
+
+def test_a_damaged_sweep_exit_code_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """`lab sweep collect` read each task's exit_code.txt with int(): a file holding anything else was a ValueError
+    traceback; now one line naming the file and the fix."""
+    from kernels.slurm import sweep
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    spec = tmp_path / "sw.yaml"
+    spec.write_text('name: sw\ncommand: "echo {n}"\ngrid: {n: [1, 2]}\n')
+    task = tmp_path / "results" / "sweeps" / "sw" / "1"
+    task.mkdir(parents=True)
+    (task / "exit_code.txt").write_text("oops\n")
+    assert sweep.main(["collect", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {task / 'exit_code.txt'}: 'oops' is not an exit status; the task writes it when its command ends: "
+        f"remove the file (the task then shows as not run) or run the task again\n"
+    )

@@ -206,7 +206,12 @@ def collect(sweep: dict) -> list[dict]:
     rx = re.compile(sweep["parse"]) if sweep.get("parse") else None
     for i, combo in enumerate(sweep["combos"]):
         d = out / str(i)
-        code = (d / "exit_code.txt").read_text().strip() if (d / "exit_code.txt").exists() else None
+        code = (d / "exit_code.txt").read_text(errors="replace").strip() if (d / "exit_code.txt").exists() else None
+        if code is not None and not re.fullmatch(r"-?\d+", code):
+            raise ConfigError(
+                f"{d / 'exit_code.txt'}: {code[:40]!r} is not an exit status; the task writes it when its command "
+                f"ends: remove the file (the task then shows as not run) or run the task again"
+            )
         base = {
             "index": i,
             **combo,
