@@ -241,6 +241,17 @@ def test_gloo_commbench_two_ranks_all_collectives_and_dtypes(tmp_path):
     assert {r["op"] for r in rows if r["root"] == 0} == {"broadcast", "reduce", "gather", "scatter"}
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["versions"]["torch"] and len(cfg["rank_list"]) == 2 and cfg["params"]["backend"] == "gloo"
+    # this real record damaged two ways: `lab comm fit` fitted nothing from it without a word; now each is named
+    results = (run / "results.csv").read_text()
+    for name, cut in (("results.csv", results[:50]), ("summary.json", (run / "summary.json").read_text()[:50])):
+        damaged = tmp_path / "damaged" / run.name
+        shutil.copytree(run, damaged, dirs_exist_ok=True)
+        (damaged / name).write_text(cut)  # the header cut mid-line leaves no row; the JSON, no object
+        p = comm("fit", "--comm", damaged.parent)
+        assert p.returncode == 2 and p.stderr.startswith(f"warning: comm/{run.name} left out: {damaged / name}"), (
+            p.stderr
+        )
+        assert "(1 unreadable, named above)" in p.stderr.splitlines()[-1], p.stderr
 
 
 @pytest.mark.system

@@ -749,4 +749,10 @@ def read_record(run_dir: Path) -> dict:
     p = run_dir / "results.csv"
     if p.exists():
         out["rows"] = records.read_csv_rows(p)
+    if out["summary"].get("status") == "complete" and out["summary"].get("avg_busbw_gbs") and not out["rows"]:
+        raise records.RecordError(
+            f"{p}: {'missing' if not p.exists() else 'holds no rows'}, though the record's summary reports "
+            f"{', '.join(out['summary']['avg_busbw_gbs'])}; the file is cut short or lost: restore it, or remove "
+            f"the record {run_dir} and run again"
+        )
     return out

@@ -630,11 +630,23 @@ def _eff(t1: float, tn: float, point, base) -> float:
 
 
 # ------------------------------------------------------------------ command line
+def comm_records(comm_dir: Path, required: bool = True) -> list[dict]:
+    """load_comm_records for the command line: each record left out as unreadable is a warning naming it and why
+    (they were skipped without a word), and none at all is an error when `required`."""
+    problems: list[dict] = []
+    recs = load_comm_records(comm_dir, problems)
+    for p in problems:
+        print(f"warning: {p['run_id']} left out: {p['reason']}", file=sys.stderr, flush=True)
+    if required and not recs:
+        left = f" ({len(problems)} unreadable, named above)" if problems else ""
+        raise ConfigError(
+            f"--comm {comm_dir}: no complete commbench record{left}; run `python -m kernels.comm bench` first"
+        )
+    return recs
+
+
 def _fitted_from(comm_dir: Path) -> dict:
-    recs = load_comm_records(comm_dir)
-    if not recs:
-        raise ConfigError(f"--comm {comm_dir}: no complete commbench record; run `python -m kernels.comm bench` first")
-    return fits(recs)
+    return fits(comm_records(comm_dir))
 
 
 def fit_main(argv: list[str]) -> int:
@@ -642,10 +654,7 @@ def fit_main(argv: list[str]) -> int:
     ap.add_argument("--comm", type=Path, default=results_home() / "comm", help="commbench records (results/comm)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     a = ap.parse_args(argv)
-    recs = load_comm_records(a.comm)
-    if not recs:
-        raise ConfigError(f"--comm {a.comm}: no complete commbench record; run `python -m kernels.comm bench` first")
-    table = fit_table(fits(recs, unresolved=True))
+    table = fit_table(fits(comm_records(a.comm), unresolved=True))
     if a.json:
         print(json.dumps(table, indent=2))
         return 0
@@ -785,7 +794,7 @@ def validate_main(argv: list[str]) -> int:
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown with the machine and versions")
     a = ap.parse_args(argv)
     runs, _, _ = load_runs(a.runs, {"labels": a.label, "studies": a.label} if a.label else None)
-    table = validation(runs, load_comm_records(a.comm))
+    table = validation(runs, comm_records(a.comm, required=False))
     if table.empty:
         raise ConfigError(
             f"no series to validate in {a.runs}: it needs a 1-rank run and multi-rank runs of the same "
