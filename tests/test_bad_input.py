@@ -554,3 +554,19 @@ def test_a_damaged_sweep_exit_code_is_one_line_naming_it(tmp_path, capsys, monke
         f"error: {task / 'exit_code.txt'}: 'oops' is not an exit status; the task writes it when its command ends: "
         f"remove the file (the task then shows as not run) or run the task again\n"
     )
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [("{bad", "is not a node description written by `lab sysinfo --json`"), ("5", "lacks a node's facts")],
+)
+def test_a_damaged_node_file_names_the_option_it_came_from(tmp_path, content, why):
+    """A target system's node file (under --systems-dir) was reported as '--merge: ...', and one holding a bare
+    number was a TypeError traceback."""
+    from kernels.base.sysinfo import read_node
+
+    node = tmp_path / "n1.json"
+    node.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        read_node(node, "--systems-dir")
+    assert str(e.value).startswith(f"--systems-dir: {node} {why}"), e.value

@@ -315,7 +315,9 @@ def host_names(nodes: list[dict]) -> str:
     return ", ".join(f["host"] + (f" (Slurm node {f['slurm_node']})" if f.get("slurm_node") else "") for f in nodes)
 
 
-def read_node(path: Path) -> dict:
+def read_node(path: Path, option: str = "--merge") -> dict:
+    """A node description `lab sysinfo --json` wrote; `option` names where the file came from (--merge, or
+    --systems-dir for a target system's nodes)."""
     import json
 
     from kernels.base.errors import ConfigError
@@ -324,12 +326,14 @@ def read_node(path: Path) -> dict:
         facts = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(
-            f"--merge: {path} is not a node description written by `lab sysinfo --json` ({e}); "
+            f"{option}: {path} is not a node description written by `lab sysinfo --json` ({e}); "
             f"write one file per node with `srun --ntasks-per-node=1 lab sysinfo --json --out-dir DIR`"
-        )
-    missing = [k for k in ("host", "cpu", "software", "gpus", "network", "git") if k not in facts]
-    if missing:
-        raise ConfigError(f"--merge: {path} lacks {', '.join(missing)}; regenerate it with `lab sysinfo --json`")
+        ) from None
+    keys = ("host", "cpu", "software", "gpus", "network", "git")
+    missing = [k for k in keys if k not in facts] if isinstance(facts, dict) else keys
+    if not isinstance(facts, dict) or missing:
+        lacks = ", ".join(missing) if isinstance(facts, dict) else "a node's facts (it is not a JSON object)"
+        raise ConfigError(f"{option}: {path} lacks {lacks}; regenerate it with `lab sysinfo --json`")
     return facts
 
 

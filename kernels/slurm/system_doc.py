@@ -30,7 +30,7 @@ LOCAL = "local"  # the development machine's own two-node Slurm, not a target
 
 def measured_nodes(profile: str, systems_dir: Path) -> list[dict]:
     """The node files `lab sysinfo --json` wrote on the target (systems_dir/<profile>/*.json)."""
-    return [sysinfo.read_node(p) for p in sorted((systems_dir / profile).glob("*.json"))]
+    return [sysinfo.read_node(p, "--systems-dir") for p in sorted((systems_dir / profile).glob("*.json"))]
 
 
 def _gpus(prof: dict, pub: dict) -> str:
