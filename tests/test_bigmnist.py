@@ -394,6 +394,21 @@ def test_bad_sets_and_parameters_are_refused_before_work(small_set, fashion_root
     p = run_cli(*STREAM, "--data_dir", d, "--results_dir", tmp_path / "r")
     assert p.returncode == 2 and "shard-00002.npy has 5,000 bytes" in p.stderr and "verify" in p.stderr
     assert not (tmp_path / "r").exists()
+    # a manifest of another shape, or one that names a file outside the set (it was read as a path, and a list
+    # or a manifest without its shards was an AttributeError or KeyError traceback)
+    from kernels.data import bigmnist
+
+    good = json.loads((d / "manifest.json").read_text())
+    outside = {**good, "shards": [{**good["shards"][0], "name": "../../secret"}, *good["shards"][1:]]}
+    for bad, why in (
+        ([1], "holds a JSON list, not a manifest"),
+        ({"format": good["format"]}, "lacks spec, mean"),
+        (outside, "names a file '../../secret' that is not a plain name in the set's folder"),
+    ):
+        (d / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=re.escape(f"{d / 'manifest.json'} {why}")):
+            bigmnist.check(d)
+    (d / "manifest.json").write_text(json.dumps(good))
     # more ranks than shards
     with pytest.raises(ConfigError, match="7 ranks but the bigMNIST set .* has 6 shards"):
         from kernels.launch.config import resolve

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import math
 import os
 import time
@@ -487,9 +488,36 @@ def load_manifest(data_dir: Path) -> tuple[Path, dict]:
             f"dataset 'bigmnist': {path} is not valid JSON ({e}); rebuild with "
             f"`lab bigmnist build --out {d}` (finished shards are kept)"
         )
+    if not isinstance(manifest, dict):
+        raise ConfigError(
+            f"dataset 'bigmnist': {path} holds a JSON {type(manifest).__name__}, not a manifest; rebuild with "
+            f"`lab bigmnist build --out {d}` (finished shards are kept)"
+        )
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"dataset 'bigmnist': {path} has format {manifest.get('format')!r}, this lab reads {FORMAT}")
+    why = _manifest_fault(manifest)
+    if why:
+        raise ConfigError(
+            f"dataset 'bigmnist': {path} {why}; the manifest is damaged or not the lab's: rebuild with "
+            f"`lab bigmnist build --out {d}` (finished shards are kept)"
+        )
     return d, manifest
+
+
+def _manifest_fault(manifest: dict) -> str | None:
+    """What a manifest lacks that the readers use, or None: its keys, and each file entry a plain name in the set's
+    folder (never a path out of it) with its size, count and sha256."""
+    missing = [k for k in ("spec", "mean", "std", "num_classes", "record_bytes", "shards", "test") if k not in manifest]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not isinstance(manifest["shards"], list) or not manifest["shards"]:
+        return "lists no shards"
+    for meta in [*manifest["shards"], manifest["test"]]:
+        if not isinstance(meta, dict) or not all(k in meta for k in ("name", "samples", "bytes", "sha256")):
+            return f"has a file entry without its name, samples, bytes and sha256: {str(meta)[:80]}"
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(meta["name"])) or meta["name"] in (".", ".."):
+            return f"names a file {meta['name']!r} that is not a plain name in the set's folder"
+    return None
 
 
 def check(data_dir: Path) -> tuple[Path, dict, list[int]]:
