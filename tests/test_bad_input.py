@@ -570,3 +570,22 @@ def test_a_damaged_node_file_names_the_option_it_came_from(tmp_path, content, wh
     with pytest.raises(ConfigError) as e:
         read_node(node, "--systems-dir")
     assert str(e.value).startswith(f"--systems-dir: {node} {why}"), e.value
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["cifar10", "--md5", "xyz"], "error: --md5: 'xyz' is not an md5 (32 hex digits)"),
+        (["cifar10", "--url", "notaurl"], "error: --url: 'notaurl' is not a URL; give https://..., or file:///path/"),
+        (["mnist", "--url", "https://x"], "error: --url: only CIFAR-10 takes it; mnist comes from its official files"),
+    ],
+)
+def test_fetch_options_for_another_set_or_malformed_are_refused_before_any_download(tmp_path, capsys, args, line):
+    """--url for MNIST was ignored without a word, a URL urllib cannot open was a ValueError traceback, and an md5
+    of the wrong form was only found after the download."""
+    from kernels import cli
+
+    assert cli.main(["fetch", *args, "--root", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    assert not (tmp_path / "data").exists()
