@@ -119,7 +119,10 @@ def typed(prof: dict, where: str) -> dict:
     """The profile with its defaults, every value checked for its kind; ConfigError naming the key otherwise."""
     prof = {**DEFAULTS, **prof}
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(prof["name"])):
-        raise ConfigError(f"{where}: key 'name': {prof['name']!r} may hold letters, digits, '-', '_' and '.' only")
+        raise ConfigError(
+            f"{where}: key 'name' (by default the file's name): {prof['name']!r} may hold letters, digits, '-', '_' "
+            f"and '.' only"
+        )
     for key, least in COUNTS.items():
         count(prof[key], f"{where}: key '{key}'", least, CLUSTER_KEYS[key])
     for key in WORDS:
