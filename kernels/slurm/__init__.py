@@ -1,1 +1,1 @@
-"""Slurm orchestration: studies, job-array sweeps, submission, accounting and the bigMNIST build jobs."""
+"""Slurm orchestration: the cluster profiles, studies, job-array sweeps, accounting and the bigMNIST build jobs."""
