@@ -89,7 +89,7 @@ def slurm_time(value, where: str) -> str:
 
 def _word(value, where: str) -> str:
     if isinstance(value, (dict, list, bool)) or value is None or re.search(r"[\s\x00-\x1f\x7f]", str(value)):
-        raise ConfigError(f"{where}: {value!r} must be one word (no spaces), e.g. boost_usr_prod; '' for none")
+        raise ConfigError(f"{where}: {value!r} must be one word (no spaces or line breaks); '' for none")
     return str(value)
 
 
