@@ -319,7 +319,10 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
         ("gpus_per_node: 4\nsbatch_extra: --exclusive", "key 'sbatch_extra': '--exclusive' must be a list of strings"),
         ("gpus_per_node: 4\nsbatch_extra: [exclusive]", "key 'sbatch_extra': 'exclusive' is not an sbatch option"),
         ("gpus_per_node: 4\nmodules: cuda/12.8", "key 'modules': 'cuda/12.8' must be a list of strings, e.g. [cuda"),
-        ("gpus_per_node: 4\npartition: my part", "key 'partition': 'my part' must be one word (no spaces or line breaks)"),
+        (
+            "gpus_per_node: 4\npartition: my part",
+            "key 'partition': 'my part' must be one word (no spaces or line breaks)",
+        ),
         ("gpus_per_node: 4\nenv: [A]", "key 'env': ['A'] must map variable names to values"),
         ("gpus_per_node: 4\nenv: {A: 'x,y'}", "key 'env.A': 'x,y' must be one line of text without ','"),
     ],
