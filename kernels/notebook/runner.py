@@ -241,11 +241,14 @@ def sync(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
     for name, params in (("01_train.py", None), ("02_profile.py", profile_params()), ("03_commbench.py", COMM_PARAMS)):
         src = directory / name
-        src.write_text(with_parameters_cell(src.read_text(), params))
+        text = src.read_text()
+        if with_parameters_cell(text, params) != text:
+            files.atomic_write_text(src, with_parameters_cell(text, params))  # whole, never through a link
     written = []
     for py in sorted(directory.glob("*.py")):
         out = py.with_suffix(".ipynb")
-        jupytext.write(twin_ipynb(py), out, fmt="ipynb")
+        text = jupytext.writes(twin_ipynb(py), fmt="ipynb")
+        files.atomic_write_text(out, text if text.endswith("\n") else text + "\n")  # as jupytext.write ends it
         written.append(out)
     return written
 
