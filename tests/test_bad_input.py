@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,7 @@ def test_a_log_folder_others_may_write_to_is_refused_before_sbatch(tmp_path, cap
         ),
         ("gpus_per_node: 4\nenv: [A]", "key 'env': ['A'] must map variable names to values"),
         ("gpus_per_node: 4\nenv: {A: 'x,y'}", "key 'env.A': 'x,y' must be one line of text without ','"),
+        ("gpus_per_node: 4\nenv: {WANDB_API_KEY: abc}", "key 'env.WANDB_API_KEY': looks like a secret"),
     ],
 )
 def test_a_cluster_profile_value_of_the_wrong_kind_is_one_line_naming_its_key(tmp_path, capsys, profile, needle):
@@ -592,3 +594,26 @@ def test_fetch_options_for_another_set_or_malformed_are_refused_before_any_downl
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1, err
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ("{HF_TOKEN: abc}", "key 'env.HF_TOKEN': looks like a secret, and values here reach the sbatch command line"),
+        ("{A: 'x,y'}", "key 'env.A': 'x,y' must be one line of text without ','"),
+    ],
+)
+def test_a_study_or_sweep_env_holds_no_secret_and_no_comma(tmp_path, monkeypatch, env, needle):
+    """Values under `env` go onto the sbatch command line, which every user of a login node can read in `ps` while
+    sbatch runs, and into the printed line: a secret's name is refused with where to put it instead. A comma in a
+    study's env was blamed on the cluster profile."""
+    from kernels.slurm import study, sweep
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path / "results"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"gpus: [1]\nfixed: {{batch: 64, dataset: digits}}\nenv: {env}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"study file {spec}: {needle}")):
+        study.load(spec)
+    spec.write_text(f'name: sw\ncommand: "echo {{n}}"\ngrid: {{n: [1]}}\nenv: {env}\n')
+    with pytest.raises(ConfigError, match=re.escape(f"sweep file {spec}: {needle}")):
+        sweep.load(spec)

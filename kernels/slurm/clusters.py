@@ -99,7 +99,14 @@ def _strings(value, where: str, example: str) -> list[str]:
     return value
 
 
-def _env(value, where: str) -> dict:
+# names that hold secrets by convention: a value under `env` reaches the sbatch command line, which every user of
+# the login node can read in `ps` while sbatch runs, and the line the submitters print
+SECRET = re.compile(r"TOKEN|SECRET|PASSW(OR)?D|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
+
+
+def check_env(value, where: str) -> dict:
+    """`env` of a profile, a study or a sweep: variable names mapped to one-line values without ',' (sbatch
+    --export would split them), and no secret (it would be on a command line others can read)."""
     if not isinstance(value, dict):
         raise ConfigError(
             f"{where}: key 'env': {value!r} must map variable names to values, e.g. {{OMP_NUM_THREADS: 8}}"
@@ -107,6 +114,12 @@ def _env(value, where: str) -> dict:
     for k, v in value.items():
         if not VARIABLE.fullmatch(str(k)):
             raise ConfigError(f"{where}: key 'env': {str(k)!r} is not a variable name (letters, digits and '_')")
+        if SECRET.search(str(k)):
+            raise ConfigError(
+                f"{where}: key 'env.{k}': looks like a secret, and values here reach the sbatch command line "
+                f"(readable by every user of the login node while sbatch runs) and the printed line; export it "
+                f"in your shell before submitting instead: jobs get the submitting shell's environment"
+            )
         if isinstance(v, (dict, list)) or v is None or re.search(r"[,\x00-\x1f\x7f]", str(v)):
             raise ConfigError(
                 f"{where}: key 'env.{k}': {v!r} must be one line of text without ',' (sbatch --export would "
@@ -133,7 +146,7 @@ def typed(prof: dict, where: str) -> dict:
     bad = [o for o in prof["sbatch_extra"] if not o.startswith("-")]
     if bad:
         raise ConfigError(f"{where}: key 'sbatch_extra': {bad[0]!r} is not an sbatch option (they start with '-')")
-    _env(prof["env"], where)
+    check_env(prof["env"], where)
     if prof["gpus_per_node"] == 0 and prof["ranks_per_node"] < 1:
         raise ConfigError(f"{where}: key 'ranks_per_node' must be >= 1 on CPU-only nodes (gpus_per_node: 0)")
     return prof

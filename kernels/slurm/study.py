@@ -45,6 +45,7 @@ from kernels.launch.launchers import geometry
 from kernels.base import files, yamlfile
 from kernels.slurm.clusters import (
     account_warning,
+    check_env,
     check_keys,
     cluster_env,
     cluster_options,
@@ -199,11 +200,7 @@ def load(path: Path) -> Study:
     shapes = _shapes(where, gpus, rpn_list, cluster, per_node)
     rounding = _batch_rounding(where, spec, mode, fixed, sweep)
     points = _points(where, name, notebook, mode, shapes, combos, repeats, fixed, per_gpu, check, rounding)
-    env = spec.get("env") or {}
-    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
-        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
-    for k, v in env.items():
-        one_line(where, f"env.{k}", v)
+    env = check_env(spec.get("env") or {}, where)
     if rounding:  # the records of a rounded point name the study's batch, which keeps them in its series
         env = {**env, "LAB_STUDY_BATCH": fixed["batch"]}
     serial = spec.get("serial", False)

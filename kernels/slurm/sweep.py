@@ -34,7 +34,7 @@ from pathlib import Path
 from kernels.base.errors import ConfigError, exit_status
 from kernels.base.files import PROJECT_ROOT
 from kernels.base import files, yamlfile
-from kernels.slurm.clusters import check_keys, cluster_options, count, load_cluster, slurm_time
+from kernels.slurm.clusters import check_env, check_keys, cluster_options, count, load_cluster, slurm_time
 from kernels.slurm.study import log_folder, one_line, results_root, run_sbatch
 
 SWEEP_KEYS = {
@@ -110,16 +110,7 @@ def load(path: Path) -> dict:
             raise ConfigError(f"{where}: key 'parse': not a regular expression ({e})") from None
         if not rx.groupindex:
             raise ConfigError(f"{where}: key 'parse' needs named groups, e.g. (?P<avg_us>\\S+): they name the columns")
-    env = spec.get("env") or {}
-    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
-        raise ConfigError(f"{where}: key 'env' must map variable names to values, got {env!r}")
-    for k, v in env.items():
-        one_line(where, f"env.{k}", v)
-        if "," in str(v):
-            raise ConfigError(
-                f"{where}: key 'env.{k}': {str(v)!r} holds ',', which would start another variable "
-                f"in sbatch --export; set it in the command or the cluster's modules instead"
-            )
+    env = check_env(spec.get("env") or {}, where)
     combos = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
     sweep = {
         "name": name,
