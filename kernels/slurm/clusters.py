@@ -117,8 +117,8 @@ def check_env(value, where: str) -> dict:
         if SECRET.search(str(k)):
             raise ConfigError(
                 f"{where}: key 'env.{k}': looks like a secret, and values here reach the sbatch command line "
-                f"(on most login nodes, readable by every user in ps while sbatch runs) and the printed line; export it "
-                f"in your shell before submitting instead: jobs get the submitting shell's environment"
+                f"(on most login nodes, readable by every user in ps while sbatch runs) and the printed line; "
+                f"export it in your shell before submitting instead: jobs get the submitting shell's environment"
             )
         if isinstance(v, (dict, list)) or v is None or re.search(r"[,\x00-\x1f\x7f]", str(v)):
             raise ConfigError(
