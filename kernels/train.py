@@ -15,7 +15,7 @@ import traceback
 
 from kernels.base import files
 from kernels.launch.config import resolve, table
-from kernels.base.errors import ConfigError
+from kernels.base.errors import ConfigError, os_error_line
 from kernels.launch.launchers import EXIT_INTERRUPTED, leave
 from kernels.launch.ranks import prepare, start
 from kernels.base.params import PER_DEVICE, PER_WORKLOAD, unknown_name_error
@@ -128,9 +128,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr, flush=True)
         rc = 2
     except BaseException as e:
-        if not is_rank:
+        if is_rank:
+            rc = rank_failure(e)
+        elif isinstance(e, OSError) and os_error_line(e):  # a folder the driver may not write (data_dir, ...)
+            print(os_error_line(e), file=sys.stderr, flush=True)
+            rc = 2
+        else:
             raise
-        rc = rank_failure(e)
     else:
         if rc == 0 and (not is_rank or _single_rank()):
             print(f"record: {cfg.results_root / cfg.run_id}", flush=True)

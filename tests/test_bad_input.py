@@ -228,8 +228,13 @@ def immutable(tmp_path):
             ["paper", "--results", "{x}/results"],
             "error: --results: cannot write in {x}/results (Operation not permitted); pass a folder you can write",
         ),
+        (
+            ["train", "--workload", "dcrnn", "--dataset", "synthetic", "--data_dir", "{x}"],
+            "error: --root: cannot write the metr-la set in {x}/traffic-synthetic-metr-la (Operation not permitted); "
+            "pass a data root you can write (data_dir= for a run)",
+        ),
     ],
-    ids=["fetch", "sysinfo", "comm-bench", "paper"],
+    ids=["fetch", "sysinfo", "comm-bench", "paper", "train-synthetic-traffic"],
 )
 @pytest.mark.integration  # chattr is a process
 @pytest.mark.faults

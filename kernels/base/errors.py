@@ -26,15 +26,21 @@ def exit_status(body) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except OSError as e:
-        if getattr(e, "path", None) and e.strerror:  # the lab's own write error (files.write_error) says it all
-            print(f"error: {e.strerror}", file=sys.stderr, flush=True)
-            return 2
-        if e.errno not in NOT_PERMITTED or not e.filename:
+        line = os_error_line(e)
+        if line is None:
             raise
-        print(
-            f"error: {e.filename}: {e.strerror}; it, or a folder above it, is read-only, immutable or not yours: "
-            "choose another location or fix its permissions",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(line, file=sys.stderr, flush=True)
         return 2
+
+
+def os_error_line(e: OSError) -> str | None:
+    """The one line an OSError is for the user, or None when it is not theirs to fix (no file to name): the lab's
+    own write error as it is, and a file or folder they may not write, named with the fix."""
+    if getattr(e, "path", None) and e.strerror:  # the lab's own write error (files.write_error) says it all
+        return f"error: {e.strerror}"
+    if e.errno not in NOT_PERMITTED or not e.filename:
+        return None
+    return (
+        f"error: {e.filename}: {e.strerror}; it, or a folder above it, is read-only, immutable or not yours: "
+        "choose another location or fix its permissions"
+    )

@@ -614,6 +614,11 @@ def write_synthetic(
             f"{'float32' if float32 else 'float64'}, the adjacency and 64 MiB of working room); free "
             f"space there or choose another --root"
         )
+    why = files.cannot_write(d)  # before minutes of generation, not after
+    if why:
+        raise ConfigError(
+            f"--root: cannot write the {label} set in {d} ({why}); pass a data root you can write (data_dir= for a run)"
+        )
     shape = label
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
