@@ -622,3 +622,45 @@ def test_a_study_or_sweep_env_holds_no_secret_and_no_comma(tmp_path, monkeypatch
     spec.write_text(f'name: sw\ncommand: "echo {{n}}"\ngrid: {{n: [1]}}\nenv: {env}\n')
     with pytest.raises(ConfigError, match=re.escape(f"sweep file {spec}: {needle}")):
         sweep.load(spec)
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("gpus: [1]\nfixed: [a]", "key 'fixed' must map parameter names to values, e.g. {batch: 512}, got ['a']"),
+        ("gpus: [1]\nsweep: [lr]", "key 'sweep' must map parameter names to lists of values"),
+        ("gpus: [1]\nsweep: {lr: 0.1}", "key 'sweep.lr': 0.1 is not a grid; give a list of values"),
+        ("gpus: [1]\nrepeats: true", "key 'repeats' must be an integer >= 1, got True"),
+        (
+            "gpus: [1]\nnotebook: notebooks/10_analyse_scaling.ipynb",
+            "key 'notebook': notebooks/10_analyse_scaling.ipynb runs no training or benchmark point",
+        ),
+    ],
+)
+def test_a_study_file_of_the_wrong_shape_is_one_line(tmp_path, body, needle):
+    """`fixed: [a]` was a ValueError traceback, `repeats: true` ran one repeat, and a study of the analysis notebook
+    passed 01_train's parameters to it (each point failed at its start)."""
+    from kernels.slurm import study
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(body + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"study file {spec}: {needle}")):
+        study.load(spec)
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ('command: "echo {n}"\ngrid: [n]', "key 'grid' must map names to lists of values"),
+        ('command: "echo {n}"\ngrid: {n: 5}', "key 'grid.n': 5 is not a grid; give a list of values"),
+        ("command: [echo]\ngrid: {n: [5]}", "key 'command' must be one command line (text), got ['echo']"),
+    ],
+)
+def test_a_sweep_file_of_the_wrong_shape_is_one_line(tmp_path, body, needle):
+    """`grid: [n]` was an AttributeError traceback; a command given as a list was taken as its Python text."""
+    from kernels.slurm import sweep
+
+    spec = tmp_path / "sw.yaml"
+    spec.write_text("name: sw\n" + body + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"sweep file {spec}: {needle}")):
+        sweep.load(spec)

@@ -71,6 +71,7 @@ STUDY_KEYS = {
     "the point stays in its series; default: such a count is refused",
     "sweep": "01_train parameters -> lists of values (their grid is run at each GPU count)",
 }
+STUDY_NOTEBOOKS = ("01_train", "02_profile", "03_commbench")  # the notebooks whose parameters a point sets
 SUBMISSIONS = "submissions.json"  # in the study's state folder: every job array submitted, in order
 MODES = ("strong", "weak", "sweep")
 
@@ -146,15 +147,23 @@ def load(path: Path) -> Study:
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"{where}: key 'gpus' lists a GPU count twice (duplicate points): {gpus}")
     repeats = spec.get("repeats", 1)
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"{where}: key 'repeats' must be an integer >= 1")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"{where}: key 'repeats' must be an integer >= 1, got {repeats!r}")
+    for key, shape in (("fixed", "values, e.g. {batch: 512}"), ("sweep", "lists of values, e.g. {lr: [0.1, 0.2]}")):
+        if not isinstance(spec.get(key) or {}, dict):
+            raise ConfigError(f"{where}: key '{key}' must map parameter names to {shape}, got {spec[key]!r}")
     fixed = dict(spec.get("fixed") or {})
     sweep = dict(spec.get("sweep") or {})
     if mode == "sweep" and not sweep:
         raise ConfigError(f"{where}: key 'sweep': mode sweep needs a grid (parameter: [values, ...])")
     for k, values in sweep.items():
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: key 'sweep.{k}': an empty grid; give a list of values")
+            what = (
+                "an empty grid; give a list of values"
+                if values == []
+                else f"{values!r} is not a grid; give a list of values"
+            )
+            raise ConfigError(f"{where}: key 'sweep.{k}': {what}")
         if len(set(map(str, values))) != len(values):
             raise ConfigError(f"{where}: key 'sweep.{k}' lists a value twice (duplicate points): {values}")
         if k in fixed:
@@ -168,8 +177,13 @@ def load(path: Path) -> Study:
     if mode != "weak" and per_gpu is not None:
         raise ConfigError(f"{where}: key 'fixed.batch_per_gpu' belongs to mode weak; use 'batch' (global)")
     notebook = spec.get("notebook", "notebooks/01_train.ipynb")
-    if not (PROJECT_ROOT / notebook).is_file():
+    if not (PROJECT_ROOT / str(notebook)).is_file():
         raise ConfigError(f"{where}: key 'notebook': {notebook} not found")
+    if Path(notebook).stem not in STUDY_NOTEBOOKS:
+        raise ConfigError(
+            f"{where}: key 'notebook': {notebook} runs no training or benchmark point; a study runs "
+            f"{', '.join(f'notebooks/{n}.ipynb' for n in STUDY_NOTEBOOKS)}"
+        )
     known, check, nb_name = _notebook_params(notebook, fixed)
     if is_commbench(notebook) and mode == "weak":
         raise ConfigError(

@@ -78,14 +78,19 @@ def load(path: Path) -> dict:
         )
     if "command" not in spec:
         raise ConfigError(f"{where}: key 'command' is required")
-    spec["command"] = str(spec["command"]).strip()  # a YAML block scalar ends in a newline
+    if not isinstance(spec["command"], str):
+        raise ConfigError(f"{where}: key 'command' must be one command line (text), got {spec['command']!r}")
+    spec["command"] = spec["command"].strip()  # a YAML block scalar ends in a newline
     one_line(where, "command", spec["command"])
     grid = spec.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{where}: key 'grid' must map names to lists of values, e.g. {{bytes: [8, 1024]}}")
     if not grid:
         raise ConfigError(f"{where}: key 'grid': an empty grid")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
-            raise ConfigError(f"{where}: key 'grid.{k}': an empty grid; give a list of values")
+            what = "an empty grid; give a list of values" if v == [] else f"{v!r} is not a grid; give a list of values"
+            raise ConfigError(f"{where}: key 'grid.{k}': {what}")
         if len(set(map(str, v))) != len(v):
             raise ConfigError(f"{where}: key 'grid.{k}' lists a value twice (duplicate points)")
         for value in v:
