@@ -670,6 +670,27 @@ def test_bad_plan_is_one_clear_error(tmp_path):
         report.check_plan(old_style, SYSTEMS)
 
 
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("margin", "10%", "key 'margin' must be a number"),
+        ("studies", "studies/strong_resnet18_seed.yaml", "key 'studies' must be a list of text"),
+        ("select", {"labels": "demo"}, "key 'select.labels' must be a list of ids, e.g. [demo], got 'demo'"),
+        ("author", ["A", "B"], "key 'author' must be text"),
+        ("workloads", "ResNet-18", "key 'workloads' must be a list of text"),
+        ("support", ["the {network} plugin and {nonexistent}"], "support item 1: unknown placeholder {nonexistent}"),
+    ],
+)
+def test_a_plan_value_of_the_wrong_kind_is_one_line_before_the_analysis(key, value, needle):
+    """'10%' for a share was a ValueError traceback; a string where a list belongs was read a character at a time
+    (labels: demo selected the labels d, e, m, o: no record); a placeholder the documents cannot fill failed inside
+    the analysis notebook, after its minutes."""
+    from kernels.base.params import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(f"paper/plan.yaml: {needle}")):
+        report.check_plan({**PLAN, key: value}, SYSTEMS)
+
+
 def test_work_plan_gantt_and_support_come_from_the_plan_the_system_and_the_batch_script(tmp_path):
     """The proposal's Gantt chart, work-plan table and 'support needed' paragraph are generated: another plan
     gives another chart, and every figure in the support paragraph is computed from the plan, the target system,

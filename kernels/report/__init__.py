@@ -95,6 +95,7 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.
             f"{where}: key 'system': unknown system '{plan['system']}'; "
             f"choose one of {', '.join(systems)} (paper/systems.yaml)"
         )
+    _check_kinds(plan, where)
     for k in ("margin", "profiling_overhead"):
         if not 0 <= float(plan[k]) <= 5:
             raise ConfigError(f"{where}: key '{k}' must be a fraction such as 0.2, got {plan[k]!r}")
@@ -108,11 +109,42 @@ def check_plan(plan: dict, systems: dict, where: str = "paper/plan.yaml") -> pd.
                 f"{where}: key 'io_study' needs exactly {', '.join(sorted(need))}, got "
                 f"{', '.join(sorted(io)) if isinstance(io, dict) else io!r}"
             )
+        for k, v in io.items():
+            values = v if k == "gpus" else [v]
+            if not isinstance(values, list) or not values or not all(_whole(x) and x >= 1 for x in values):
+                shape = "a list of GPU counts, e.g. [1, 4, 8]" if k == "gpus" else "a whole number >= 1"
+                raise ConfigError(f"{where}: key 'io_study.{k}' must be {shape}, got {v!r}")
     if int(plan["round_to"]) < 1:
         raise ConfigError(f"{where}: key 'round_to' must be >= 1")
     points = planned_points(plan, where)  # every study file loads
     workplan.check(plan, where)
     return points
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_kinds(plan: dict, where: str) -> None:
+    """Each key's kind: text where the documents print text, lists where they list, numbers where they compute (a
+    string where a list belongs was read one character at a time; '10%' for a share was a ValueError)."""
+    from kernels.base.errors import ConfigError
+
+    for k in ("system", *IDENTITY):
+        if k in plan and not isinstance(plan[k], str):
+            raise ConfigError(f"{where}: key '{k}' must be text ({PLAN_KEYS[k]}), got {plan[k]!r}")
+    for k, example in (("workloads", "[ResNet-18 on CIFAR-10]"), ("studies", "[studies/strong_resnet18_seed.yaml]")):
+        if not isinstance(plan[k], list) or not plan[k] or not all(isinstance(x, str) for x in plan[k]):
+            raise ConfigError(f"{where}: key '{k}' must be a list of text, e.g. {example}, got {plan[k]!r}")
+    select = plan.get("select") or {}
+    if not isinstance(select, dict) or set(select) - {"labels", "studies"}:
+        raise ConfigError(f"{where}: key 'select' must map labels and studies to lists, got {select!r}")
+    for k, v in select.items():
+        if not isinstance(v or [], list) or not all(isinstance(x, str) for x in v or []):
+            raise ConfigError(f"{where}: key 'select.{k}' must be a list of ids, e.g. [demo], got {v!r}")
+    for k in ("margin", "profiling_overhead", "assumed_efficiency", "round_to"):
+        if isinstance(plan[k], bool) or not isinstance(plan[k], (int, float)):
+            raise ConfigError(f"{where}: key '{k}' must be a number ({PLAN_KEYS[k]}), got {plan[k]!r}")
 
 
 def placeholders(plan: dict) -> list[str]:

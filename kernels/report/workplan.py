@@ -42,6 +42,16 @@ def check(plan: dict, where: str = "paper/plan.yaml") -> None:
     support = plan.get("support")
     if not isinstance(support, list) or not all(isinstance(s, str) for s in support):
         raise ConfigError(f"{where}: key 'support' needs a list of sentences (what the centre is asked for)")
+    texts = [(f"work_plan entry {i} ({p['package']}): {k}", p[k]) for i, p in enumerate(packages, 1) for k in TEXTS]
+    for what, text in [*texts, *((f"support item {i}", s) for i, s in enumerate(support, 1))]:
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: {what} must be text, got {text!r}")
+        unknown = [n for n in re.findall(r"{(\w+)}", text) if n not in FIELDS]
+        if unknown:  # found here, before the analysis, not in its notebook
+            raise ConfigError(
+                f"{where}: {what}: unknown placeholder {{{unknown[0]}}}; known: "
+                f"{', '.join('{' + k + '}' for k in FIELDS)}"
+            )
 
 
 def time_limit(script=BATCH_SCRIPT) -> str:
@@ -56,6 +66,11 @@ def storage_bytes(plan: dict) -> int | None:
 
     io = plan.get("io_study")
     return int(io["samples"]) * RECORD_BYTES if io else None
+
+
+# The placeholders a work package, a milestone or a support item may hold (fields() fills them)
+FIELDS = ("system", "gpus_per_node", "max_gpus", "repeats", "network", "max_nodes", "time_limit", "storage")
+TEXTS = ("package", "work", "milestone")  # a work package's text, printed in the proposal and the pitch
 
 
 def fields(ctx: Context) -> dict:
