@@ -664,3 +664,19 @@ def test_a_sweep_file_of_the_wrong_shape_is_one_line(tmp_path, body, needle):
     spec.write_text("name: sw\n" + body + "\n")
     with pytest.raises(ConfigError, match=re.escape(f"sweep file {spec}: {needle}")):
         sweep.load(spec)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["-p", "system", "nosuch"], "parameter 'system': unknown system 'nosuch'; choose one of marenostrum5-acc"),
+        (["-p", "plan", "/nowhere/plan.yaml"], "parameter 'plan': /nowhere/plan.yaml not found"),
+    ],
+)
+def test_the_analysis_notebook_checks_its_system_and_plan_before_a_kernel_starts(args, needle):
+    """`lab run notebooks/10_analyse_scaling.ipynb -p system nosuch` failed inside the notebook, after the records
+    were read; the runner now checks it as it checks the training notebooks' parameters."""
+    from kernels.notebook.runner import precheck
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        precheck(ROOT / "notebooks" / "10_analyse_scaling.ipynb", args)

@@ -292,11 +292,29 @@ def _comm_parameters(namespace: dict, names: set) -> None:
     bench.resolve({name: namespace[name] for name in bench.BY_NAME})
 
 
+def _analysis_parameters(namespace: dict, names: set) -> None:
+    """10_analyse_scaling: its names, a target system paper/systems.yaml knows, and a plan file that is there
+    (a misspelt system failed inside the notebook, after the records were read)."""
+    from kernels.base import yamlfile
+
+    check_parameter_names(names, ("runs_dir", "out_dir", "plan", "system", "study"))
+    plan = Path(namespace.get("plan") or PROJECT_ROOT / "paper" / "plan.yaml")
+    if not plan.is_file():
+        raise ConfigError(f"parameter 'plan': {plan} not found; pass the documents' plan (paper/plan.yaml)")
+    system = namespace.get("system") or ""
+    systems = yamlfile.read(PROJECT_ROOT / "paper" / "systems.yaml", "systems file")
+    if system and system not in systems:
+        raise ConfigError(
+            f"parameter 'system': unknown system {system!r}; choose one of {', '.join(systems)} (paper/systems.yaml)"
+        )
+
+
 # How each notebook checks its parameters (its resolve cell); any other notebook: names only, against its cell
 PARAMETER_CHECKS = {
     "01_train": resolve_notebook_parameters,
     "02_profile": resolve_notebook_parameters,
     "03_commbench": _comm_parameters,
+    "10_analyse_scaling": _analysis_parameters,
 }
 
 
