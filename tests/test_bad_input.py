@@ -248,7 +248,8 @@ def test_a_folder_a_command_cannot_write_is_one_line_before_any_work(immutable, 
     t0 = time.monotonic()
     rc = cli.main([a.replace("{x}", str(immutable)) for a in command])
     err = capsys.readouterr().err
-    record_fault(f"`lab {' '.join(command[:2])}` into an immutable folder", 10, time.monotonic() - t0, rc, "one line")
+    shown = command[:5] if command[0] == "train" else command[:2]  # the train case's workload and data set
+    record_fault(f"`lab {' '.join(shown)}` into an immutable folder", 10, time.monotonic() - t0, rc, "one line")
     assert rc == 2 and err.strip().splitlines()[-1] == needle.replace("{x}", str(immutable)), err
     assert "Traceback" not in err
 
