@@ -9,7 +9,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernels.base.files import PROJECT_ROOT
+from kernels.base.files import PROJECT_ROOT, sizes
 
 SLURM_VARS = (
     "SLURM_JOB_ID",
@@ -345,6 +345,16 @@ def free_space(path: Path) -> tuple[Path, int]:
     while not probe.exists():
         probe = probe.parent
     return probe, shutil.disk_usage(probe).free
+
+
+def short_of_room(path: Path, need: int) -> tuple[Path, str, str] | None:
+    """(the nearest existing directory at or above `path`, its free space, `need`: both in one unit) when the disk
+    `path` goes to has less than `need` bytes free; None when it has room. Each caller words its own refusal."""
+    probe, free = free_space(path)
+    if free >= need:
+        return None
+    has, needs = sizes(free, need)
+    return probe, has, needs
 
 
 def cpu_list(cpus: list[int]) -> str:

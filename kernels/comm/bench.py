@@ -709,9 +709,9 @@ def launch(cfg: CommConfig, stdout=None) -> tuple[int, Path]:
     run_dir = cfg.results_root / cfg.run_id
     records.ensure_not_complete(run_dir)
     records.refuse_foreign(cfg.results_root, run_dir)  # before any rank starts, as a training run's launcher does
-    probe, free = sysinfo.free_space(run_dir)
-    if free < RECORD_ROOM:  # a full disk found by rank 0 after the sweep ends the other ranks in gloo's words
-        has, needs = files.sizes(free, RECORD_ROOM)
+    short = sysinfo.short_of_room(run_dir, RECORD_ROOM)
+    if short:  # a full disk found by rank 0 after the sweep ends the other ranks in gloo's words
+        probe, has, needs = short
         raise ConfigError(
             f"parameter 'results_dir': {probe} has {has} free, the record needs about {needs}; free space there "
             f"or pass results_dir=<a directory with room>"

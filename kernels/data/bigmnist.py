@@ -48,8 +48,7 @@ import torch.nn.functional as F
 
 from kernels.base.errors import ConfigError
 from kernels.base import files
-from kernels.base.files import sizes
-from kernels.base.sysinfo import free_space
+from kernels.base.sysinfo import short_of_room
 
 RECORD = np.dtype([("image", np.uint8, (28, 28)), ("label", np.uint8)])
 RECORD_BYTES = RECORD.itemsize  # 785
@@ -383,9 +382,9 @@ def _check_space(out: Path, spec: Spec, lay: Layout, todo: list[int], task: int,
     need = sum(
         full if _count(lay, spec, i) == spec.shard_samples else shard_bytes(_count(lay, spec, i)) for i in todo
     ) + (shard_bytes(test_samples) if task == 0 else 0)
-    _, free = free_space(out)
-    if need > free:
-        has, needs = sizes(free, need)
+    short = short_of_room(out, need)
+    if short:
+        _, has, needs = short
         raise ConfigError(
             f"--out: {out} has {has} free but this build needs {needs} "
             f"({len(todo)} shards of up to {human_bytes(shard_bytes(spec.shard_samples))}); free space, "

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import sys
 import urllib.request
 from pathlib import Path
 
-from kernels.base.errors import ConfigError
+from kernels.base.errors import NOT_PERMITTED, ConfigError
 from kernels.base import files
 
 
@@ -54,7 +53,7 @@ def download(urls: str | list[str], dest: Path, what: str, offline_hint: str) ->
                         last = pct
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            if e.errno in (*files.DISK_FULL, errno.EACCES, errno.EPERM, errno.EROFS):  # here, not the network
+            if e.errno in (*files.DISK_FULL, *NOT_PERMITTED):  # the local disk's, not the network's
                 raise files.write_error(dest, done, e, "--root") from None
             errors.append(f"{url}: {e}")
             continue

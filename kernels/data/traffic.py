@@ -44,8 +44,8 @@ import numpy as np
 from kernels.base import files, safe_pickle
 from kernels.data.download import sha256sum
 from kernels.base.errors import ConfigError, exit_status
-from kernels.base.files import PROJECT_ROOT, sizes
-from kernels.base.sysinfo import free_space
+from kernels.base.files import PROJECT_ROOT
+from kernels.base.sysinfo import short_of_room
 
 SEQ_LEN = HORIZON = 12
 STEP_MIN = 5
@@ -605,10 +605,9 @@ def write_synthetic(
     label = label or f"{t_steps}x{n}"
     d = Path(d)
     h5, pkl, done = d / "speeds.h5", d / "adj_mx.pkl", d / "GENERATED.json"
-    _, free = free_space(d)
-    need = t_steps * n * (4 if float32 else 8) + (n * n * 4) + (64 << 20)
-    if free < need:
-        has, needs = sizes(free, need)
+    short = short_of_room(d, t_steps * n * (4 if float32 else 8) + (n * n * 4) + (64 << 20))
+    if short:
+        _, has, needs = short
         raise ConfigError(
             f"--root: {d} has {has} free, the {label} set needs about {needs} (the speeds as "
             f"{'float32' if float32 else 'float64'}, the adjacency and 64 MiB of working room); free "

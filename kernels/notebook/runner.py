@@ -417,9 +417,9 @@ def _checked_run(
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    probe, free = sysinfo.free_space(work.parent)
-    if free < NOTEBOOK_ROOM:  # before any folder is made: a refused run leaves nothing
-        has, needs = files.sizes(free, NOTEBOOK_ROOM)
+    short = sysinfo.short_of_room(work.parent, NOTEBOOK_ROOM)
+    if short:  # before any folder is made: a refused run leaves nothing
+        probe, has, needs = short
         print(
             f"error: {probe} has {has} free; the executed notebook and its HTML page need about {needs}: free space "
             f"there or set {RESULTS_ENV} to a results folder with room",

@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernels.base.errors import ConfigError, exit_status
-from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text, cannot_write, sizes
-from kernels.base.sysinfo import free_space, usable_cores
+from kernels.base.files import PROJECT_ROOT, atomic_write_bytes, atomic_write_text, cannot_write
+from kernels.base.sysinfo import short_of_room, usable_cores
 
 ANALYSIS_NOTEBOOK = PROJECT_ROOT / "notebooks" / "10_analyse_scaling.ipynb"
 DOCUMENTS = {
@@ -241,9 +241,9 @@ def make(
     paper_out = Path(paper_out or PROJECT_ROOT / "paper" / "build")
     slides_out = Path(slides_out or PROJECT_ROOT / "slides" / "build")
     for option, folder in (("--results", results), ("--paper-out", paper_out), ("--slides-out", slides_out)):
-        probe, free = free_space(folder)  # before the analysis runs, not after its minutes
-        if free < ROOM[option][0]:
-            has, needs = sizes(free, ROOM[option][0])
+        short = short_of_room(folder, ROOM[option][0])  # before the analysis runs, not after its minutes
+        if short:
+            probe, has, needs = short
             raise ConfigError(
                 f"{option}: {probe} has {has} free; {ROOM[option][1]} need about {needs}: free space there or pass "
                 f"a folder with room"
